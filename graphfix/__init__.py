@@ -1,0 +1,57 @@
+"""graphfix: ONNX graph surgery so TensorRT engines come out accurate.
+
+Public API::
+
+    import graphfix
+    matches = graphfix.find_attention("model.onnx")
+    fixed = graphfix.break_attention_fusion(model)            # a new ModelProto
+    result = graphfix.fix_attention(model, strategy="plugin")  # model + report
+"""
+
+from graphfix.errors import (
+    GraphfixError,
+    ModelLoadError,
+    OutputPathError,
+    PluginBuildError,
+    SelectionError,
+    UnsupportedModelError,
+)
+from graphfix.match_types import (
+    AttentionKind,
+    AttentionMatch,
+    AttentionOpNode,
+    AttentionScan,
+    Scale,
+    SkippedSoftmax,
+)
+from graphfix.matcher import find_attention, scan_attention
+from graphfix.reference import with_reference_ops
+from graphfix.report import BlockOutcome, FixReport, FixResult
+from graphfix.rewrite import break_attention_fusion, fix_attention
+from graphfix.strategies import STRATEGIES
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "STRATEGIES",
+    "AttentionKind",
+    "AttentionMatch",
+    "AttentionOpNode",
+    "AttentionScan",
+    "BlockOutcome",
+    "FixReport",
+    "FixResult",
+    "GraphfixError",
+    "ModelLoadError",
+    "OutputPathError",
+    "PluginBuildError",
+    "Scale",
+    "SelectionError",
+    "SkippedSoftmax",
+    "UnsupportedModelError",
+    "break_attention_fusion",
+    "find_attention",
+    "fix_attention",
+    "scan_attention",
+    "with_reference_ops",
+]

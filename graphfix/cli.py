@@ -1,0 +1,181 @@
+"""`graphfix` command line: inspect, fix, validate, plugins."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from graphfix.cli_options import Option, add_options, api_kwargs
+from graphfix.errors import GraphfixError, UsageError
+from graphfix.match_types import AttentionMatch
+from graphfix.matcher import scan_attention
+from graphfix.model_io import load_model
+from graphfix.rewrite import fix_attention
+from graphfix.strategies import DEFAULT_STRATEGY, STRATEGIES
+
+
+def _parse_select(text: str) -> list[int | str]:
+    return [int(p) if p.strip().lstrip("-").isdigit() else p.strip() for p in text.split(",") if p.strip()]
+
+
+FIX_OPTIONS = (
+    Option(
+        ("--strategy", "-s"),
+        "strategy",
+        f"how to break each chain (default {DEFAULT_STRATEGY}): "
+        + "; ".join(f"{name}: {s.summary}" for name, s in STRATEGIES.items()),
+        {"choices": tuple(STRATEGIES)},
+    ),
+    Option(
+        ("--select",),
+        "select",
+        "comma-separated block indices, Softmax node names or regexes (default: every block)",
+        convert=_parse_select,
+    ),
+    Option(
+        ("--decompose-attention",),
+        "decompose_attention_ops",
+        "decompose ONNX Attention ops (opset 23+) into the explicit chain, then rewrite them",
+        {"action": "store_const", "const": True},
+    ),
+)
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    scan = scan_attention(args.model)
+    if args.json:
+        import dataclasses
+
+        print(json.dumps(dataclasses.asdict(scan), indent=2, default=str))
+        return 0
+    if not scan.matches and not scan.attention_ops:
+        print(f"no attention blocks found in {args.model}")
+    else:
+        print(_match_table(scan.matches))
+    for op in scan.attention_ops:
+        print(
+            f"ONNX Attention op {op.node} (causal={op.is_causal}, scale={op.scale}): already fused; "
+            "`graphfix fix --decompose-attention` rewrites it"
+        )
+    for skipped in scan.skipped:
+        print(f"skipped {skipped.softmax}: {skipped.reason}")
+    return 0
+
+
+def _match_table(matches: Sequence[AttentionMatch]) -> str:
+    header = ("#", "softmax", "kind", "heads", "q_len", "kv_len", "scale", "mask", "dtype")
+    rows = [header]
+    for m in matches:
+        scale = "none" if m.scale.form == "none" else (
+            f"{m.scale.value:.6g} ({m.scale.form})" if m.scale.value is not None else f"computed ({m.scale.form})"
+        )
+        mask = "/".join(dict.fromkeys(n.split("/")[-1] for n in m.mask_nodes)) or "-"
+        rows.append(
+            (
+                str(m.index),
+                m.softmax or f"#{m.softmax_position}",
+                m.kind.value,
+                *("?" if x is None else str(x) for x in (m.heads, m.q_len, m.kv_len)),
+                scale,
+                mask if len(mask) < 40 else mask[:37] + "...",
+                m.dtype + (" (fp32 island)" if m.cast_island else ""),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _cmd_fix(args: argparse.Namespace) -> int:
+    source = Path(args.model)
+    out = Path(args.output)
+    loaded = load_model(source, load_weights=False)
+    result = fix_attention(loaded.model, **api_kwargs(args, FIX_OPTIONS))
+    report = result.report
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, default=str))
+    else:
+        print(report.summary())
+    if report.rewritten == 0 and not args.always_write:
+        print(f"nothing to rewrite in {source}; wrote nothing (pass --always-write to write anyway)")
+        return 0
+    from graphfix.model_io import save_model
+
+    saved = save_model(
+        result.model,
+        out,
+        source=loaded.path,
+        link_weights=args.link_weights,
+        overwrite=args.overwrite,
+    )
+    print(saved.describe())
+    if report.strategy == "plugin" and report.rewritten:
+        from graphfix.plugin_build import trtexec_command
+
+        print("run it with TensorRT:")
+        print("  " + trtexec_command(saved.path))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="graphfix",
+        description="Rewrite ONNX attention chains so TensorRT cannot fuse them into inaccurate kernels.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    inspect = sub.add_parser("inspect", help="list the attention blocks graphfix finds")
+    inspect.add_argument("model", help="path to an .onnx file")
+    inspect.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    inspect.set_defaults(func=_cmd_inspect)
+
+    fix = sub.add_parser("fix", help="rewrite attention blocks and save the fixed model")
+    fix.add_argument("model", help="path to an .onnx file")
+    fix.add_argument("-o", "--output", required=True, help="where to write the fixed .onnx")
+    add_options(fix, FIX_OPTIONS)
+    fix.add_argument("--overwrite", action="store_true", default=None, help="allow replacing an existing file (or the input)")
+    fix.add_argument(
+        "--link-weights",
+        action="store_true",
+        default=None,
+        help="hard-link external weight files into another output folder instead of copying them",
+    )
+    fix.add_argument("--always-write", action="store_true", help="write the model even when nothing was rewritten")
+    fix.add_argument("--json", action="store_true", help="print the report as JSON")
+    fix.set_defaults(func=_cmd_fix)
+
+    import importlib  # TEMPORARY until the validate/plugins modules land
+
+    for module in ("graphfix.cli_validate", "graphfix.cli_plugins"):
+        try:
+            importlib.import_module(module).register(sub)
+        except ModuleNotFoundError:
+            pass
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as exc:
+        print(f"graphfix: error: {exc}", file=sys.stderr)
+        return 2
+    except GraphfixError as exc:
+        print(f"graphfix: error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `graphfix inspect … | head`
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:
+        print("graphfix: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""Read-only index over an ONNX graph: producers, consumers, constants and tensor types."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+_DTYPE_NAMES = {
+    onnx.TensorProto.FLOAT: "float32",
+    onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.BFLOAT16: "bfloat16",
+    onnx.TensorProto.DOUBLE: "float64",
+}
+
+# Ops whose output is constant when every input is; evaluated with onnx's reference runtime.
+_FOLDABLE = {
+    "Cast", "Sqrt", "Div", "Mul", "Reciprocal", "Pow", "Add", "Sub", "Neg", "Identity",
+    "Reshape", "Unsqueeze", "Squeeze", "Expand", "CastLike", "Transpose", "Slice",
+}  # fmt: skip
+_MAX_FOLD_ELEMENTS = 1 << 16
+
+
+def dtype_name(elem_type: int) -> str:
+    return _DTYPE_NAMES.get(elem_type, onnx.TensorProto.DataType.Name(elem_type).lower())
+
+
+class GraphIndex:
+    """Producers, consumers, types and constant values of one (top-level) graph.
+
+    Built once per scan; never mutates the model.  Initializers stored as external data whose
+    bytes are not loaded are read from `base_dir` only when a small constant is needed.
+    """
+
+    def __init__(self, model: onnx.ModelProto, *, base_dir: Path | None = None) -> None:
+        self.model = model
+        self.graph = model.graph
+        self.base_dir = base_dir
+        self.producer: dict[str, onnx.NodeProto] = {}
+        self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+        self.node_order: dict[int, int] = {}
+        for position, node in enumerate(self.graph.node):
+            self.node_order[id(node)] = position
+            for out in node.output:
+                if out:
+                    self.producer[out] = node
+            for inp in node.input:
+                if inp:
+                    self.consumers[inp].append(node)
+        self.initializers = {t.name: t for t in self.graph.initializer}
+        self.graph_inputs = {v.name for v in self.graph.input} - set(self.initializers)
+        self.graph_outputs = {v.name for v in self.graph.output}
+        self.opset = next(
+            (o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0
+        )
+        self.value_info = self._infer_value_info()
+        self._const_cache: dict[str, np.ndarray | None] = {}
+
+    def _infer_value_info(self) -> dict[str, onnx.ValueInfoProto]:
+        infos: dict[str, onnx.ValueInfoProto] = {}
+        try:
+            inferred = onnx.shape_inference.infer_shapes(self.model, strict_mode=False)
+            graph = inferred.graph
+        except Exception:  # shape inference is best effort; the matcher works without it
+            graph = self.graph
+        for vi in (*graph.value_info, *graph.input, *graph.output):
+            infos[vi.name] = vi
+        return infos
+
+    # --- types and shapes -------------------------------------------------------------------
+    def elem_type(self, name: str) -> int | None:
+        if name in self.initializers:
+            return self.initializers[name].data_type
+        vi = self.value_info.get(name)
+        if vi is not None and vi.type.HasField("tensor_type"):
+            return vi.type.tensor_type.elem_type or None
+        return None
+
+    def shape(self, name: str) -> tuple[int | str | None, ...] | None:
+        if name in self.initializers:
+            return tuple(self.initializers[name].dims)
+        vi = self.value_info.get(name)
+        if vi is None or not vi.type.tensor_type.HasField("shape"):
+            return None
+        dims: list[int | str | None] = []
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_value"):
+                dims.append(d.dim_value)
+            elif d.HasField("dim_param"):
+                dims.append(d.dim_param)
+            else:
+                dims.append(None)
+        return tuple(dims)
+
+    def rank(self, name: str) -> int | None:
+        shape = self.shape(name)
+        return None if shape is None else len(shape)
+
+    # --- structure ----------------------------------------------------------------------------
+    def producer_of(self, name: str) -> onnx.NodeProto | None:
+        return self.producer.get(name)
+
+    def consumers_of(self, name: str) -> list[onnx.NodeProto]:
+        return self.consumers.get(name, [])
+
+    def position(self, node: onnx.NodeProto) -> int:
+        return self.node_order[id(node)]
+
+    # --- constants ----------------------------------------------------------------------------
+    def is_constant(self, name: str) -> bool:
+        return self.constant_value(name) is not None or self._is_structurally_constant(name, 0)
+
+    def _is_structurally_constant(self, name: str, depth: int) -> bool:
+        if name in self.initializers:
+            return True
+        node = self.producer.get(name)
+        if node is None or depth > 8:
+            return False
+        if node.op_type == "Constant":
+            return True
+        if node.op_type in _FOLDABLE:
+            return all(
+                not i or self._is_structurally_constant(i, depth + 1) for i in node.input
+            )
+        return False
+
+    def constant_value(self, name: str) -> np.ndarray | None:
+        """The value of `name` if it is an initializer, a Constant, or folds from constants."""
+        if name in self._const_cache:
+            return self._const_cache[name]
+        self._const_cache[name] = None  # cycle guard
+        value = self._compute_constant(name)
+        self._const_cache[name] = value
+        return value
+
+    def _compute_constant(self, name: str) -> np.ndarray | None:
+        if name in self.initializers:
+            return self._initializer_value(self.initializers[name])
+        node = self.producer.get(name)
+        if node is None:
+            return None
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.name == "value":
+                    return numpy_helper.to_array(attr.t)
+                if attr.name == "value_float":
+                    return np.array(attr.f, dtype=np.float32)
+                if attr.name == "value_int":
+                    return np.array(attr.i, dtype=np.int64)
+                if attr.name == "value_floats":
+                    return np.array(list(attr.floats), dtype=np.float32)
+                if attr.name == "value_ints":
+                    return np.array(list(attr.ints), dtype=np.int64)
+            return None
+        if node.op_type == "Shape":
+            return self._static_shape(node)
+        if node.op_type not in _FOLDABLE or node.domain not in ("", "ai.onnx"):
+            return None
+        inputs = []
+        for inp in node.input:
+            if not inp:
+                inputs.append(None)
+                continue
+            value = self.constant_value(inp)
+            if value is None or value.size > _MAX_FOLD_ELEMENTS:
+                return None
+            inputs.append(value)
+        return _evaluate_node(node, inputs, self.opset)
+
+    def _static_shape(self, node: onnx.NodeProto) -> np.ndarray | None:
+        """Shape(x) when shape inference knows every dimension of x."""
+        dims = self.shape(node.input[0])
+        if dims is None or not all(isinstance(d, int) for d in dims):
+            return None
+        attrs = {a.name: a.i for a in node.attribute}
+        start, end = attrs.get("start", 0), attrs.get("end", len(dims))
+        return np.array(dims[start:end] if "end" in attrs else dims[start:], dtype=np.int64)
+
+    def _initializer_value(self, tensor: onnx.TensorProto) -> np.ndarray | None:
+        count = int(np.prod(tensor.dims)) if tensor.dims else 1
+        if count > _MAX_FOLD_ELEMENTS:
+            return None
+        if tensor.data_location == onnx.TensorProto.EXTERNAL and not tensor.HasField("raw_data"):
+            if self.base_dir is None:
+                return None
+            loaded = onnx.TensorProto()
+            loaded.CopyFrom(tensor)
+            try:
+                onnx.external_data_helper.load_external_data_for_tensor(
+                    loaded, str(self.base_dir)
+                )
+            except OSError:
+                return None
+            loaded.data_location = onnx.TensorProto.DEFAULT
+            del loaded.external_data[:]
+            return numpy_helper.to_array(loaded)
+        return numpy_helper.to_array(tensor)
+
+
+def _evaluate_node(node: onnx.NodeProto, inputs: list, opset: int) -> np.ndarray | None:
+    from onnx.reference import ReferenceEvaluator
+
+    names = [f"in{i}" if v is not None else "" for i, v in enumerate(inputs)]
+    clone = onnx.helper.make_node(node.op_type, names, ["out"], domain=node.domain)
+    clone.attribute.extend(node.attribute)
+    try:
+        evaluator = ReferenceEvaluator(clone, opsets={"": opset})
+        feeds = {n: v for n, v in zip(names, inputs, strict=True) if n}
+        (result,) = evaluator.run(None, feeds)
+    except Exception:  # a constant we cannot fold is simply "not constant" to the matcher
+        return None
+    return np.asarray(result)

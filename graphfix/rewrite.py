@@ -1,0 +1,128 @@
+"""Rewrite every matched attention chain (or the selected ones) with one strategy."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+
+import onnx
+
+from graphfix.attention_op import decompose_attention_ops as _decompose
+from graphfix.errors import SelectionError
+from graphfix.graph_edit import GraphEdit
+from graphfix.graph_index import GraphIndex
+from graphfix.match_types import AttentionMatch
+from graphfix.matcher import scan_graph
+from graphfix.model_io import load_model
+from graphfix.report import BlockOutcome, FixReport, FixResult
+from graphfix.strategies import get_strategy
+
+Selector = int | str | re.Pattern[str]
+
+
+def fix_attention(
+    model: onnx.ModelProto | str | os.PathLike[str],
+    *,
+    strategy: str | None = None,
+    select: Sequence[Selector] | None = None,
+    decompose_attention_ops: bool | None = None,
+) -> FixResult:
+    """Rewrite attention chains in a copy of `model`; return it with a report.
+
+    `model` may be a path: its weights are then NOT loaded, and initializers keep their external
+    data references (relative to the input's folder) — save it with `graphfix.save_model`.
+    `select` picks blocks by index, exact Softmax node name, or regex (str or compiled) matched
+    against the Softmax node name; None rewrites every block.
+    """
+    loaded = load_model(model, load_weights=False)
+    result = onnx.ModelProto()
+    result.CopyFrom(loaded.model)
+    decomposed = _decompose(result) if decompose_attention_ops else 0
+    index = GraphIndex(result, base_dir=loaded.base_dir)
+    scan = scan_graph(index)
+    chosen = _select(scan.matches, select)
+    chosen_strategy = get_strategy(strategy)
+    edit = GraphEdit(result, index)
+    blocks: list[BlockOutcome] = []
+    for match in scan.matches:
+        if match.index in chosen:
+            outcome = chosen_strategy.apply(edit, match)
+            rewritten, detail = outcome.rewritten, outcome.detail
+        else:
+            rewritten, detail = False, "not selected"
+        blocks.append(
+            BlockOutcome(
+                index=match.index,
+                softmax=match.softmax or f"#{match.softmax_position}",
+                kind=match.kind.value,
+                rewritten=rewritten,
+                detail=detail,
+            )
+        )
+    edit.commit()
+    report = FixReport(
+        strategy=chosen_strategy.name,
+        strategy_proven=chosen_strategy.proven,
+        blocks=tuple(blocks),
+        not_attention=scan.skipped,
+        attention_ops=scan.attention_ops,
+        decomposed_attention_ops=decomposed,
+        matches=scan.matches,
+    )
+    return FixResult(model=result, report=report)
+
+
+def break_attention_fusion(
+    model: onnx.ModelProto | str | os.PathLike[str],
+    *,
+    strategy: str | None = None,
+    select: Sequence[Selector] | None = None,
+    decompose_attention_ops: bool | None = None,
+) -> onnx.ModelProto:
+    """A new ModelProto whose attention chains TensorRT cannot fuse (the input is not mutated).
+
+    Drop-in form of `fix_attention`: a path is loaded with its weights, so the result is
+    self-contained.  Use `fix_attention` for the report of what was done.
+    """
+    source = load_model(model, load_weights=True).model
+    return fix_attention(
+        source, strategy=strategy, select=select, decompose_attention_ops=decompose_attention_ops
+    ).model
+
+
+def _select(matches: Sequence[AttentionMatch], select: Sequence[Selector] | None) -> set[int]:
+    if select is None:
+        return {m.index for m in matches}
+    if isinstance(select, (str, int, re.Pattern)):
+        select = [select]
+    chosen: set[int] = set()
+    for selector in select:
+        hits = _resolve(matches, selector)
+        if not hits:
+            names = ", ".join(m.softmax or f"#{m.softmax_position}" for m in matches[:6])
+            raise SelectionError(
+                f"select entry {selector!r} matches no attention block; blocks are indexed "
+                f"0..{len(matches) - 1} and named {names}{', …' if len(matches) > 6 else ''} "
+                "(see `graphfix inspect`)"
+            )
+        chosen |= hits
+    return chosen
+
+
+def _resolve(matches: Sequence[AttentionMatch], selector: Selector) -> set[int]:
+    if isinstance(selector, bool):
+        raise SelectionError(f"select entry {selector!r} is a bool; give an index, name or regex")
+    if isinstance(selector, int):
+        return {m.index for m in matches if m.index == selector}
+    if isinstance(selector, str):
+        exact = {m.index for m in matches if m.softmax == selector}
+        if exact:
+            return exact
+        try:
+            pattern = re.compile(selector)
+        except re.error as exc:
+            raise SelectionError(f"select entry {selector!r} is neither a node name nor a valid regex: {exc}") from exc
+    else:
+        pattern = selector
+    return {m.index for m in matches if pattern.search(m.softmax)}
