@@ -19,7 +19,7 @@ _DTYPE_NAMES = {
 # Ops whose output is constant when every input is; evaluated with onnx's reference runtime.
 _FOLDABLE = {
     "Cast", "Sqrt", "Div", "Mul", "Reciprocal", "Pow", "Add", "Sub", "Neg", "Identity",
-    "Reshape", "Unsqueeze", "Squeeze", "Expand", "CastLike", "Transpose", "Slice",
+    "Reshape", "Unsqueeze", "Squeeze", "Expand", "Transpose", "Slice",
 }  # fmt: skip
 _MAX_FOLD_ELEMENTS = 1 << 16
 
@@ -157,6 +157,12 @@ class GraphIndex:
             return None
         if node.op_type == "Shape":
             return self._static_shape(node)
+        if node.op_type == "CastLike":  # constant whenever its first input is
+            value = self.constant_value(node.input[0])
+            target = self.elem_type(node.input[1])
+            if value is None or target is None:
+                return None
+            return value.astype(onnx.helper.tensor_dtype_to_np_dtype(target))
         if node.op_type not in _FOLDABLE or node.domain not in ("", "ai.onnx"):
             return None
         inputs = []

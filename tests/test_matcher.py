@@ -1,0 +1,131 @@
+"""The matcher on minimal graphs: every accepted layout, and every Softmax it must leave alone."""
+
+from __future__ import annotations
+
+import math
+
+import onnx
+import pytest
+from graphs import D, S, T, Variant, attention_model, non_attention_models
+
+import graphfix
+from graphfix import AttentionKind
+
+SCALE = 1 / math.sqrt(D)
+
+
+@pytest.mark.parametrize(
+    ("variant", "form"),
+    [
+        (Variant(scale="div_after"), "div"),
+        (Variant(scale="mul_after"), "mul"),
+        (Variant(scale="mul_before_q"), "q_scale"),
+        (Variant(scale="sqrt_qk"), "sqrt_qk"),
+    ],
+)
+def test_scale_forms_fold_to_one_value(variant, form):
+    (match,) = graphfix.find_attention(attention_model(variant))
+    assert match.scale.form == form
+    assert match.scale.value == pytest.approx(SCALE, rel=1e-6)
+
+
+def test_no_scale():
+    (match,) = graphfix.find_attention(attention_model(Variant(scale="none")))
+    assert match.scale.form == "none" and match.scale.value == 1.0
+
+
+def test_self_attention_fields():
+    (match,) = graphfix.find_attention(attention_model(Variant()))
+    assert match.softmax == "softmax" and match.axis == 3
+    assert (match.qk_matmul, match.pv_matmul) == ("qk", "pv")
+    assert (match.q, match.k, match.v) == ("q_bhsd", "k_bhsd", "v_bhsd")
+    assert match.k_transposed_by == "transpose"
+    assert match.kind is AttentionKind.SELF and not match.causal
+    assert match.dtype == "float32" and not match.cast_island and match.nan_guard is None
+    assert (match.heads, match.q_len, match.kv_len) == (3, S, S)
+    assert match.mask_nodes == () and match.mask_inputs == ()
+    assert match.chain_nodes == ("qk", "scale_div", "softmax", "pv")
+
+
+def test_k_by_layout_and_einsum():
+    (layout,) = graphfix.find_attention(attention_model(Variant(k_layout="layout")))
+    assert layout.k_transposed_by == "layout" and layout.k == "k_t_layout"
+    (einsum,) = graphfix.find_attention(attention_model(Variant(einsum=True)))
+    assert einsum.k_transposed_by == "einsum"
+    assert (einsum.qk_matmul, einsum.pv_matmul) == ("qk", "pv")
+
+
+def test_cross_attention():
+    (match,) = graphfix.find_attention(attention_model(Variant(cross=True, mask="add")))
+    assert match.kind is AttentionKind.CROSS
+    assert (match.q_len, match.kv_len) == (S, T)
+
+
+@pytest.mark.parametrize("mask", ["add", "where"])
+def test_padding_masks_are_not_causal(mask):
+    (match,) = graphfix.find_attention(attention_model(Variant(mask=mask)))
+    assert match.mask_nodes == (f"mask_{mask}",)
+    assert "mask" in match.mask_inputs
+    assert match.kind is AttentionKind.SELF and not match.causal
+
+
+@pytest.mark.parametrize("mask", ["causal_trilu", "causal_const"])
+def test_causal_masks(mask):
+    (match,) = graphfix.find_attention(attention_model(Variant(mask=mask)))
+    assert match.causal and match.kind is AttentionKind.CAUSAL
+
+
+def test_fp16_cast_island_and_nan_guard():
+    model = attention_model(
+        Variant(dtype=onnx.TensorProto.FLOAT16, cast_island=True, nan_guard=True, mask="add")
+    )
+    (match,) = graphfix.find_attention(model)
+    assert match.cast_island and match.dtype == "float32"
+    assert match.nan_guard == "nan_guard"
+    assert match.chain_nodes[-3:] == ("nan_guard", "from_f32", "pv")
+
+
+def test_fp16_without_island():
+    (match,) = graphfix.find_attention(attention_model(Variant(dtype=onnx.TensorProto.FLOAT16)))
+    assert match.dtype == "float16" and not match.cast_island
+
+
+def test_softcap_is_not_the_scale():
+    (match,) = graphfix.find_attention(attention_model(Variant(scale="mul_after", softcap=30.0)))
+    assert match.softcap == pytest.approx(30.0)
+    assert match.scale.value == pytest.approx(SCALE, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("classifier", "not multiplied by V"),
+        ("channels", "axis 1"),
+        ("moe_router", "TopK"),
+        ("times_constant", "constant weight"),
+        ("right_operand", "right-hand operand"),
+        ("not_last_axis", "axis 1"),
+    ],
+)
+def test_non_attention_softmax_is_left_alone(name, reason):
+    scan = graphfix.scan_attention(non_attention_models()[name])
+    assert scan.matches == ()
+    (skipped,) = scan.skipped
+    assert skipped.softmax == "softmax"
+    assert reason in skipped.reason
+
+
+def test_scores_from_a_linear_layer_are_not_attention():
+    model = attention_model(Variant())
+    qk = next(n for n in model.graph.node if n.name == "qk")
+    qk.input[1] = "Wq"  # q · W instead of q · kᵀ
+    scan = graphfix.scan_attention(model)
+    assert scan.matches == ()
+    assert "constant weight" in scan.skipped[0].reason
+
+
+def test_path_input_does_not_load_weights(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(attention_model(Variant()), path, save_as_external_data=True, size_threshold=0)
+    (match,) = graphfix.find_attention(path)
+    assert match.scale.value == pytest.approx(SCALE, rel=1e-6)  # read from the data file
