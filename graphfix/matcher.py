@@ -234,11 +234,11 @@ def _trace_probabilities(
         frontier = next_frontier
         if not frontier:
             break
-    consumers = ", ".join(dict.fromkeys(seen_ops)) or "none"
-    outputs = " and is a graph output" if softmax.output[0] in index.graph_outputs else ""
-    raise _NoMatch(
-        f"softmax output is not multiplied by V (consumers: {consumers}{outputs})"
-    )
+    if not seen_ops:
+        where = "is only a graph output" if softmax.output[0] in index.graph_outputs else "feeds nothing"
+        raise _NoMatch(f"softmax output {where} (a probability head), not multiplied by V")
+    consumers = ", ".join(dict.fromkeys(seen_ops))
+    raise _NoMatch(f"softmax output is not multiplied by V (consumers: {consumers})")
 
 
 def _is_nan_guard(index: GraphIndex, where: onnx.NodeProto, tensor: str) -> bool:

@@ -1,0 +1,112 @@
+"""The `graphfix` command line: tables, JSON, exit codes, and no half-written outputs."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+from graphs import non_attention_models
+
+from graphfix.cli import main
+from graphfix.examples import vit_example
+
+
+@pytest.fixture
+def example(tmp_path):
+    path = tmp_path / "vit.onnx"
+    onnx.save(vit_example(), path)
+    return path
+
+
+def test_inspect_table(example, capsys):
+    assert main(["inspect", str(example)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].split() == ["#", "softmax", "kind", "heads", "q_len", "kv_len", "scale", "mask", "dtype"]
+    assert "/blocks.0/attn/Softmax  self  4      16     16      0.25 (sqrt_qk)" in out
+    assert "skipped /Softmax: softmax output is only a graph output" in out
+
+
+def test_inspect_json(example, capsys):
+    assert main(["inspect", str(example), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [m["softmax"] for m in data["matches"]] == ["/blocks.0/attn/Softmax", "/blocks.1/attn/Softmax"]
+    assert data["matches"][0]["scale"]["value"] == pytest.approx(0.25)
+    assert data["skipped"][0]["softmax"] == "/Softmax"
+
+
+def test_fix_writes_model_and_prints_trtexec(example, tmp_path, capsys):
+    out = tmp_path / "out" / "vit.fixed.onnx"
+    out.parent.mkdir()
+    assert main(["fix", str(example), "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "rewrote 2 of 2 attention block(s)" in text
+    assert "trtexec" in text and str(out) in text
+    fixed = onnx.load(out)
+    assert sum(n.op_type == "GraphfixSoftmax" for n in fixed.graph.node) == 2
+
+
+def test_fix_select_and_strategy(example, tmp_path, capsys):
+    out = tmp_path / "sel.onnx"
+    assert main(["fix", str(example), "-o", str(out), "--select", "1", "-s", "max_subtract"]) == 0
+    fixed = onnx.load(out)
+    assert sum(n.op_type == "ReduceMax" for n in fixed.graph.node) == 1
+    assert "trtexec" not in capsys.readouterr().out
+
+
+def test_no_attention_writes_nothing(tmp_path, capsys):
+    src = tmp_path / "clf.onnx"
+    onnx.save(non_attention_models()["classifier"], src)
+    out = tmp_path / "clf.fixed.onnx"
+    assert main(["fix", str(src), "-o", str(out)]) == 0
+    assert "wrote nothing" in capsys.readouterr().out
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda p: None, "not found"),
+        (lambda p: p.write_bytes(b"\x00\xffnot onnx at all" * 10), "not a readable ONNX model"),
+        (lambda p: p.write_bytes(onnx.load_model_from_string(vit_example().SerializeToString()).SerializeToString()[:5000]), "truncated"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_1(tmp_path, capsys, setup, message):
+    path = tmp_path / "in.onnx"
+    setup(path)
+    out = tmp_path / "o.onnx"
+    assert main(["fix", str(path), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("graphfix: error: ") and message in err
+    assert len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_missing_external_data(tmp_path, capsys):
+    path = tmp_path / "ext.onnx"
+    onnx.save(vit_example(), path, save_as_external_data=True, location="ext.data", size_threshold=0)
+    (tmp_path / "ext.data").unlink()
+    assert main(["inspect", str(path)]) == 1
+    assert "ext.data" in capsys.readouterr().err
+
+
+def test_output_equal_to_input_is_refused(example, capsys):
+    before = example.read_bytes()
+    assert main(["fix", str(example), "-o", str(example)]) == 1
+    assert "--overwrite" in capsys.readouterr().err
+    assert example.read_bytes() == before
+    assert main(["fix", str(example), "-o", str(example), "--overwrite"]) == 0
+    assert sum(n.op_type == "GraphfixSoftmax" for n in onnx.load(example).graph.node) == 2
+
+
+def test_attention_op_needs_decompose_flag(tmp_path, capsys):
+    from test_attention_op import attention_op_model
+
+    src = tmp_path / "attn23.onnx"
+    onnx.save(attention_op_model(is_causal=True), src)
+    assert main(["inspect", str(src)]) == 0
+    assert "--decompose-attention" in capsys.readouterr().out
+    out = tmp_path / "attn23.fixed.onnx"
+    assert main(["fix", str(src), "-o", str(out), "--decompose-attention"]) == 0
+    assert any(n.op_type == "GraphfixSoftmax" for n in onnx.load(out).graph.node)
