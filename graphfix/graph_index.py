@@ -20,6 +20,8 @@ _DTYPE_NAMES = {
 _FOLDABLE = {
     "Cast", "Sqrt", "Div", "Mul", "Reciprocal", "Pow", "Add", "Sub", "Neg", "Identity",
     "Reshape", "Unsqueeze", "Squeeze", "Expand", "Transpose", "Slice",
+    "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal", "Not", "And", "Or",
+    "Range", "ConstantOfShape", "Trilu", "Where", "Concat", "Gather", "Abs",
 }  # fmt: skip
 _MAX_FOLD_ELEMENTS = 1 << 16
 

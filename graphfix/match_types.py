@@ -26,6 +26,9 @@ class Scale:
     value: float | None
     form: str
     nodes: tuple[str, ...] = ()
+    # Part of `value` applied to Q or K before a Reshape/Transpose (so already inside the tensors
+    # `q`/`k` name); None when unknown.
+    baked: float | None = 1.0
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,7 @@ def _match_softmax(
     q, k_t, q_scale, k_scale = _qk_operands(index, qk)
     k, k_transposed_by = _untranspose_k(index, qk, k_t)
 
-    scale = _scale(index, chain, q_scale, k_scale)
+    scale = _scale(index, chain, q_scale, k_scale, q)
     softcap = _softcap(index, chain)
     mask_nodes = tuple(sorted(chain.mask_nodes, key=index.position))
     mask_inputs = tuple(dict.fromkeys(chain.mask_inputs))
@@ -333,26 +333,57 @@ def _is_scalar_constant(index: GraphIndex, tensor: str) -> bool:
     return value is not None and value.size == 1
 
 
+@dataclass(frozen=True)
+class _OperandScale:
+    """Scalar factors found on one Q·Kᵀ operand: peeled at the MatMul, or baked in upstream."""
+
+    peeled: tuple[tuple[str, str], ...] = ()  # (scalar tensor, "Mul"|"Div") right at the MatMul
+    baked: tuple[tuple[str, str], ...] = ()  # before a Reshape/Transpose: part of the operand
+
+
+_LAYOUT_OPS = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Cast"}
+_MAX_OPERAND_HOPS = 6
+
+
 def _qk_operands(
     index: GraphIndex, qk: onnx.NodeProto
-) -> tuple[str, str, tuple[str, str] | None, tuple[str, str] | None]:
+) -> tuple[str, str, _OperandScale, _OperandScale]:
     """Q and Kᵀ with any scalar Mul/Div peeled off each (PyTorch's √scale split)."""
-    q, q_scale = _peel_scalar_scale(index, qk.input[0])
-    k_t, k_scale = _peel_scalar_scale(index, qk.input[1])
+    q, q_scale = _operand_scale(index, qk.input[0])
+    k_t, k_scale = _operand_scale(index, qk.input[1])
     return q, k_t, q_scale, k_scale
 
 
-def _peel_scalar_scale(index: GraphIndex, tensor: str) -> tuple[str, tuple[str, str] | None]:
+def _operand_scale(index: GraphIndex, tensor: str) -> tuple[str, _OperandScale]:
+    peeled: list[tuple[str, str]] = []
+    while (factor := _scalar_factor(index, tensor)) is not None:
+        tensor, scalar, op = factor
+        peeled.append((scalar, op))
+    baked: list[tuple[str, str]] = []
+    current = tensor
+    for _ in range(_MAX_OPERAND_HOPS):  # e.g. Whisper: q_proj(x) * scale, then split into heads
+        factor = _scalar_factor(index, current)
+        if factor is not None:
+            current, scalar, op = factor
+            baked.append((scalar, op))
+            continue
+        node = index.producer_of(current)
+        if node is None or node.op_type not in _LAYOUT_OPS:
+            break
+        current = node.input[0]
+    return tensor, _OperandScale(peeled=tuple(peeled), baked=tuple(baked))
+
+
+def _scalar_factor(index: GraphIndex, tensor: str) -> tuple[str, str, str] | None:
+    """(input, scalar, op) when `tensor` is input·scalar or input/scalar."""
     node = index.producer_of(tensor)
     if node is None or node.op_type not in ("Mul", "Div"):
-        return tensor, None
+        return None
     for main in (0, 1) if node.op_type == "Mul" else (0,):
         other = node.input[1 - main]
-        if index.is_constant(node.input[main]):
-            continue
-        if _is_scalar(index, other):
-            return node.input[main], (other, node.op_type)
-    return tensor, None
+        if not index.is_constant(node.input[main]) and _is_scalar(index, other):
+            return node.input[main], other, node.op_type
+    return None
 
 
 def _is_scalar(index: GraphIndex, tensor: str) -> bool:
@@ -376,8 +407,9 @@ def _untranspose_k(index: GraphIndex, qk: onnx.NodeProto, k_t: str) -> tuple[str
 def _scale(
     index: GraphIndex,
     chain: _ScoreChain,
-    q_scale: tuple[str, str] | None,
-    k_scale: tuple[str, str] | None,
+    q_scale: _OperandScale,
+    k_scale: _OperandScale,
+    q: str,
 ) -> Scale:
     # A softcap's Div/Mul around its Tanh is the cap, not the scale (see _softcap).
     factors = [
@@ -386,13 +418,27 @@ def _scale(
         if chain.tanh is None or not _touches(index, chain.tanh, t)
     ]
     forms = [op.lower() for _, op in factors]
-    if q_scale and k_scale:
+    q_factors = q_scale.peeled + q_scale.baked
+    k_factors = k_scale.peeled + k_scale.baked
+    if q_factors and k_factors:
         forms.insert(0, "sqrt_qk")
-        factors += [q_scale, k_scale]
-    elif q_scale or k_scale:
-        forms.insert(0, "q_scale" if q_scale else "k_scale")
-        factors.append(q_scale or k_scale)  # type: ignore[arg-type]
-    forms = list(dict.fromkeys(forms))
+    elif q_factors or k_factors:
+        forms.insert(0, "q_scale" if q_factors else "k_scale")
+    factors += [*q_factors, *k_factors]
+    value, computed = _product(index, factors)
+    baked, _ = _product(index, [*q_scale.baked, *k_scale.baked])
+    if index.is_constant(q):  # a learned probe query with its scale folded in (SigLIP MAP head)
+        value, baked = None, None
+        forms.append("folded_into_constant_q")
+    return Scale(
+        value=value,
+        form="+".join(dict.fromkeys(forms)) or "none",
+        nodes=tuple(dict.fromkeys(computed)),
+        baked=baked,
+    )
+
+
+def _product(index: GraphIndex, factors: list[tuple[str, str]]) -> tuple[float | None, list[str]]:
     value: float | None = 1.0
     computed: list[str] = []
     for tensor, op in factors:
@@ -404,11 +450,7 @@ def _scale(
         factor = float(np.asarray(const, dtype=np.float64).reshape(()))
         if value is not None:
             value = value / factor if op == "Div" else value * factor
-    return Scale(
-        value=value,
-        form="+".join(forms) or "none",
-        nodes=tuple(dict.fromkeys(computed)),
-    )
+    return value, computed
 
 
 def _touches(index: GraphIndex, tanh: onnx.NodeProto, scale_tensor: str) -> bool:
@@ -450,9 +492,11 @@ def _backward_slice(index: GraphIndex, tensor: str, *, limit: int) -> list[str]:
 
 
 def _is_causal(index: GraphIndex, mask_inputs: tuple[str, ...]) -> bool:
-    """A causal mask: built by Trilu, by Range + comparison, or a lower-triangular constant."""
+    """A causal mask: built by Trilu, by Range + comparison, by comparing constant position
+    indices, or a constant whose strict upper triangle is blocked (banded windows included)."""
     ops: set[str] = set()
     constants: list[str] = []
+    comparisons: list[onnx.NodeProto] = []
     stack = list(mask_inputs)
     seen: set[str] = set()
     while stack and len(seen) < _MAX_MASK_SLICE:
@@ -470,24 +514,42 @@ def _is_causal(index: GraphIndex, mask_inputs: tuple[str, ...]) -> bool:
         if node.op_type == "Constant":
             constants.append(name)
             continue
+        if node.op_type in _COMPARISONS:
+            comparisons.append(node)
         stack.extend(i for i in node.input if i)
     if "Trilu" in ops or ("Range" in ops and ops & _COMPARISONS):
         return True
-    return any(_is_triangular(index.constant_value(name)) for name in constants)
+    for node in comparisons:  # transformers' masking_utils: kv_idx <= q_idx on constant aranges
+        if all(index.constant_value(i) is not None for i in node.input):
+            if _is_causal_pattern(index.constant_value(node.output[0]), either_polarity=True):
+                return True
+    return any(
+        _is_causal_pattern(index.constant_value(name), either_polarity=True) for name in constants
+    )
 
 
-def _is_triangular(value: np.ndarray | None) -> bool:
+def _is_causal_pattern(value: np.ndarray | None, *, either_polarity: bool) -> bool:
+    """The last two axes keep the diagonal and block every position above it.
+
+    Booleans may mean keep or block (Where picks the polarity), so both are tried; for additive
+    float masks, blocked positions are the ones at the minimum when that minimum is negative.
+    """
     if value is None or value.ndim < 2 or value.shape[-1] < 2 or value.shape[-2] < 2:
         return False
     square = np.asarray(value).reshape(-1, *value.shape[-2:])[0]
     n = min(square.shape)
     square = square[:n, :n]
     if square.dtype == bool:
-        keep = square
+        candidates = [square, ~square] if either_polarity else [square]
     else:
-        keep = square > square.min() if square.min() < 0 else square != 0
-    lower = np.tril(np.ones((n, n), dtype=bool))
-    return bool(np.array_equal(keep, lower)) and not bool(keep.all())
+        low = square.min()
+        if not low < 0:
+            return False
+        candidates = [square > low]
+    upper = np.triu(np.ones((n, n), dtype=bool), k=1)
+    return any(
+        not keep[upper].any() and bool(np.diagonal(keep).all()) for keep in candidates
+    )
 
 
 def _projection_source(index: GraphIndex, tensor: str) -> str:
@@ -505,6 +567,8 @@ def _projection_source(index: GraphIndex, tensor: str) -> str:
             weight = node.input[1]
             if weight in index.initializers or index.is_constant(weight):
                 return node.input[0]
+            if node.op_type == "MatMul" and index.is_constant(node.input[0]):
+                return _strip_layout(index, node.input[1])  # weight on the left: Kᵀ = W·xᵀ
         if node.op_type in ("MatMul", "Einsum") and len(node.input) == 2:
             return f"<{_display(node, index.position(node))}>"
         data = [i for i in node.input if i and not index.is_constant(i)]
@@ -512,6 +576,15 @@ def _projection_source(index: GraphIndex, tensor: str) -> str:
             return f"<const {current}>"
         current = data[0]
     return current
+
+
+def _strip_layout(index: GraphIndex, tensor: str) -> str:
+    for _ in range(_MAX_OPERAND_HOPS):
+        node = index.producer_of(tensor)
+        if node is None or node.op_type not in _LAYOUT_OPS:
+            break
+        tensor = node.input[0]
+    return tensor
 
 
 # --- ONNX Attention ops -----------------------------------------------------------------------

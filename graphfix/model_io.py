@@ -1,17 +1,49 @@
-"""Loading and saving ONNX models, external data included, with errors a user can act on."""
+"""Loading and saving ONNX models, external data included, with errors a user can act on.
+
+Saving never loads weights that are still on disk: a model read with `load_weights=False` keeps
+its initializers as references into the input's data file(s), and `save_model` either points the
+new model at those files (same folder) or places them next to it by one streaming copy or a hard
+link (another folder).  Every file is written under a temporary name and moved into place, so a
+failure never leaves a half-written output.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import shutil
+import stat
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO, Literal
 
 import onnx
-from google.protobuf.message import DecodeError
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import EncodeError, Message
 
-from graphfix.errors import ModelLoadError
+from graphfix.errors import GraphfixError, ModelLoadError, OutputPathError
 
 ModelLike = "onnx.ModelProto | str | os.PathLike[str]"
+
+WeightPlacement = Literal[
+    "embedded",
+    "referenced in place",
+    "copied (streaming)",
+    "hard-linked",
+    "written as external data",
+]
+
+# A serialized protobuf message must stay below 2 GiB.
+_PROTO_LIMIT = onnx.checker.MAXIMUM_PROTOBUF - 1
+# Tensors at least this big move to the data file when a loaded model is too big to embed
+# (onnx's own default for `save_as_external_data`).
+_EXTERNAL_THRESHOLD = 1024
+_COPY_CHUNK = 64 << 20  # bytes per copy_file_range call (kernel-side, never in our memory)
+_COMPARE_CHUNK = 4 << 20
+_COPY_FALLBACK_ERRNOS = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EPERM}
 
 
 @dataclass(frozen=True)
@@ -31,21 +63,49 @@ class LoadedModel:
         return None if self.path is None else self.path.parent
 
 
+@dataclass(frozen=True)
+class SavedModel:
+    """Where `save_model` put a model and how its weights got there."""
+
+    path: Path
+    weights: WeightPlacement
+    data_files: tuple[Path, ...]
+    data_bytes: int = 0
+
+    def describe(self) -> str:
+        """One line for the CLI: the output file and how the weights were placed."""
+        if not self.data_files:
+            return f"saved {self.path} (weights embedded)"
+        files = ", ".join(str(f) for f in self.data_files)
+        size = _human_size(self.data_bytes)
+        how = {
+            "referenced in place": f"referenced in place from {files} ({size}, not copied)",
+            "copied (streaming)": f"copied (streaming) to {files} ({size})",
+            "hard-linked": f"hard-linked as {files} ({size}, no copy; same inode as the "
+            "input's: onnxruntime reads it, but onnx.load/onnx.checker refuse data files with "
+            "several hard links)",
+            "written as external data": f"written as external data to {files} ({size})",
+        }.get(self.weights, f"{self.weights}: {files}")
+        return f"saved {self.path}; weights {how}"
+
+
 def external_data_files(model: onnx.ModelProto) -> list[str]:
     """Relative locations of the external data files that `model`'s initializers reference."""
     seen: dict[str, None] = {}
     for tensor in _all_tensors(model):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            for entry in tensor.external_data:
-                if entry.key == "location":
-                    seen.setdefault(entry.value, None)
+            seen.setdefault(_external_info(tensor).get("location", ""), None)
     return list(seen)
 
 
-def _all_tensors(model: onnx.ModelProto):
+def _all_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
     from onnx.external_data_helper import _get_all_tensors
 
     return _get_all_tensors(model)
+
+
+def _external_info(tensor: onnx.TensorProto) -> dict[str, str]:
+    return {entry.key: entry.value for entry in tensor.external_data}
 
 
 def load_model(
@@ -54,7 +114,8 @@ def load_model(
     """Load `model` (a ModelProto is passed through untouched) or raise ModelLoadError.
 
     With `load_weights=False` the graph is read without pulling external data into memory, which
-    is how models over 2 GB are inspected and rewritten; the data files are still checked to exist.
+    is how models over 2 GB are inspected and rewritten; the data files are still checked to exist
+    and to hold every byte range the model references.
     """
     if isinstance(model, onnx.ModelProto):
         return LoadedModel(model=model, path=None, weights_loaded=True)
@@ -70,26 +131,405 @@ def load_model(
         raise ModelLoadError(f"{path} is a directory, not an ONNX file; pass the .onnx file inside")
     try:
         proto = onnx.load(str(path), load_external_data=False)
-    except (DecodeError, RuntimeWarning, ValueError, OSError) as exc:
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc.strerror}; check its permissions") from exc
+    except Exception as exc:  # protobuf, text and JSON parsers each raise their own types
         raise ModelLoadError(
             f"{path} is not a readable ONNX model (protobuf parse failed: {exc}); "
             "the file may be truncated or not ONNX — re-export it"
         ) from exc
-    if not proto.HasField("graph") or (not proto.opset_import and not proto.graph.node):
+    if not proto.HasField("graph") or not proto.opset_import:
         raise ModelLoadError(
-            f"{path} parsed but holds no ONNX graph (no graph/opset_import); "
-            "it is probably not an ONNX model — re-export it"
+            f"{path} parsed but is not a complete ONNX model (no graph or no opset_import); "
+            "the file may be truncated or not ONNX — re-export it"
         )
-    missing = [loc for loc in external_data_files(proto) if not (path.parent / loc).is_file()]
+    _check_external_data(proto, path)
+    if load_weights and external_data_files(proto):
+        try:
+            onnx.load_external_data_for_model(proto, str(path.parent))
+        except onnx.checker.ValidationError as exc:
+            hint = (
+                "onnx refuses data files with several hard links; replace the linked file by a "
+                "copy of it, or load with load_weights=False"
+                if "hard link" in str(exc)
+                else "keep the data file(s) next to the model as they were when it was saved"
+            )
+            raise ModelLoadError(f"cannot read external data of {path}: {exc}; {hint}") from exc
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"cannot read external data of {path}: {exc}") from exc
+    return LoadedModel(model=proto, path=path, weights_loaded=load_weights)
+
+
+def _check_external_data(proto: onnx.ModelProto, path: Path) -> None:
+    """Every referenced data file exists and is long enough for the ranges read from it."""
+    ends: dict[str, tuple[int, str]] = {}
+    for tensor in _all_tensors(proto):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = _external_info(tensor)
+        location = info.get("location", "")
+        try:
+            end = int(info.get("offset", 0)) + int(info.get("length", 0))
+        except ValueError as exc:
+            raise ModelLoadError(
+                f"{path}: tensor {tensor.name!r} has a malformed external_data entry {info}; "
+                "re-export the model"
+            ) from exc
+        if end > ends.get(location, (-1, ""))[0]:
+            ends[location] = (end, tensor.name)
+    missing = [loc for loc in ends if not loc or not (path.parent / loc).is_file()]
     if missing:
         raise ModelLoadError(
             f"{path} references external data file(s) that do not exist: "
             f"{', '.join(str(path.parent / m) for m in missing)}; keep the data file(s) next to "
             "the model as they were when it was saved"
         )
-    if load_weights and external_data_files(proto):
+    for location, (end, tensor_name) in ends.items():
+        size = (path.parent / location).stat().st_size
+        if end > size:
+            raise ModelLoadError(
+                f"external data file {path.parent / location} is truncated: {size} bytes, but "
+                f"tensor {tensor_name!r} of {path} needs {end}; copy the complete data file again"
+            )
+
+
+def save_model(
+    model: onnx.ModelProto,
+    path: str | os.PathLike[str],
+    *,
+    source: str | os.PathLike[str] | None = None,
+    link_weights: bool | None = None,
+    overwrite: bool | None = None,
+) -> SavedModel:
+    """Write `model` to `path` without loading weights that are still on disk.
+
+    `source` is the .onnx file `model` was loaded from: its external data locations are relative
+    to that file's folder.  In the same folder the new model references the existing data files
+    unchanged; in another folder each data file is copied once by a streaming copy, or hard-linked
+    when `link_weights`.  `path` equal to `source`, an existing output and a different existing
+    data file at the destination are refused unless `overwrite`.  A model whose in-memory tensors
+    would make the file exceed protobuf's 2 GB limit stores them in `<name>.data` next to it.
+    Every file is written under a temporary name and moved into place once all are complete.
+    """
+    out = Path(path)
+    src = None if source is None else Path(source)
+    overwrite = bool(overwrite)
+    locations = external_data_files(model)
+    if locations and src is None:
+        raise GraphfixError(
+            f"the model references external data ({', '.join(locations)}) but no source was "
+            "given; pass source=<the .onnx file it was loaded from>, or load it with its weights"
+        )
+    _check_output(out, src, locations, overwrite=overwrite)
+    placements: list[_Placement] = []
+    if src is not None:
+        same_folder = out.parent.exists() and _same_folder(out.parent, src.parent)
+        placements = [
+            _plan_placement(src, loc, out, same_folder=same_folder, overwrite=overwrite)
+            for loc in locations
+        ]
+    try:
+        with _Staging() as staging:
+            for placement in placements:
+                if placement.place:
+                    _place(placement, staging.temp_for(placement.dest), link=bool(link_weights))
+            spilled = _stage_model(staging, model, out, overwrite=overwrite, taken=locations)
+            staging.commit()
+    except OSError as exc:
+        raise OutputPathError(
+            f"cannot write {out} or its weights: {exc}; check free space and permissions"
+        ) from exc
+    if spilled is not None:
+        return spilled
+    if not placements:
+        return SavedModel(out, "embedded", ())
+    weights: WeightPlacement = "referenced in place"
+    if any(p.place for p in placements):
+        weights = "hard-linked" if link_weights else "copied (streaming)"
+    return SavedModel(
+        out,
+        weights,
+        tuple(p.dest for p in placements),
+        sum(p.source.stat().st_size for p in placements),
+    )
+
+
+def _check_output(out: Path, src: Path | None, locations: list[str], *, overwrite: bool) -> None:
+    if out.is_dir():
+        raise OutputPathError(
+            f"output {out} is a directory; pass a file path like {out}/model.onnx"
+        )
+    if src is not None and (out == src or _same_file(out, src)):
+        if not overwrite:
+            raise OutputPathError(
+                f"output {out} is the input model; choose another -o or pass --overwrite "
+                "(overwrite=True) to replace the input"
+            )
+        return
+    if src is not None:
+        for loc in locations:
+            if out == src.parent / loc or _same_file(out, src.parent / loc):
+                raise OutputPathError(
+                    f"output {out} is the input's external data file; choose another -o"
+                )
+    if out.exists() and not overwrite:
+        raise OutputPathError(
+            f"output {out} already exists; choose another -o or pass --overwrite "
+            "(overwrite=True) to replace it"
+        )
+
+
+@dataclass(frozen=True)
+class _Placement:
+    """One external data file of the input and where the output references it."""
+
+    source: Path
+    dest: Path
+    place: bool  # False: `dest` already holds these bytes (or is `source` itself)
+
+
+def _plan_placement(
+    src: Path, location: str, out: Path, *, same_folder: bool, overwrite: bool
+) -> _Placement:
+    source_file = src.parent / location
+    if not source_file.is_file():
+        raise ModelLoadError(
+            f"external data file {source_file} (referenced by {src}) does not exist; keep the "
+            "data file(s) next to the model as they were when it was loaded"
+        )
+    if same_folder:
+        return _Placement(source_file, source_file, place=False)
+    relative = PurePosixPath(location.replace("\\", "/"))
+    if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+        raise ModelLoadError(
+            f"external data location {location!r} of {src} is not a plain relative path inside "
+            "the model's folder; onnx refuses to load it — re-export the model"
+        )
+    dest = out.parent.joinpath(*relative.parts)
+    if dest == out:
+        raise OutputPathError(
+            f"output {out} has the name of the data file {location} that goes next to it; "
+            "choose another -o name"
+        )
+    if not dest.exists():
+        return _Placement(source_file, dest, place=True)
+    if _same_file(source_file, dest) or _same_bytes(source_file, dest):
+        return _Placement(source_file, dest, place=False)
+    if overwrite:
+        return _Placement(source_file, dest, place=True)
+    raise OutputPathError(
+        f"{dest} already exists and differs from the input's data file {source_file}; choose "
+        "another -o folder or pass --overwrite (overwrite=True) to replace it"
+    )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    return _same_file(a, b) or a.resolve() == b.resolve()
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    if a.stat().st_size != b.stat().st_size:
+        return False
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        while True:
+            chunk = fa.read(_COMPARE_CHUNK)
+            if chunk != fb.read(_COMPARE_CHUNK):
+                return False
+            if not chunk:
+                return True
+
+
+def _place(placement: _Placement, temp: Path, *, link: bool) -> None:
+    if not link:
+        _stream_copy(placement.source, temp)
+        return
+    try:
+        os.link(placement.source, temp)
+    except OSError as exc:
+        if exc.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise OutputPathError(
+                f"cannot hard-link {placement.source} as {placement.dest} ({exc.strerror}): a "
+                "hard link needs both on one filesystem that supports links; drop "
+                "--link-weights (link_weights) to copy the weights instead"
+            ) from exc
+        raise
+
+
+def _stream_copy(source_file: Path, dest: Path) -> None:
+    """Copy sequentially inside the kernel (copy_file_range), else through a small buffer."""
+    with open(source_file, "rb") as fin, open(dest, "xb") as fout:
+        info = os.fstat(fin.fileno())
+        os.chmod(fout.fileno(), stat.S_IMODE(info.st_mode))  # like cp: the source's mode bits
+        size = info.st_size
+        copied = 0
+        copy_range = getattr(os, "copy_file_range", None)
         try:
-            onnx.load_external_data_for_model(proto, str(path.parent))
-        except (OSError, ValueError) as exc:
-            raise ModelLoadError(f"cannot read external data of {path}: {exc}") from exc
-    return LoadedModel(model=proto, path=path, weights_loaded=load_weights)
+            while copy_range is not None and copied < size:
+                n = copy_range(fin.fileno(), fout.fileno(), min(_COPY_CHUNK, size - copied))
+                if n == 0:
+                    break
+                copied += n
+        except OSError as exc:
+            if exc.errno not in _COPY_FALLBACK_ERRNOS:
+                raise
+        if copied < size:
+            fin.seek(copied)
+            fout.seek(copied)
+            shutil.copyfileobj(fin, fout, _COMPARE_CHUNK)
+
+
+class _Staging:
+    """Files written under temporary names; `commit` moves them into place in order.
+
+    Whatever is not committed (an error on the way) is deleted on exit, so a failed save leaves
+    neither a half-written file nor a stray temporary one.
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[Path, Path]] = []
+
+    def __enter__(self) -> _Staging:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for temp, _ in self._pending:
+            with contextlib.suppress(FileNotFoundError):
+                temp.unlink()
+
+    def temp_for(self, final: Path) -> Path:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        temp = final.parent / f".{final.name}.{uuid.uuid4().hex[:8]}.graphfix-tmp"
+        self._pending.append((temp, final))
+        return temp
+
+    def commit(self) -> None:
+        while self._pending:
+            temp, final = self._pending[0]
+            os.replace(temp, final)
+            self._pending.pop(0)
+
+
+def _stage_model(
+    staging: _Staging, model: onnx.ModelProto, out: Path, *, overwrite: bool, taken: list[str]
+) -> SavedModel | None:
+    """Stage the serialized model; returns a SavedModel only when its tensors had to spill.
+
+    A model over protobuf's 2 GB limit in memory (weights loaded) writes its big raw tensors to
+    `<name>.data`, one tensor at a time and without touching the caller's model (which
+    `onnx.save_model(save_as_external_data=True)` would rewrite in place).
+    """
+    if _fits_protobuf(model):
+        with open(staging.temp_for(out), "xb") as stream:
+            stream.write(model.SerializeToString())
+        return None
+    data_name = f"{out.name}.data"
+    data_file = out.parent / data_name
+    if data_name in taken:
+        raise OutputPathError(
+            f"{out}: the model is over 2 GB in memory and its tensors would go to {data_file}, "
+            "which the model already references; choose another -o name"
+        )
+    if data_file.exists() and not overwrite:
+        raise OutputPathError(
+            f"{data_file} already exists; choose another -o or pass --overwrite "
+            "(overwrite=True) to replace it"
+        )
+    with open(staging.temp_for(data_file), "xb") as stream:
+        light = onnx.ModelProto()
+        _copy_spilling(model, light, stream, data_name)
+        size = stream.tell()
+    if not _fits_protobuf(light):
+        raise GraphfixError(
+            f"{out}: the model is over protobuf's 2 GB limit even with its raw tensors stored "
+            "as external data; it cannot be saved as an ONNX file"
+        )
+    with open(staging.temp_for(out), "xb") as stream:
+        stream.write(light.SerializeToString())
+    return SavedModel(out, "written as external data", (data_file,), size)
+
+
+def _fits_protobuf(model: onnx.ModelProto) -> bool:
+    try:
+        return model.ByteSize() <= _PROTO_LIMIT
+    except EncodeError:  # upb refuses to even size a message over 2 GB
+        return False
+
+
+# Messages that can (transitively) hold tensors; everything else is copied whole.
+_TENSOR_HOLDERS = (
+    onnx.ModelProto,
+    onnx.GraphProto,
+    onnx.NodeProto,
+    onnx.AttributeProto,
+    onnx.FunctionProto,
+)
+
+
+def _copy_spilling(src: Message, dst: Message, stream: BinaryIO, location: str) -> None:
+    """Copy `src` into `dst`, appending each big raw tensor's bytes to `stream` instead."""
+    for field, value in src.ListFields():
+        repeated = _is_repeated(field)
+        if field.type != FieldDescriptor.TYPE_MESSAGE:
+            if repeated:
+                getattr(dst, field.name).extend(value)
+            else:
+                setattr(dst, field.name, value)
+            continue
+        for item in value if repeated else [value]:
+            target = getattr(dst, field.name).add() if repeated else getattr(dst, field.name)
+            if isinstance(item, onnx.TensorProto) and _spills(item):
+                _spill_tensor(item, target, stream, location)
+            elif isinstance(item, _TENSOR_HOLDERS):
+                target.SetInParent()
+                _copy_spilling(item, target, stream, location)
+            else:
+                target.CopyFrom(item)
+
+
+def _is_repeated(field: FieldDescriptor) -> bool:
+    if hasattr(field, "is_repeated"):  # protobuf >= 5.28 (`label` is gone in 7)
+        return field.is_repeated
+    return field.label == FieldDescriptor.LABEL_REPEATED
+
+
+def _spills(tensor: onnx.TensorProto) -> bool:
+    return (
+        tensor.HasField("raw_data")
+        and tensor.data_location != onnx.TensorProto.EXTERNAL
+        and tensor.ByteSize() >= _EXTERNAL_THRESHOLD
+    )
+
+
+def _spill_tensor(
+    src: onnx.TensorProto, dst: onnx.TensorProto, stream: BinaryIO, location: str
+) -> None:
+    for field, value in src.ListFields():
+        if field.name in ("raw_data", "external_data", "data_location"):
+            continue
+        if _is_repeated(field):
+            getattr(dst, field.name).extend(value)
+        elif field.type == FieldDescriptor.TYPE_MESSAGE:
+            getattr(dst, field.name).CopyFrom(value)
+        else:
+            setattr(dst, field.name, value)
+    offset = stream.tell()
+    length = stream.write(src.raw_data)
+    dst.data_location = onnx.TensorProto.EXTERNAL
+    for key, val in (("location", location), ("offset", offset), ("length", length)):
+        entry = dst.external_data.add()
+        entry.key, entry.value = key, str(val)
+
+
+def _human_size(n: float) -> str:
+    for unit in ("B", "KB", "MB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.2f} GB"

@@ -36,9 +36,7 @@ def attention_model(v: Variant = Variant(), *, seed: int = 0) -> onnx.ModelProto
     np_dtype = onnx.helper.tensor_dtype_to_np_dtype(v.dtype)
     hd = H * D
     kv_len = T if v.cross else S
-    inits = [
-        _init(f"W{n}", (rng.standard_normal((hd, hd)) * 0.4).astype(np_dtype)) for n in "qkvo"
-    ]
+    inits = [_init(f"W{n}", (rng.standard_normal((hd, hd)) * 0.4).astype(np_dtype)) for n in "qkvo"]
     inits += [
         _init("shape_heads", np.array([B, -1, H, D], np.int64)),
         _init("shape_out", np.array([B, -1, hd], np.int64)),

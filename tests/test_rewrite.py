@@ -91,9 +91,7 @@ def test_non_attention_left_alone_and_reported():
 def _two_block_model() -> onnx.ModelProto:
     first = attention_model(Variant())
     second = attention_model(Variant(mask="add"))
-    return onnx.compose.merge_models(
-        first, second, io_map=[("y", "x")], prefix1="a/", prefix2="b/"
-    )
+    return onnx.compose.merge_models(first, second, io_map=[("y", "x")], prefix1="a/", prefix2="b/")
 
 
 @pytest.mark.parametrize(
@@ -129,6 +127,8 @@ def test_mark_output_adds_typed_output():
 
 
 def test_max_subtract_uses_axes_input_from_opset_18():
-    fixed = graphfix.break_attention_fusion(attention_model(Variant(opset=18)), strategy="max_subtract")
+    fixed = graphfix.break_attention_fusion(
+        attention_model(Variant(opset=18)), strategy="max_subtract"
+    )
     (reduce,) = [n for n in fixed.graph.node if n.op_type == "ReduceMax"]
     assert len(reduce.input) == 2 and not reduce.attribute[0].name == "axes"

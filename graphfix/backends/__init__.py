@@ -1,0 +1,26 @@
+"""Where a model runs for validation: onnxruntime on the CPU, or a TensorRT engine.
+
+Each backend module offers a runner with `description` and `infer(feeds) -> {output: array}`;
+`validate` picks one for each side.  Importing this package never imports TensorRT.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+import numpy as np
+
+from graphfix.errors import GraphfixError
+
+
+class BackendError(GraphfixError):
+    """A backend cannot load, build or run a model (the CLI exits with code 1)."""
+
+
+class Runner(Protocol):
+    """A model made ready to run on one backend."""
+
+    description: str
+
+    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...

@@ -1,0 +1,109 @@
+"""onnxruntime on the CPU: the reference side, and a candidate that runs anywhere.
+
+graphfix plugin nodes are lowered to standard ONNX ops (`graphfix.reference`) when present, so a
+rewritten model runs here exactly as its plugin specifies.  Graph optimisations stay at the
+basic (semantics-preserving) level, so the reference is the model as written.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+from graphfix.backends import BackendError
+from graphfix.inputs import cast_feeds, input_specs
+from graphfix.model_io import LoadedModel
+from graphfix.plugin_spec import PLUGIN_DOMAIN
+from graphfix.reference import with_reference_ops
+
+_ORT_ERRORS = (
+    ort_state.Fail,
+    ort_state.InvalidArgument,
+    ort_state.InvalidGraph,
+    ort_state.InvalidProtobuf,
+    ort_state.NoSuchFile,
+    ort_state.NotImplemented,
+    ort_state.RuntimeException,
+    ort_state.EPFail,
+    RuntimeError,
+    ValueError,
+)
+_PROTOBUF_LIMIT = 2**31 - 1
+
+
+class OnnxRuntimeRunner:
+    """`model` in an onnxruntime CPU session; `reference_ops=None` lowers plugin nodes if any."""
+
+    def __init__(
+        self, model: LoadedModel, *, label: str, reference_ops: bool | None = None
+    ) -> None:
+        plugin_nodes = sum(n.domain == PLUGIN_DOMAIN for n in model.model.graph.node)
+        lower = plugin_nodes > 0 if reference_ops is None else reference_ops
+        self.label = label
+        self.lowered_nodes = plugin_nodes if lower else 0
+        self.specs = input_specs(model.model)
+        self.description = f"onnxruntime {ort.__version__} on the CPU running {label}"
+        if self.lowered_nodes:
+            self.description += (
+                f" with graphfix's reference implementation of its {self.lowered_nodes} "
+                "plugin node(s)"
+            )
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.log_severity_level = 3
+        proto = with_reference_ops(model.model) if lower else model.model
+        if lower and not model.weights_loaded and model.base_dir is not None:
+            onnx.load_external_data_for_model(proto, str(model.base_dir))
+        self._folder: tempfile.TemporaryDirectory[str] | None = None
+        try:
+            if not lower and model.path is not None:
+                self.session = _session(str(model.path), options)
+            elif proto.ByteSize() < _PROTOBUF_LIMIT:
+                self.session = _session(proto.SerializeToString(), options)
+            else:  # too large for one protobuf: onnxruntime reads it from a folder we keep
+                self._folder = tempfile.TemporaryDirectory(prefix="graphfix-ort-")
+                path = Path(self._folder.name) / "model.onnx"
+                onnx.save(proto, path, save_as_external_data=True, location="model.onnx.data")
+                self.session = _session(str(path), options)
+        except _ORT_ERRORS as exc:
+            hint = (
+                f"; it has {plugin_nodes} {PLUGIN_DOMAIN} node(s): pass reference_ops=None or "
+                "True to lower them"
+                if plugin_nodes and not lower
+                else "; check that onnxruntime supports every op and opset in it"
+            )
+            raise BackendError(f"onnxruntime cannot load {label}: {_one_line(exc)}{hint}") from exc
+
+    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        names = [o.name for o in self.session.get_outputs()]
+        try:
+            values = self.session.run(names, cast_feeds(feeds, self.specs))
+        except _ORT_ERRORS as exc:
+            shapes = ", ".join(f"{k} {list(v.shape)} {v.dtype}" for k, v in feeds.items())
+            raise BackendError(
+                f"onnxruntime failed to run {self.label} on inputs {shapes}: {_one_line(exc)}; "
+                "check --shape/--range/--inputs against what the model expects"
+            ) from exc
+        outputs = {}
+        for name, value in zip(names, values, strict=True):
+            if not isinstance(value, np.ndarray):
+                raise BackendError(
+                    f"output '{name}' of {self.label} is a {type(value).__name__}, not a tensor; "
+                    "validate compares tensor outputs only"
+                )
+            outputs[name] = value
+        return outputs
+
+
+def _session(model: str | bytes, options: ort.SessionOptions) -> ort.InferenceSession:
+    return ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__

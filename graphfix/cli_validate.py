@@ -1,0 +1,138 @@
+"""`graphfix validate ORIGINAL FIXED`: exit 0 when the candidate agrees, 1 when it does not.
+
+Usage errors (bad --shape, an npz missing an input, models taking different inputs) raise
+`ValidationUsageError`, which `graphfix.cli` turns into exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+
+from graphfix.backends.tensorrt_backend import PRECISIONS
+from graphfix.cli_options import Option, add_options, api_kwargs
+from graphfix.inputs import ValidationUsageError, ValueRange, parse_range, parse_shape
+from graphfix.validate import BACKENDS, validate
+
+
+def _by_name(entries: Sequence[str], parse, flag: str) -> dict:
+    result = {}
+    for entry in entries:
+        name, value = parse(entry)
+        if name in result:
+            raise ValidationUsageError(f"{flag} is given twice for '{name}'; give each input once")
+        result[name] = value
+    return result
+
+
+def _shapes(entries: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    return _by_name(entries, parse_shape, "--shape")
+
+
+def _ranges(entries: Sequence[str]) -> dict[str, ValueRange]:
+    return _by_name(entries, parse_range, "--range")
+
+
+VALIDATE_OPTIONS = (
+    Option(
+        ("--backend",),
+        "backend",
+        "what runs the fixed model: tensorrt (an engine with graphfix's plugins) or onnxruntime "
+        "(with graphfix's reference ops); default: tensorrt where it is installed, else "
+        "onnxruntime",
+        {"choices": BACKENDS},
+    ),
+    Option(
+        ("--precision",),
+        "precision",
+        "TensorRT precision: fp16/bf16 builder flags on TensorRT 10 (TensorRT 11 is strongly "
+        "typed: put the precision in the ONNX instead); default fp32",
+        {"choices": PRECISIONS},
+    ),
+    Option(
+        ("--plugins",),
+        "plugins",
+        "a plugin library to load into TensorRT (repeatable; default: graphfix's built library)",
+        {"action": "append", "metavar": "LIB"},
+    ),
+    Option(
+        ("--inputs",),
+        "inputs",
+        "an .npz holding every model input by name (instead of random data)",
+        {"metavar": "NPZ"},
+    ),
+    Option(
+        ("--shape",),
+        "shapes",
+        "shape of an input with dynamic dimensions, e.g. pixel_values:1x3x384x384 (repeatable)",
+        {"action": "append", "metavar": "NAME:DIMS"},
+        convert=_shapes,
+    ),
+    Option(
+        ("--range",),
+        "ranges",
+        "value range of an input, e.g. input_ids:0:49407 (integers inclusive; repeatable)",
+        {"action": "append", "metavar": "NAME:LOW:HIGH"},
+        convert=_ranges,
+    ),
+    Option(("--atol",), "atol", "absolute tolerance (default by precision)", {"type": float}),
+    Option(("--rtol",), "rtol", "relative tolerance (default by precision)", {"type": float}),
+    Option(
+        ("--quantile",),
+        "quantile",
+        "check this quantile of the errors (e.g. 0.999) instead of every element",
+        {"type": float},
+    ),
+    Option(
+        ("--seed",), "seed", "seed of the random inputs (default 0)", {"type": int, "default": 0}
+    ),
+    Option(
+        ("--engine-cache",),
+        "engine_cache",
+        "folder of cached TensorRT engines (default ~/.cache/graphfix/engines)",
+        {"metavar": "DIR"},
+    ),
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the `validate` subcommand to the `graphfix` parser."""
+    parser = subparsers.add_parser(
+        "validate",
+        help="compare the fixed model (TensorRT or onnxruntime) with the original on onnxruntime",
+        description=(
+            "Run ORIGINAL on onnxruntime (CPU, float32) and FIXED on TensorRT with graphfix's "
+            "plugins (or onnxruntime with graphfix's reference ops where TensorRT is absent) on "
+            "the same inputs; print per-output error statistics and the verdict. "
+            "Exit codes: 0 pass, 1 fail, 2 usage error."
+        ),
+    )
+    parser.add_argument("original", help="the reference .onnx (run by onnxruntime)")
+    parser.add_argument("fixed", help="the candidate .onnx (e.g. the output of graphfix fix)")
+    add_options(parser, VALIDATE_OPTIONS)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--plot", metavar="DIR", help="write a PNG error histogram and heat map per output"
+    )
+    parser.add_argument("--no-histogram", action="store_true", help="leave the text histograms out")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    report = validate(args.original, args.fixed, **api_kwargs(args, VALIDATE_OPTIONS))
+    plots = ()
+    if args.plot:
+        from graphfix.plot import plot_report
+
+        plots = plot_report(report, args.plot)
+    if args.json:
+        data = report.to_dict()
+        data["plots"] = [str(p) for p in plots]
+        print(json.dumps(data, indent=2))
+    else:
+        print(report.summary(histograms=not args.no_histogram))
+        for path in plots:
+            print(f"wrote {path}")
+    return 0 if report.passed else 1

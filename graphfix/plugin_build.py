@@ -1,0 +1,387 @@
+"""Build, locate and load the TensorRT plugin library that GraphfixSoftmax nodes run on.
+
+The C++ sources ship inside the package (`graphfix/_plugin_src`, a link to the repository's
+`plugins/` folder, copied as package data by a non-editable install). One CMake build makes two
+libraries from them (DESIGN.md, "Loading the plugin library"):
+
+- `libgraphfix_plugins.so` registers its creator when it is loaded: `trtexec --staticPlugins`,
+  polygraphy `--plugins`, onnxruntime's `trt_extra_plugin_lib_paths`;
+- `libgraphfix_plugins_dynamic.so` exports `getCreators`/`setLoggerFinder`: `trtexec
+  --dynamicPlugins`, `IPluginRegistry::loadLibrary`, `trt.get_plugin_registry().load_library`.
+
+Load one or the other into a process, never both: TensorRT refuses a creator registered twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from graphfix.errors import PluginBuildError
+from graphfix.plugin_spec import SOFTMAX
+
+STATIC_LIBRARY_NAME = "libgraphfix_plugins.so"
+DYNAMIC_LIBRARY_NAME = "libgraphfix_plugins_dynamic.so"
+HARNESS_NAME = "graphfix_plugin_harness"
+
+# The Apache-2.0 TensorRT 10.14 headers, fetched only when no TensorRT headers are installed.
+KERNEL_LENS_REQUIREMENT = "kernel-lens==2.0.1"
+_KERNEL_LENS_HEADER_PREFIX = "kernel_lens/include/tensorrt/"
+_HEADER = "NvInferRuntime.h"
+_BUILD_LOG = "graphfix-plugin-build.log"
+_DEFAULT_CUDA_ROOT = "/usr/local/cuda"
+
+
+@dataclass(frozen=True)
+class PluginLibraries:
+    """The two builds of the plugin library; load one of them into a process, not both."""
+
+    static: Path
+    dynamic: Path
+
+    def loading_flags(self) -> tuple[tuple[str, Path], ...]:
+        """(how a tool loads plugins, the library to give it), for every supported way."""
+        return (
+            ("trtexec --staticPlugins", self.static),
+            ("polygraphy --plugins", self.static),
+            ("onnxruntime TensorRT EP trt_extra_plugin_lib_paths", self.static),
+            ("trtexec --dynamicPlugins", self.dynamic),
+            ("IPluginRegistry::loadLibrary / trt.get_plugin_registry().load_library", self.dynamic),
+        )
+
+
+@dataclass(frozen=True)
+class TensorRTHeaders:
+    """Where the TensorRT headers were found and how."""
+
+    include_dir: Path
+    origin: str
+
+
+@dataclass(frozen=True)
+class PluginBuild:
+    """A finished build: the libraries and what they were built from."""
+
+    libraries: PluginLibraries
+    build_dir: Path
+    cuda_archs: str
+    headers: TensorRTHeaders
+    nvcc: Path
+    nvinfer_library: Path | None
+
+
+@dataclass(frozen=True)
+class LoadedPlugins:
+    """The outcome of `load_plugins_into_tensorrt`."""
+
+    library: Path | None
+    already_registered: bool
+
+
+def plugin_source_dir() -> Path:
+    """The folder holding the plugins' CMakeLists.txt, in a checkout or an installed package."""
+    source = (Path(__file__).parent / "_plugin_src").resolve()
+    if not (source / "CMakeLists.txt").is_file():
+        raise PluginBuildError(
+            f"the plugin sources are missing: no CMakeLists.txt in {source}; reinstall graphfix "
+            "(`pip install graphfix`) or use a checkout that has the plugins/ folder"
+        )
+    return source
+
+
+def cache_dir() -> Path:
+    """graphfix's cache: $GRAPHFIX_CACHE_DIR, else $XDG_CACHE_HOME/graphfix, else ~/.cache/graphfix."""
+    if os.environ.get("GRAPHFIX_CACHE_DIR"):
+        return Path(os.environ["GRAPHFIX_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "graphfix"
+
+
+def default_build_dir() -> Path:
+    """Where `build_plugins` builds when no folder is given: one per source folder, in the cache."""
+    digest = hashlib.sha1(str(plugin_source_dir()).encode()).hexdigest()[:10]
+    return cache_dir() / f"plugins-build-{digest}"
+
+
+def find_nvcc() -> Path:
+    """The CUDA compiler: $CUDACXX, nvcc on PATH, $CUDA_HOME/bin or /usr/local/cuda/bin."""
+    candidates = [os.environ.get("CUDACXX"), shutil.which("nvcc")]
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), _DEFAULT_CUDA_ROOT):
+        if root:
+            candidates.append(str(Path(root) / "bin" / "nvcc"))
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return Path(candidate)
+    raise PluginBuildError(
+        "nvcc (the CUDA compiler) was not found on PATH, in $CUDACXX, $CUDA_HOME/bin or "
+        "/usr/local/cuda/bin; install the CUDA toolkit (12.x or 13.x) and put nvcc on PATH"
+    )
+
+
+def _find_cmake() -> str:
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        raise PluginBuildError(
+            "cmake was not found on PATH; install CMake 3.24 or newer (`pip install cmake`)"
+        )
+    return cmake
+
+
+def _installed_package_dirs(names: tuple[str, ...]) -> list[Path]:
+    """Folders of installed top-level packages, found without importing them."""
+    folders = []
+    for name in names:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            folders.extend(Path(p) for p in spec.submodule_search_locations)
+    return folders
+
+
+def _system_include_dirs() -> list[Path]:
+    machine = platform.machine()
+    return [
+        Path("/usr/include"),
+        Path(f"/usr/include/{machine}-linux-gnu"),
+        Path("/usr/local/include"),
+        Path("/usr/local/TensorRT/include"),
+        Path("/usr/local/tensorrt/include"),
+        Path("/usr/local/cuda/include"),
+    ]
+
+
+def _kernel_lens_include_dir() -> Path:
+    version = KERNEL_LENS_REQUIREMENT.split("==")[1]
+    return cache_dir() / "tensorrt-headers" / f"kernel-lens-{version}" / "include"
+
+
+def fetch_tensorrt_headers() -> Path:
+    """Extracts TensorRT's headers from the `kernel-lens` wheel into the cache; returns the folder."""
+    include_dir = _kernel_lens_include_dir()
+    if (include_dir / _HEADER).is_file():
+        return include_dir
+    with tempfile.TemporaryDirectory() as download:
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--dest",
+            download,
+            KERNEL_LENS_REQUIREMENT,
+        ]
+        completed = subprocess.run(command, capture_output=True, text=True, check=False)
+        wheels = list(Path(download).glob("*.whl"))
+        if completed.returncode != 0 or not wheels:
+            raise PluginBuildError(
+                f"TensorRT headers were not found and `{shlex.join(command[2:])}` failed "
+                f"({completed.stderr.strip()[-300:]}); set TENSORRT_ROOT to a TensorRT install "
+                "that has include/NvInferRuntime.h"
+            )
+        staging = include_dir.with_name(include_dir.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            for member in wheel.namelist():
+                if member.startswith(_KERNEL_LENS_HEADER_PREFIX) and member.endswith(".h"):
+                    (staging / Path(member).name).write_bytes(wheel.read(member))
+    if not (staging / _HEADER).is_file():
+        raise PluginBuildError(
+            f"{KERNEL_LENS_REQUIREMENT} holds no {_KERNEL_LENS_HEADER_PREFIX}{_HEADER}; "
+            "set TENSORRT_ROOT to a TensorRT install instead"
+        )
+    shutil.rmtree(include_dir, ignore_errors=True)
+    staging.rename(include_dir)
+    return include_dir
+
+
+def find_tensorrt_headers(*, allow_download: bool | None = None) -> TensorRTHeaders:
+    """TensorRT's headers: $TENSORRT_ROOT/include, the system include folders, an installed
+    `tensorrt` wheel, else (when `allow_download`, the default) the `kernel-lens` wheel's copy."""
+    root = os.environ.get("TENSORRT_ROOT")
+    if root:
+        include_dir = Path(root) / "include"
+        if not (include_dir / _HEADER).is_file():
+            raise PluginBuildError(
+                f"TENSORRT_ROOT={root} has no include/{_HEADER}; point it at a TensorRT install "
+                "(the folder holding include/ and lib/) or unset it"
+            )
+        return TensorRTHeaders(include_dir, "TENSORRT_ROOT")
+    for include_dir in _system_include_dirs():
+        if (include_dir / _HEADER).is_file():
+            return TensorRTHeaders(include_dir, "system")
+    for folder in _installed_package_dirs(("tensorrt", "tensorrt_libs", "tensorrt_bindings")):
+        if (folder / "include" / _HEADER).is_file():
+            return TensorRTHeaders(folder / "include", "tensorrt wheel")
+    if (_kernel_lens_include_dir() / _HEADER).is_file():
+        return TensorRTHeaders(_kernel_lens_include_dir(), KERNEL_LENS_REQUIREMENT)
+    if allow_download is False:
+        raise PluginBuildError(
+            f"TensorRT headers ({_HEADER}) were not found in TENSORRT_ROOT, the system include "
+            "folders or a tensorrt wheel; set TENSORRT_ROOT, or allow fetching them from "
+            f"{KERNEL_LENS_REQUIREMENT}"
+        )
+    return TensorRTHeaders(fetch_tensorrt_headers(), KERNEL_LENS_REQUIREMENT)
+
+
+def _wheel_nvinfer_library() -> Path | None:
+    """libnvinfer from an installed TensorRT wheel (`tensorrt_libs`), which CMake does not search."""
+    for folder in _installed_package_dirs(("tensorrt_libs", "tensorrt")):
+        for library in sorted(folder.glob("libnvinfer.so.*")):
+            if re.fullmatch(r"libnvinfer\.so\.\d+", library.name):
+                return library
+    return None
+
+
+def _normalized_archs(cuda_archs: str | None) -> str:
+    value = cuda_archs if cuda_archs is not None else os.environ.get("GRAPHFIX_CUDA_ARCHS")
+    if value is None or value.strip() in ("", "default"):
+        return "default"
+    archs = [a for a in re.split(r"[;,\s]+", value.strip()) if a]
+    if not all(re.fullmatch(r"\d+[af]?(-real|-virtual)?", a) for a in archs):
+        raise PluginBuildError(
+            f"cuda_archs={value!r} is not a list of CUDA architectures; expected numbers such as "
+            "'75;80;86;89;90' (or 'default')"
+        )
+    return ";".join(archs)
+
+
+def _run_logged(command: list[str], log: Path, what: str) -> None:
+    completed = subprocess.run(command, capture_output=True, text=True, check=False)
+    with log.open("a") as out:
+        out.write(f"$ {shlex.join(command)}\n{completed.stdout}{completed.stderr}\n")
+    if completed.returncode != 0:
+        tail = (completed.stdout + completed.stderr).strip().splitlines()[-25:]
+        raise PluginBuildError(
+            f"{what} failed (exit {completed.returncode}); full log: {log}\n" + "\n".join(tail)
+        )
+
+
+def build_plugins(
+    *, build_dir: Path | str | None = None, cuda_archs: str | None = None, jobs: int | None = None
+) -> PluginBuild:
+    """Configures and builds both plugin libraries with CMake; returns where they are.
+
+    `cuda_archs`: e.g. "90" or "75;80;86;89;90"; None means $GRAPHFIX_CUDA_ARCHS, else every
+    architecture people run TensorRT on (sm_75 to sm_90, plus 100 and 120 with CUDA >= 12.8).
+    `jobs`: parallel compile jobs, None means one per CPU.
+    """
+    source = plugin_source_dir()
+    build = Path(build_dir) if build_dir is not None else default_build_dir()
+    nvcc = find_nvcc()
+    cmake = _find_cmake()
+    headers = find_tensorrt_headers()
+    archs = _normalized_archs(cuda_archs)
+    nvinfer = _wheel_nvinfer_library()
+    build.mkdir(parents=True, exist_ok=True)
+    log = build / _BUILD_LOG
+    log.write_text("")
+
+    configure = [
+        cmake,
+        "-S",
+        str(source),
+        "-B",
+        str(build),
+        "-DCMAKE_BUILD_TYPE=Release",
+        f"-DCMAKE_CUDA_COMPILER={nvcc}",
+        f"-DGRAPHFIX_TENSORRT_INCLUDE_DIR={headers.include_dir}",
+        f"-DGRAPHFIX_CUDA_ARCHITECTURES={archs}",
+    ]
+    if nvinfer is not None:
+        configure.append(f"-DGRAPHFIX_NVINFER_LIBRARY={nvinfer}")
+    if shutil.which("ninja") and not (build / "Makefile").exists():
+        configure += ["-G", "Ninja"]
+    _run_logged(configure, log, "configuring the plugins with CMake")
+    _run_logged(
+        [cmake, "--build", str(build), "-j", str(jobs or os.cpu_count() or 1), "--target"]
+        + ["graphfix_plugins", "graphfix_plugins_dynamic"],
+        log,
+        "building the plugins",
+    )
+    return PluginBuild(
+        libraries=find_plugin_libraries(build_dir=build),
+        build_dir=build,
+        cuda_archs=archs,
+        headers=headers,
+        nvcc=nvcc,
+        nvinfer_library=nvinfer,
+    )
+
+
+def build_plugin_harness(*, build_dir: Path | str | None = None, jobs: int | None = None) -> Path:
+    """Builds the host harness (tests, benchmarks) in a folder `build_plugins` configured."""
+    build = Path(build_dir) if build_dir is not None else default_build_dir()
+    if not (build / "CMakeCache.txt").is_file():
+        raise PluginBuildError(f"{build} is not a configured plugin build; run build_plugins first")
+    log = build / _BUILD_LOG
+    _run_logged(
+        [_find_cmake(), "--build", str(build), "-j", str(jobs or os.cpu_count() or 1)]
+        + ["--target", HARNESS_NAME],
+        log,
+        "building the plugin harness",
+    )
+    return build / HARNESS_NAME
+
+
+def find_plugin_libraries(*, build_dir: Path | str | None = None) -> PluginLibraries:
+    """The built libraries in `build_dir` (None: the default build folder)."""
+    build = Path(build_dir) if build_dir is not None else default_build_dir()
+    libraries = PluginLibraries(
+        static=build / STATIC_LIBRARY_NAME, dynamic=build / DYNAMIC_LIBRARY_NAME
+    )
+    missing = [p.name for p in (libraries.static, libraries.dynamic) if not p.is_file()]
+    if missing:
+        raise PluginBuildError(
+            f"the plugin library is not built: {', '.join(missing)} missing in {build}; "
+            "run `graphfix plugins build`"
+        )
+    return libraries
+
+
+def load_plugins_into_tensorrt(*, libraries: PluginLibraries | None = None) -> LoadedPlugins:
+    """Registers GraphfixSoftmax with TensorRT's plugin registry in this process.
+
+    Loads the getCreators library through `IPluginRegistry.load_library`; does nothing when the
+    creator is already registered (for example by the self-registering library).
+    """
+    try:
+        import tensorrt as trt  # noqa: PLC0415 - optional dependency
+    except ImportError as error:
+        raise PluginBuildError(
+            f"TensorRT's Python package cannot be imported ({error}); install TensorRT "
+            "(`pip install tensorrt`) on a machine with an NVIDIA GPU, or load "
+            f"{DYNAMIC_LIBRARY_NAME} with trtexec --dynamicPlugins instead"
+        ) from error
+    registry = trt.get_plugin_registry()
+    if registry.get_creator(SOFTMAX.op_type, SOFTMAX.version, SOFTMAX.namespace) is not None:
+        return LoadedPlugins(library=None, already_registered=True)
+    libraries = libraries if libraries is not None else find_plugin_libraries()
+    registry.load_library(str(libraries.dynamic))
+    if registry.get_creator(SOFTMAX.op_type, SOFTMAX.version, SOFTMAX.namespace) is None:
+        raise PluginBuildError(
+            f"TensorRT loaded {libraries.dynamic} but has no creator {SOFTMAX.op_type} version "
+            f"{SOFTMAX.version} in namespace {SOFTMAX.namespace!r}; rebuild with "
+            "`graphfix plugins build` against this TensorRT version"
+        )
+    return LoadedPlugins(library=libraries.dynamic, already_registered=False)
+
+
+def trtexec_command(model_path: Path | str, *, libraries: PluginLibraries | None = None) -> str:
+    """The trtexec command line that builds an engine of `model_path` with the plugin library."""
+    libraries = libraries if libraries is not None else find_plugin_libraries()
+    return shlex.join(
+        ["trtexec", f"--onnx={model_path}", f"--dynamicPlugins={libraries.dynamic}"]
+    )

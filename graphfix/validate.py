@@ -1,0 +1,356 @@
+"""Validate a candidate (a TensorRT engine, or onnxruntime) against onnxruntime on the original.
+
+The reference is always onnxruntime on the CPU running the original model as written.  The
+candidate is, by default, a TensorRT engine of the fixed model with graphfix's plugin library
+loaded, or, where TensorRT is absent, onnxruntime running the fixed model with graphfix's
+reference implementation of its plugin ops, which validates the rewrite itself on any machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from graphfix.backends import BackendError, Runner
+from graphfix.backends.onnxruntime_backend import OnnxRuntimeRunner
+from graphfix.backends.tensorrt_backend import (
+    PRECISIONS,
+    FusionProof,
+    TensorRTRunner,
+    TensorRTStatus,
+    classify_blocks,
+    default_plugin_libraries,
+    engine_options,
+    require_tensorrt,
+    tensorrt_status,
+)
+from graphfix.compare import (
+    DEFAULT_TOLERANCES,
+    OutputComparison,
+    Tolerance,
+    compare_output,
+    format_comparison,
+)
+from graphfix.inputs import (
+    InputSource,
+    ValidationUsageError,
+    ValueRange,
+    check_same_inputs,
+    input_specs,
+    make_inputs,
+)
+from graphfix.matcher import find_attention
+from graphfix.model_io import LoadedModel, load_model
+from graphfix.plugin_spec import PLUGIN_DOMAIN
+
+BACKENDS = ("tensorrt", "onnxruntime")
+ModelArg = onnx.ModelProto | str | os.PathLike[str]
+_ARRAYS = {"json": False}
+_LOOSENESS = ("fp32", "fp16", "bf16")  # order: each looser than the one before
+
+__all__ = ["BACKENDS", "ValidationReport", "ValidationUsageError", "validate"]
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    """The verdict, per-output statistics, what ran on each side, and the fusion proof."""
+
+    passed: bool
+    backend: str
+    reference: str
+    candidate: str
+    outputs: tuple[OutputComparison, ...]
+    inputs: tuple[InputSource, ...]
+    tolerance: Tolerance
+    tolerance_origin: str
+    fusion: FusionProof | None
+    tensorrt_note: str | None  # one line when the TensorRT side was not exercised, and why
+    notes: tuple[str, ...] = ()
+    reference_outputs: Mapping[str, np.ndarray] = field(
+        default_factory=dict, repr=False, compare=False, metadata=_ARRAYS
+    )
+    candidate_outputs: Mapping[str, np.ndarray] = field(
+        default_factory=dict, repr=False, compare=False, metadata=_ARRAYS
+    )
+
+    @property
+    def failed_outputs(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.outputs if not o.passed)
+
+    def to_dict(self) -> dict:
+        """JSON-ready: everything but the raw output arrays."""
+        data = {
+            f.name: _plain(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if f.metadata.get("json", True)
+        }
+        if self.fusion is not None:
+            data["fusion"]["candidate_fused"] = self.fusion.candidate_fused
+            data["fusion"]["original_fused"] = self.fusion.original_fused
+        return data
+
+    def summary(self, *, histograms: bool = True) -> str:
+        verdict = "PASSED" if self.passed else "FAILED"
+        lines = [
+            f"graphfix validate: {verdict}",
+            f"  reference: {self.reference}",
+            f"  candidate: {self.candidate}",
+        ]
+        if self.tensorrt_note:
+            lines.append(f"  {self.tensorrt_note}")
+        lines.append(f"  tolerance: {self.tolerance.describe()} ({self.tolerance_origin})")
+        lines.append("  inputs:")
+        lines += [f"    {s.name} {s.dtype} {list(s.shape)}: {s.origin}" for s in self.inputs]
+        lines += [f"  note: {n}" for n in self.notes]
+        if self.fusion is not None:
+            lines += ["  " + line for line in self.fusion.summary_lines()]
+        for comparison in self.outputs:
+            lines.append("")
+            lines.append(format_comparison(comparison, histogram=histograms))
+        lines.append("")
+        if self.passed:
+            lines.append(
+                "PASSED: the candidate agrees with the reference on all "
+                f"{len(self.outputs)} output(s)"
+            )
+        else:
+            lines.append(
+                f"FAILED: {len(self.failed_outputs)} of {len(self.outputs)} output(s) out of "
+                f"tolerance: {', '.join(self.failed_outputs)}"
+            )
+        return "\n".join(lines)
+
+
+def validate(
+    reference_model: ModelArg,
+    candidate_model: ModelArg,
+    *,
+    inputs: str | os.PathLike[str] | Mapping[str, np.ndarray] | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    ranges: Mapping[str, ValueRange | tuple[float, float]] | None = None,
+    backend: str | None = None,
+    precision: str | None = None,
+    plugins: Sequence[str | os.PathLike[str]] | None = None,
+    atol: float | None = None,
+    rtol: float | None = None,
+    quantile: float | None = None,
+    seed: int = 0,
+    engine_cache: str | os.PathLike[str] | None = None,
+) -> ValidationReport:
+    """Run both models on the same inputs and compare every output.
+
+    `backend`: None picks "tensorrt" when `import tensorrt` works, else "onnxruntime" (the report
+    says so); "onnxruntime" lowers graphfix plugin nodes to their reference ops automatically.
+    `precision` ("fp32", "fp16", "bf16") applies to TensorRT: builder flags on TensorRT 10; on
+    TensorRT 11 networks are strongly typed, so fp16/bf16 are refused (put the Casts in the ONNX).
+    `plugins`: library paths to load; None finds graphfix's built library when the candidate has
+    plugin nodes.  `inputs`: an .npz path or arrays by name; otherwise seeded random data shaped by
+    `shapes` (needed for dynamic dimensions) and drawn from `ranges`.  `atol`/`rtol` default by the
+    candidate's lowest precision (`graphfix.compare.DEFAULT_TOLERANCES`); `quantile` checks that
+    quantile of the errors instead of every element.
+    """
+    if backend is not None and backend not in BACKENDS:
+        raise ValidationUsageError(
+            f"backend {backend!r} is not one of {', '.join(BACKENDS)}; leave it unset to use "
+            "TensorRT where it is installed"
+        )
+    if precision is not None and precision not in PRECISIONS:
+        raise ValidationUsageError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    reference = load_model(reference_model, load_weights=False)
+    candidate = load_model(candidate_model, load_weights=False)
+    ref_name, cand_name = _label(reference, "original"), _label(candidate, "candidate")
+    notes = list(check_same_inputs(input_specs(reference.model), input_specs(candidate.model)))
+    _check_same_outputs(reference.model, candidate.model)
+
+    status = tensorrt_status()
+    chosen = backend or ("tensorrt" if status.available else "onnxruntime")
+    if chosen == "onnxruntime" and precision not in (None, "fp32"):
+        raise ValidationUsageError(
+            f"precision {precision!r} applies to the TensorRT backend only; with onnxruntime the "
+            "candidate runs in the precision its ONNX is written in"
+        )
+    data = make_inputs(reference.model, shapes=shapes, ranges=ranges, npz=inputs, seed=seed)
+    notes += data.notes
+    lowest = _loosest(
+        _model_precision(candidate.model), _model_precision(reference.model), precision
+    )
+    tolerance, origin = _tolerance(atol, rtol, quantile, lowest)
+    shapes_fed = {name: tuple(array.shape) for name, array in data.feeds.items()}
+
+    reference_runner = OnnxRuntimeRunner(reference, label=ref_name)
+    candidate_runner: Runner
+    if chosen == "tensorrt":
+        # TensorRT itself and the precision first, then the plugin library
+        engine_options(precision, tensorrt_version=require_tensorrt().version)
+        candidate_runner = TensorRTRunner(
+            candidate,
+            label=cand_name,
+            shapes=shapes_fed,
+            precision=precision,
+            plugin_libraries=_plugin_libraries(candidate, plugins),
+            cache_dir=engine_cache,
+        )
+    else:
+        candidate_runner = OnnxRuntimeRunner(candidate, label=cand_name)
+        if plugins:
+            notes.append("plugin libraries not loaded: onnxruntime runs graphfix's reference ops")
+    reference_outputs = reference_runner.infer(data.feeds)
+    candidate_outputs = candidate_runner.infer(data.feeds)
+    missing = [name for name in reference_outputs if name not in candidate_outputs]
+    if missing:
+        raise BackendError(
+            f"{candidate_runner.description} produced no {', '.join(missing)} (it produced "
+            f"{', '.join(candidate_outputs) or 'nothing'}); the engine lost a graph output"
+        )
+    comparisons = tuple(
+        compare_output(name, reference_outputs[name], candidate_outputs[name], tolerance)
+        for name in reference_outputs
+    )
+    fusion = None
+    if isinstance(candidate_runner, TensorRTRunner):
+        fusion = _fusion_proof(
+            candidate_runner, candidate, reference, shapes_fed, precision, engine_cache
+        )
+    return ValidationReport(
+        passed=all(c.passed for c in comparisons),
+        backend=chosen,
+        reference=reference_runner.description,
+        candidate=candidate_runner.description,
+        outputs=comparisons,
+        inputs=data.sources,
+        tolerance=tolerance,
+        tolerance_origin=origin,
+        fusion=fusion,
+        tensorrt_note=_tensorrt_note(status, chosen, candidate_runner),
+        notes=tuple(notes),
+        reference_outputs=reference_outputs,
+        candidate_outputs=candidate_outputs,
+    )
+
+
+def _label(model: LoadedModel, fallback: str) -> str:
+    return str(model.path) if model.path is not None else f"the {fallback} model (in memory)"
+
+
+def _check_same_outputs(reference: onnx.ModelProto, candidate: onnx.ModelProto) -> None:
+    ref = [o.name for o in reference.graph.output]
+    cand = {o.name for o in candidate.graph.output}
+    if set(ref) != cand:
+        raise ValidationUsageError(
+            "the two models produce different outputs: only the original has "
+            f"{sorted(set(ref) - cand) or 'none'}, only the candidate has "
+            f"{sorted(cand - set(ref)) or 'none'}; "
+            "compare a model with its own rewrite or conversion"
+        )
+
+
+def _model_precision(model: onnx.ModelProto) -> str:
+    """The loosest float type the model holds: "bf16", "fp16" or "fp32"."""
+    types = {t.data_type for t in model.graph.initializer}
+    for value in (*model.graph.input, *model.graph.output, *model.graph.value_info):
+        types.add(value.type.tensor_type.elem_type)
+    for node in model.graph.node:
+        for attr in node.attribute:
+            if node.op_type == "Cast" and attr.name == "to":
+                types.add(attr.i)
+            elif attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                types.add(attr.t.data_type)
+    if onnx.TensorProto.BFLOAT16 in types:
+        return "bf16"
+    if onnx.TensorProto.FLOAT16 in types:
+        return "fp16"
+    return "fp32"
+
+
+def _loosest(*precisions: str | None) -> str:
+    return max((p for p in precisions if p), key=_LOOSENESS.index)
+
+
+def _tolerance(
+    atol: float | None, rtol: float | None, quantile: float | None, precision: str
+) -> tuple[Tolerance, str]:
+    default = DEFAULT_TOLERANCES[precision]
+    tolerance = Tolerance(
+        atol=default.atol if atol is None else atol,
+        rtol=default.rtol if rtol is None else rtol,
+        quantile=quantile,
+    )
+    if atol is not None and rtol is not None:
+        return tolerance, "given"
+    defaulted = " and ".join(n for n, v in (("atol", atol), ("rtol", rtol)) if v is None)
+    return tolerance, f"{defaulted}: default for {precision}"
+
+
+def _plugin_libraries(
+    candidate: LoadedModel, plugins: Sequence[str | os.PathLike[str]] | None
+) -> tuple[Path, ...]:
+    if plugins is not None:
+        return tuple(Path(p) for p in plugins)
+    if any(n.domain == PLUGIN_DOMAIN for n in candidate.model.graph.node):
+        return default_plugin_libraries()
+    return ()
+
+
+def _fusion_proof(
+    runner: TensorRTRunner,
+    candidate: LoadedModel,
+    reference: LoadedModel,
+    shapes: Mapping[str, tuple[int, ...]],
+    precision: str | None,
+    engine_cache: str | os.PathLike[str] | None,
+) -> FusionProof:
+    """Per rewritten block (plugin nodes, else the attention Softmaxes left), what TensorRT ran."""
+    rewritten = [n.name for n in candidate.model.graph.node if n.domain == PLUGIN_DOMAIN]
+    blocks = rewritten or [m.softmax for m in find_attention(candidate.model)]
+    candidate_blocks = classify_blocks(runner.layers(), blocks)
+    try:
+        original = TensorRTRunner(
+            reference,
+            label=_label(reference, "original"),
+            shapes=shapes,
+            precision=precision,
+            cache_dir=engine_cache,
+        )
+    except BackendError as exc:
+        return FusionProof(
+            runner.tensorrt_version, candidate_blocks, None, original_problem=str(exc)
+        )
+    original_blocks = classify_blocks(
+        original.layers(), [m.softmax for m in find_attention(reference.model)]
+    )
+    return FusionProof(runner.tensorrt_version, candidate_blocks, original_blocks)
+
+
+def _tensorrt_note(status: TensorRTStatus, chosen: str, runner: Runner) -> str | None:
+    if chosen == "tensorrt":
+        return None
+    what = "the candidate ONNX with onnxruntime"
+    if isinstance(runner, OnnxRuntimeRunner) and runner.lowered_nodes:
+        what += " and graphfix's reference ops"
+    if not status.available:
+        return (
+            f"TensorRT: not available here ({status.reason}); validated {what} instead, so neither "
+            "the engine nor its fusion was checked"
+        )
+    return (
+        f"TensorRT: installed ({status.version}) but not requested; validated {what}, "
+        "no fusion proof"
+    )
+
+
+def _plain(value):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, float) and not np.isfinite(value):
+        return str(value)
+    return value

@@ -1,0 +1,810 @@
+/*
+ * SPDX-License-Identifier: Apache-2.0
+ *
+ * Softmax kernels, float32 math with max subtraction, ONNX Softmax-13 semantics.
+ *
+ * Layouts: the tensor is [outer, n, inner] with the softmax over n.
+ *  - inner == 1 (the attention case): rows of n contiguous elements. A row is read in 16-byte
+ *    chunks aligned in memory; the chunk that holds a row's first (last) element may also hold
+ *    elements of the neighbouring rows, which are masked, so rows of any length and alignment take
+ *    the vector path as long as input and output share their alignment modulo 16 bytes.
+ *    - up to 32 * 8 chunks: one group of 1..32 lanes of a warp per row, the row in registers;
+ *    - up to 4096 chunks: one block per row, the row in registers;
+ *    - longer rows, or input and output misaligned to each other: one block per row in three
+ *      passes (max, sum, write), the second and third reading the row back from L2.
+ *  - inner > 1: one block per [outer index, 32 inner columns]; warps split the axis, lanes walk
+ *    the contiguous inner dimension.
+ * The output is rounded once from float32 (round to nearest even). float32 outputs divide by the
+ * sum (correctly rounded) and accumulate the sum with compensation; 16-bit outputs multiply by its
+ * reciprocal, whose error stays far below their rounding.
+ */
+#include "graphfixSoftmaxKernel.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+
+namespace graphfix
+{
+namespace plugin
+{
+namespace
+{
+
+constexpr int32_t kCHUNK_BYTES{16};
+constexpr int32_t kWARP_SIZE{32};
+constexpr int32_t kWARP_ROWS_THREADS{128};
+constexpr int32_t kMAX_WARP_CHUNKS_PER_LANE{8};
+constexpr int32_t kMIN_LANES_FOR_CHUNKS{4}; // 1 or 2 lanes per row take one chunk each
+constexpr int32_t kMAX_BLOCK_CHUNKS{4096};
+constexpr int32_t kLOOP_THREADS{512};
+constexpr int32_t kLOOP_UNROLL{4};
+constexpr int32_t kSTRIDED_COLUMNS{32};
+constexpr int32_t kSTRIDED_SPLIT{8};
+constexpr int64_t kMAX_BLOCKS{int64_t{1} << 30};
+constexpr uint32_t kFULL_MASK{0xffffffffU};
+
+template <typename T>
+constexpr int32_t kVECTOR_ELEMENTS = kCHUNK_BYTES / static_cast<int32_t>(sizeof(T));
+
+__device__ __forceinline__ float toFloat(float x)
+{
+    return x;
+}
+
+__device__ __forceinline__ float toFloat(__half x)
+{
+    return __half2float(x);
+}
+
+__device__ __forceinline__ float toFloat(__nv_bfloat16 x)
+{
+    return __bfloat162float(x);
+}
+
+template <typename T>
+__device__ __forceinline__ T fromFloat(float x);
+
+template <>
+__device__ __forceinline__ float fromFloat<float>(float x)
+{
+    return x;
+}
+
+template <>
+__device__ __forceinline__ __half fromFloat<__half>(float x)
+{
+    return __float2half_rn(x);
+}
+
+template <>
+__device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float x)
+{
+    return __float2bfloat16_rn(x);
+}
+
+//! A float32 sum carried with its rounding error (only for float32 outputs).
+struct PartialSum
+{
+    float hi;
+    float lo;
+};
+
+//! Knuth's TwoSum: s + e == a + b exactly.
+__device__ __forceinline__ void twoSum(float a, float b, float& s, float& e)
+{
+    s = a + b;
+    float const bp = s - a;
+    e = (a - (s - bp)) + (b - bp);
+}
+
+template <bool kCompensated>
+__device__ __forceinline__ void accumulate(PartialSum& acc, float x)
+{
+    if constexpr (kCompensated)
+    {
+        float s;
+        float e;
+        twoSum(acc.hi, x, s, e);
+        acc.hi = s;
+        acc.lo += e;
+    }
+    else
+    {
+        acc.hi += x;
+    }
+}
+
+template <bool kCompensated>
+__device__ __forceinline__ void combine(PartialSum& acc, PartialSum const& other)
+{
+    if constexpr (kCompensated)
+    {
+        float s;
+        float e;
+        twoSum(acc.hi, other.hi, s, e);
+        acc.hi = s;
+        acc.lo = acc.lo + other.lo + e;
+    }
+    else
+    {
+        acc.hi += other.hi;
+    }
+}
+
+template <int32_t kWIDTH>
+__device__ __forceinline__ float groupMax(float x)
+{
+#pragma unroll
+    for (int32_t offset = kWIDTH / 2; offset > 0; offset /= 2)
+    {
+        x = fmaxf(x, __shfl_xor_sync(kFULL_MASK, x, offset));
+    }
+    return x;
+}
+
+template <int32_t kWIDTH, bool kCompensated>
+__device__ __forceinline__ PartialSum groupSum(PartialSum x)
+{
+#pragma unroll
+    for (int32_t offset = kWIDTH / 2; offset > 0; offset /= 2)
+    {
+        PartialSum const other{
+            __shfl_xor_sync(kFULL_MASK, x.hi, offset), kCompensated ? __shfl_xor_sync(kFULL_MASK, x.lo, offset) : 0.F};
+        combine<kCompensated>(x, other);
+    }
+    return x;
+}
+
+//! Max over the block; every warp reduces the per-warp partials itself, so one barrier suffices.
+__device__ __forceinline__ float blockMax(float x, float* scratch)
+{
+    int32_t const lane = static_cast<int32_t>(threadIdx.x) % kWARP_SIZE;
+    int32_t const warp = static_cast<int32_t>(threadIdx.x) / kWARP_SIZE;
+    int32_t const nbWarps = static_cast<int32_t>(blockDim.x) / kWARP_SIZE;
+    x = groupMax<kWARP_SIZE>(x);
+    if (lane == 0)
+    {
+        scratch[warp] = x;
+    }
+    __syncthreads();
+    x = lane < nbWarps ? scratch[lane] : -INFINITY;
+    return groupMax<kWARP_SIZE>(x);
+}
+
+template <bool kCompensated>
+__device__ __forceinline__ PartialSum blockSum(PartialSum x, float* scratchHi, float* scratchLo)
+{
+    int32_t const lane = static_cast<int32_t>(threadIdx.x) % kWARP_SIZE;
+    int32_t const warp = static_cast<int32_t>(threadIdx.x) / kWARP_SIZE;
+    int32_t const nbWarps = static_cast<int32_t>(blockDim.x) / kWARP_SIZE;
+    x = groupSum<kWARP_SIZE, kCompensated>(x);
+    if (lane == 0)
+    {
+        scratchHi[warp] = x.hi;
+        scratchLo[warp] = x.lo;
+    }
+    __syncthreads();
+    x = lane < nbWarps ? PartialSum{scratchHi[lane], scratchLo[lane]} : PartialSum{0.F, 0.F};
+    return groupSum<kWARP_SIZE, kCompensated>(x);
+}
+
+//! Elements before the row's first element in its aligned 16-byte chunk.
+template <typename T, int32_t kE>
+__device__ __forceinline__ int32_t chunkLead(T const* row)
+{
+    if constexpr (kE == 1)
+    {
+        return 0;
+    }
+    else
+    {
+        return static_cast<int32_t>((reinterpret_cast<uintptr_t>(row) % kCHUNK_BYTES) / sizeof(T));
+    }
+}
+
+template <typename T, int32_t kE>
+__device__ __forceinline__ void loadChunk(T const* p, float (&v)[kE])
+{
+    if constexpr (kE == 1)
+    {
+        v[0] = toFloat(p[0]);
+    }
+    else
+    {
+        static_assert(kE * sizeof(T) == kCHUNK_BYTES, "a chunk is 16 bytes");
+        alignas(kCHUNK_BYTES) T elements[kE];
+        *reinterpret_cast<uint4*>(elements) = __ldg(reinterpret_cast<uint4 const*>(p));
+#pragma unroll
+        for (int32_t j = 0; j < kE; ++j)
+        {
+            v[j] = toFloat(elements[j]);
+        }
+    }
+}
+
+template <typename T, int32_t kE>
+__device__ __forceinline__ void storeChunk(T* p, float const (&v)[kE])
+{
+    if constexpr (kE == 1)
+    {
+        p[0] = fromFloat<T>(v[0]);
+    }
+    else
+    {
+        alignas(kCHUNK_BYTES) T elements[kE];
+#pragma unroll
+        for (int32_t j = 0; j < kE; ++j)
+        {
+            elements[j] = fromFloat<T>(v[j]);
+        }
+        *reinterpret_cast<uint4*>(p) = *reinterpret_cast<uint4 const*>(elements);
+    }
+}
+
+//! Loads chunks first, first + stride, ... of a row of n elements into registers. Chunk c holds
+//! row elements [c * kE - lead, c * kE - lead + kE); elements outside the row read as -inf.
+template <typename T, int32_t kE, int32_t kK>
+__device__ __forceinline__ void loadRowChunks(
+    T const* row, int64_t n, int32_t lead, int64_t first, int64_t stride, float (&v)[kK][kE])
+{
+#pragma unroll
+    for (int32_t k = 0; k < kK; ++k)
+    {
+        int64_t const start = (first + k * stride) * kE - lead;
+        if (start >= 0 && start + kE <= n)
+        {
+            loadChunk<T, kE>(row + start, v[k]);
+        }
+        else
+        {
+#pragma unroll
+            for (int32_t j = 0; j < kE; ++j)
+            {
+                int64_t const index = start + j;
+                v[k][j] = (index >= 0 && index < n) ? toFloat(row[index]) : -INFINITY;
+            }
+        }
+    }
+}
+
+//! Stores what loadRowChunks loaded, skipping elements outside the row.
+template <typename T, int32_t kE, int32_t kK>
+__device__ __forceinline__ void storeRowChunks(
+    T* row, int64_t n, int32_t lead, int64_t first, int64_t stride, float const (&v)[kK][kE])
+{
+#pragma unroll
+    for (int32_t k = 0; k < kK; ++k)
+    {
+        int64_t const start = (first + k * stride) * kE - lead;
+        if (start >= 0 && start + kE <= n)
+        {
+            storeChunk<T, kE>(row + start, v[k]);
+        }
+        else
+        {
+#pragma unroll
+            for (int32_t j = 0; j < kE; ++j)
+            {
+                int64_t const index = start + j;
+                if (index >= 0 && index < n)
+                {
+                    row[index] = fromFloat<T>(v[k][j]);
+                }
+            }
+        }
+    }
+}
+
+//! exp(x - max). For float32 inputs x - max is rounded, an error of up to |x - max| * 2^-24 in the
+//! exponent; TwoSum recovers the rounding error and one FMA applies it (exp(d + lo) ~ e + e * lo).
+//! 16-bit inputs need no correction: their outputs round far more coarsely.
+template <typename T>
+__device__ __forceinline__ float expShifted(float x, float max)
+{
+    float const d = x - max;
+    float const e = expf(d);
+    if constexpr (std::is_same_v<T, float>)
+    {
+        float const bp = d - x;
+        float const lo = (x - (d - bp)) + (-max - bp);
+        return isfinite(lo) ? fmaf(e, lo, e) : e;
+    }
+    else
+    {
+        return e;
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ float normalize(float e, float sum, float inverse)
+{
+    if constexpr (std::is_same_v<T, float>)
+    {
+        return __fdiv_rn(e, sum);
+    }
+    else
+    {
+        return e * inverse;
+    }
+}
+
+template <int32_t kK, int32_t kE>
+__device__ __forceinline__ float fragmentMax(float const (&v)[kK][kE])
+{
+    float m = -INFINITY;
+#pragma unroll
+    for (int32_t k = 0; k < kK; ++k)
+    {
+#pragma unroll
+        for (int32_t j = 0; j < kE; ++j)
+        {
+            m = fmaxf(m, v[k][j]);
+        }
+    }
+    return m;
+}
+
+//! Replaces each value by exp(value - max) and adds it to `sum`.
+template <typename T, int32_t kK, int32_t kE>
+__device__ __forceinline__ void fragmentExp(float (&v)[kK][kE], float max, PartialSum& sum)
+{
+#pragma unroll
+    for (int32_t k = 0; k < kK; ++k)
+    {
+#pragma unroll
+        for (int32_t j = 0; j < kE; ++j)
+        {
+            v[k][j] = expShifted<T>(v[k][j], max);
+            accumulate<std::is_same_v<T, float>>(sum, v[k][j]);
+        }
+    }
+}
+
+//! Replaces each value by exp(value - max) / sum.
+template <typename T, int32_t kK, int32_t kE>
+__device__ __forceinline__ void fragmentExpNormalize(float (&v)[kK][kE], float max, float sum)
+{
+    float const inverse = 1.F / sum;
+#pragma unroll
+    for (int32_t k = 0; k < kK; ++k)
+    {
+#pragma unroll
+        for (int32_t j = 0; j < kE; ++j)
+        {
+            v[k][j] = normalize<T>(expShifted<T>(v[k][j], max), sum, inverse);
+        }
+    }
+}
+
+template <typename T, int32_t kK, int32_t kE>
+__device__ __forceinline__ void fragmentNormalize(float (&v)[kK][kE], float sum)
+{
+    float const inverse = 1.F / sum;
+#pragma unroll
+    for (int32_t k = 0; k < kK; ++k)
+    {
+#pragma unroll
+        for (int32_t j = 0; j < kE; ++j)
+        {
+            v[k][j] = normalize<T>(v[k][j], sum, inverse);
+        }
+    }
+}
+
+//! Rows held in the registers of kLANES lanes each; kWARP_ROWS_THREADS / kLANES rows per block.
+template <typename T, int32_t kLANES, int32_t kK>
+__global__ void __launch_bounds__(kWARP_ROWS_THREADS)
+    softmaxWarpRowsKernel(T const* __restrict__ input, T* __restrict__ output, int64_t rows, int64_t n)
+{
+    constexpr int32_t kE = kVECTOR_ELEMENTS<T>;
+    constexpr int32_t kROWS_PER_BLOCK = kWARP_ROWS_THREADS / kLANES;
+    constexpr bool kCOMPENSATED = std::is_same_v<T, float>;
+    int32_t const lane = static_cast<int32_t>(threadIdx.x) % kLANES;
+    int32_t const group = static_cast<int32_t>(threadIdx.x) / kLANES;
+
+    for (int64_t base = static_cast<int64_t>(blockIdx.x) * kROWS_PER_BLOCK; base < rows;
+         base += static_cast<int64_t>(gridDim.x) * kROWS_PER_BLOCK)
+    {
+        int64_t const row = base + group;
+        bool const active = row < rows;
+        T const* rowIn = input + (active ? row : 0) * n;
+        int32_t const lead = chunkLead<T, kE>(rowIn);
+
+        float v[kK][kE];
+        if (active)
+        {
+            loadRowChunks<T, kE, kK>(rowIn, n, lead, lane, kLANES, v);
+        }
+        else
+        {
+#pragma unroll
+            for (int32_t k = 0; k < kK; ++k)
+            {
+#pragma unroll
+                for (int32_t j = 0; j < kE; ++j)
+                {
+                    v[k][j] = -INFINITY;
+                }
+            }
+        }
+        float const max = groupMax<kLANES>(fragmentMax(v));
+        PartialSum sum{0.F, 0.F};
+        fragmentExp<T>(v, max, sum);
+        sum = groupSum<kLANES, kCOMPENSATED>(sum);
+        fragmentNormalize<T>(v, sum.hi + sum.lo);
+        if (active)
+        {
+            storeRowChunks<T, kE, kK>(output + row * n, n, lead, lane, kLANES, v);
+        }
+    }
+}
+
+//! One row per block, held in registers: kK chunks per thread.
+template <typename T, int32_t kK, int32_t kMAX_THREADS>
+__global__ void __launch_bounds__(kMAX_THREADS)
+    softmaxBlockRowsKernel(T const* __restrict__ input, T* __restrict__ output, int64_t rows, int64_t n)
+{
+    constexpr int32_t kE = kVECTOR_ELEMENTS<T>;
+    constexpr bool kCOMPENSATED = std::is_same_v<T, float>;
+    __shared__ float scratchMax[kWARP_SIZE];
+    __shared__ float scratchHi[kWARP_SIZE];
+    __shared__ float scratchLo[kWARP_SIZE];
+
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x)
+    {
+        T const* rowIn = input + row * n;
+        int32_t const lead = chunkLead<T, kE>(rowIn);
+        float v[kK][kE];
+        loadRowChunks<T, kE, kK>(rowIn, n, lead, threadIdx.x, blockDim.x, v);
+        float const max = blockMax(fragmentMax(v), scratchMax);
+        PartialSum sum{0.F, 0.F};
+        fragmentExp<T>(v, max, sum);
+        sum = blockSum<kCOMPENSATED>(sum, scratchHi, scratchLo);
+        fragmentNormalize<T>(v, sum.hi + sum.lo);
+        storeRowChunks<T, kE, kK>(output + row * n, n, lead, threadIdx.x, blockDim.x, v);
+    }
+}
+
+//! One row per block in three passes over the row (max, sum, write); kE is 1 when input and
+//! output are misaligned to each other.
+template <typename T, int32_t kE>
+__global__ void __launch_bounds__(kLOOP_THREADS)
+    softmaxLoopRowsKernel(T const* __restrict__ input, T* __restrict__ output, int64_t rows, int64_t n)
+{
+    constexpr bool kCOMPENSATED = std::is_same_v<T, float>;
+    __shared__ float scratchMax[kWARP_SIZE];
+    __shared__ float scratchHi[kWARP_SIZE];
+    __shared__ float scratchLo[kWARP_SIZE];
+    int64_t const stride = blockDim.x;
+    int64_t const step = stride * kLOOP_UNROLL;
+
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x)
+    {
+        T const* rowIn = input + row * n;
+        T* rowOut = output + row * n;
+        int32_t const lead = chunkLead<T, kE>(rowIn);
+        int64_t const chunks = (lead + n + kE - 1) / kE;
+
+        float max = -INFINITY;
+        for (int64_t first = threadIdx.x; first < chunks; first += step)
+        {
+            float v[kLOOP_UNROLL][kE];
+            loadRowChunks<T, kE, kLOOP_UNROLL>(rowIn, n, lead, first, stride, v);
+            max = fmaxf(max, fragmentMax(v));
+        }
+        max = blockMax(max, scratchMax);
+
+        PartialSum sum{0.F, 0.F};
+        for (int64_t first = threadIdx.x; first < chunks; first += step)
+        {
+            float v[kLOOP_UNROLL][kE];
+            loadRowChunks<T, kE, kLOOP_UNROLL>(rowIn, n, lead, first, stride, v);
+            fragmentExp<T>(v, max, sum);
+        }
+        sum = blockSum<kCOMPENSATED>(sum, scratchHi, scratchLo);
+        float const total = sum.hi + sum.lo;
+
+        for (int64_t first = threadIdx.x; first < chunks; first += step)
+        {
+            float v[kLOOP_UNROLL][kE];
+            loadRowChunks<T, kE, kLOOP_UNROLL>(rowIn, n, lead, first, stride, v);
+            fragmentExpNormalize<T>(v, max, total);
+            storeRowChunks<T, kE, kLOOP_UNROLL>(rowOut, n, lead, first, stride, v);
+        }
+    }
+}
+
+//! inner > 1: a block takes kSTRIDED_COLUMNS adjacent inner columns of one outer index; its
+//! kSTRIDED_SPLIT warps split the axis and combine through shared memory.
+template <typename T>
+__global__ void __launch_bounds__(kSTRIDED_COLUMNS* kSTRIDED_SPLIT) softmaxStridedKernel(
+    T const* __restrict__ input, T* __restrict__ output, int64_t outer, int64_t n, int64_t inner)
+{
+    constexpr bool kCOMPENSATED = std::is_same_v<T, float>;
+    __shared__ float scratchA[kSTRIDED_SPLIT][kSTRIDED_COLUMNS + 1];
+    __shared__ float scratchB[kSTRIDED_SPLIT][kSTRIDED_COLUMNS + 1];
+    int32_t const column = static_cast<int32_t>(threadIdx.x) % kSTRIDED_COLUMNS;
+    int32_t const part = static_cast<int32_t>(threadIdx.x) / kSTRIDED_COLUMNS;
+    int64_t const tiles = (inner + kSTRIDED_COLUMNS - 1) / kSTRIDED_COLUMNS;
+
+    for (int64_t block = blockIdx.x; block < outer * tiles; block += gridDim.x)
+    {
+        int64_t const o = block / tiles;
+        int64_t const c = (block % tiles) * kSTRIDED_COLUMNS + column;
+        bool const active = c < inner;
+        int64_t const offset = o * n * inner + c;
+        T const* in = input + offset;
+        T* out = output + offset;
+
+        float max = -INFINITY;
+        if (active)
+        {
+#pragma unroll 4
+            for (int64_t i = part; i < n; i += kSTRIDED_SPLIT)
+            {
+                max = fmaxf(max, toFloat(in[i * inner]));
+            }
+        }
+        scratchA[part][column] = max;
+        __syncthreads();
+#pragma unroll
+        for (int32_t p = 0; p < kSTRIDED_SPLIT; ++p)
+        {
+            max = fmaxf(max, scratchA[p][column]);
+        }
+
+        PartialSum sum{0.F, 0.F};
+        if (active)
+        {
+#pragma unroll 4
+            for (int64_t i = part; i < n; i += kSTRIDED_SPLIT)
+            {
+                accumulate<kCOMPENSATED>(sum, expShifted<T>(toFloat(in[i * inner]), max));
+            }
+        }
+        __syncthreads();
+        scratchA[part][column] = sum.hi;
+        scratchB[part][column] = sum.lo;
+        __syncthreads();
+        PartialSum total{0.F, 0.F};
+#pragma unroll
+        for (int32_t p = 0; p < kSTRIDED_SPLIT; ++p)
+        {
+            combine<kCOMPENSATED>(total, PartialSum{scratchA[p][column], scratchB[p][column]});
+        }
+        float const denominator = total.hi + total.lo;
+        float const inverse = 1.F / denominator;
+        if (active)
+        {
+#pragma unroll 4
+            for (int64_t i = part; i < n; i += kSTRIDED_SPLIT)
+            {
+                float const e = expShifted<T>(toFloat(in[i * inner]), max);
+                out[i * inner] = fromFloat<T>(normalize<T>(e, denominator, inverse));
+            }
+        }
+        __syncthreads();
+    }
+}
+
+int64_t ceilDiv(int64_t a, int64_t b)
+{
+    return (a + b - 1) / b;
+}
+
+int32_t nextPowerOfTwo(int64_t x)
+{
+    int32_t p = 1;
+    while (p < x)
+    {
+        p *= 2;
+    }
+    return p;
+}
+
+int32_t maxBlockThreads(int32_t chunksPerThread)
+{
+    return chunksPerThread >= 8 ? 512 : 1024;
+}
+
+template <typename T, int32_t kLANES, int32_t kK>
+cudaError_t launchWarpRowsKernel(
+    SoftmaxPlan const& plan, T const* input, T* output, SoftmaxShape const& shape, cudaStream_t stream)
+{
+    softmaxWarpRowsKernel<T, kLANES, kK><<<static_cast<uint32_t>(plan.blocks), kWARP_ROWS_THREADS, 0, stream>>>(
+        input, output, shape.outer, shape.axisLength);
+    return cudaSuccess;
+}
+
+template <typename T, int32_t kLANES>
+cudaError_t launchWarpRows(
+    SoftmaxPlan const& plan, T const* input, T* output, SoftmaxShape const& shape, cudaStream_t stream)
+{
+    if constexpr (kLANES < kMIN_LANES_FOR_CHUNKS)
+    {
+        return plan.chunksPerThread == 1 ? launchWarpRowsKernel<T, kLANES, 1>(plan, input, output, shape, stream)
+                                         : cudaErrorInvalidConfiguration;
+    }
+    else
+    {
+        switch (plan.chunksPerThread)
+        {
+        case 1: return launchWarpRowsKernel<T, kLANES, 1>(plan, input, output, shape, stream);
+        case 2: return launchWarpRowsKernel<T, kLANES, 2>(plan, input, output, shape, stream);
+        case 3: return launchWarpRowsKernel<T, kLANES, 3>(plan, input, output, shape, stream);
+        case 4: return launchWarpRowsKernel<T, kLANES, 4>(plan, input, output, shape, stream);
+        case 5: return launchWarpRowsKernel<T, kLANES, 5>(plan, input, output, shape, stream);
+        case 6: return launchWarpRowsKernel<T, kLANES, 6>(plan, input, output, shape, stream);
+        case 7: return launchWarpRowsKernel<T, kLANES, 7>(plan, input, output, shape, stream);
+        case 8: return launchWarpRowsKernel<T, kLANES, 8>(plan, input, output, shape, stream);
+        default: return cudaErrorInvalidConfiguration;
+        }
+    }
+}
+
+template <typename T>
+cudaError_t launchPlan(SoftmaxPlan const& plan, T const* input, T* output, SoftmaxShape const& shape,
+    cudaStream_t stream)
+{
+    dim3 const grid(static_cast<uint32_t>(plan.blocks));
+    dim3 const block(static_cast<uint32_t>(plan.threadsPerBlock));
+    int64_t const rows = shape.outer;
+    int64_t const n = shape.axisLength;
+    switch (plan.path)
+    {
+    case SoftmaxPath::kEmpty: return cudaSuccess;
+    case SoftmaxPath::kWarpRows:
+        switch (plan.lanesPerRow)
+        {
+        case 1: return launchWarpRows<T, 1>(plan, input, output, shape, stream);
+        case 2: return launchWarpRows<T, 2>(plan, input, output, shape, stream);
+        case 4: return launchWarpRows<T, 4>(plan, input, output, shape, stream);
+        case 8: return launchWarpRows<T, 8>(plan, input, output, shape, stream);
+        case 16: return launchWarpRows<T, 16>(plan, input, output, shape, stream);
+        case 32: return launchWarpRows<T, 32>(plan, input, output, shape, stream);
+        default: return cudaErrorInvalidConfiguration;
+        }
+    case SoftmaxPath::kBlockRows:
+        switch (plan.chunksPerThread)
+        {
+        case 1: softmaxBlockRowsKernel<T, 1, 1024><<<grid, block, 0, stream>>>(input, output, rows, n); break;
+        case 2: softmaxBlockRowsKernel<T, 2, 1024><<<grid, block, 0, stream>>>(input, output, rows, n); break;
+        case 4: softmaxBlockRowsKernel<T, 4, 1024><<<grid, block, 0, stream>>>(input, output, rows, n); break;
+        case 8: softmaxBlockRowsKernel<T, 8, 512><<<grid, block, 0, stream>>>(input, output, rows, n); break;
+        default: return cudaErrorInvalidConfiguration;
+        }
+        return cudaSuccess;
+    case SoftmaxPath::kLoopRows:
+        if (plan.vectorElements == 1)
+        {
+            softmaxLoopRowsKernel<T, 1><<<grid, block, 0, stream>>>(input, output, rows, n);
+        }
+        else
+        {
+            softmaxLoopRowsKernel<T, kVECTOR_ELEMENTS<T>><<<grid, block, 0, stream>>>(input, output, rows, n);
+        }
+        return cudaSuccess;
+    case SoftmaxPath::kStrided:
+        softmaxStridedKernel<T><<<grid, block, 0, stream>>>(input, output, shape.outer, n, shape.inner);
+        return cudaSuccess;
+    }
+    return cudaErrorInvalidConfiguration;
+}
+
+} // namespace
+
+SoftmaxPlan planSoftmax(SoftmaxShape const& shape, int32_t elementSize, void const* input, void const* output,
+    SoftmaxTuning const& tuning) noexcept
+{
+    SoftmaxPlan plan;
+    if (shape.outer <= 0 || shape.axisLength <= 0 || shape.inner <= 0)
+    {
+        return plan;
+    }
+    int64_t const n = shape.axisLength;
+    if (shape.inner > 1)
+    {
+        plan.path = SoftmaxPath::kStrided;
+        plan.threadsPerBlock = kSTRIDED_COLUMNS * kSTRIDED_SPLIT;
+        plan.blocks = std::min(shape.outer * ceilDiv(shape.inner, kSTRIDED_COLUMNS), kMAX_BLOCKS);
+        return plan;
+    }
+
+    auto const inAddress = reinterpret_cast<uintptr_t>(input);
+    auto const outAddress = reinterpret_cast<uintptr_t>(output);
+    bool const vectorizable = inAddress % kCHUNK_BYTES == outAddress % kCHUNK_BYTES;
+    if (!vectorizable)
+    {
+        plan.path = SoftmaxPath::kLoopRows;
+        plan.vectorElements = 1;
+        plan.threadsPerBlock = kLOOP_THREADS;
+        plan.blocks = std::min(shape.outer, kMAX_BLOCKS);
+        return plan;
+    }
+
+    int32_t const e = kCHUNK_BYTES / elementSize;
+    plan.vectorElements = e;
+    bool const rowsAligned = inAddress % kCHUNK_BYTES == 0 && n % e == 0;
+    // Chunks a row can touch: a misaligned row straddles one more chunk.
+    int64_t const maxChunks = rowsAligned ? n / e : ceilDiv(n + e - 1, e);
+    bool const wide = elementSize >= 4;
+    int32_t const maxWarpChunks = std::clamp(
+        tuning.maxWarpChunksPerLane > 0 ? tuning.maxWarpChunksPerLane : (wide ? 8 : 4), 1, kMAX_WARP_CHUNKS_PER_LANE);
+    int32_t const laneChunks
+        = std::clamp(tuning.warpChunksPerLane > 0 ? tuning.warpChunksPerLane : 4, 1, maxWarpChunks);
+    int32_t const blockChunks = tuning.blockChunksPerThread > 0 ? tuning.blockChunksPerThread : (wide ? 8 : 2);
+
+    if (maxChunks <= kWARP_SIZE * maxWarpChunks)
+    {
+        // The fewest lanes that hold the row in at most laneChunks chunks each.
+        int32_t lanes = 1;
+        while (lanes < kWARP_SIZE && (ceilDiv(maxChunks, lanes) > laneChunks || (lanes < kMIN_LANES_FOR_CHUNKS && maxChunks > lanes)))
+        {
+            lanes *= 2;
+        }
+        plan.path = SoftmaxPath::kWarpRows;
+        plan.lanesPerRow = lanes;
+        plan.chunksPerThread = static_cast<int32_t>(ceilDiv(maxChunks, lanes));
+        plan.threadsPerBlock = kWARP_ROWS_THREADS;
+        plan.blocks = std::min(ceilDiv(shape.outer, kWARP_ROWS_THREADS / lanes), kMAX_BLOCKS);
+        return plan;
+    }
+    if (maxChunks <= kMAX_BLOCK_CHUNKS)
+    {
+        for (int32_t const k : {blockChunks, 1, 2, 4, 8})
+        {
+            if (k != 1 && k != 2 && k != 4 && k != 8)
+            {
+                continue;
+            }
+            int64_t const threads = ceilDiv(ceilDiv(maxChunks, k), kWARP_SIZE) * kWARP_SIZE;
+            if (threads <= maxBlockThreads(k))
+            {
+                plan.path = SoftmaxPath::kBlockRows;
+                plan.chunksPerThread = k;
+                plan.lanesPerRow = static_cast<int32_t>(threads);
+                plan.threadsPerBlock = static_cast<int32_t>(threads);
+                plan.blocks = std::min(shape.outer, kMAX_BLOCKS);
+                return plan;
+            }
+        }
+    }
+    plan.path = SoftmaxPath::kLoopRows;
+    plan.lanesPerRow = kLOOP_THREADS;
+    plan.threadsPerBlock = kLOOP_THREADS;
+    plan.blocks = std::min(shape.outer, kMAX_BLOCKS);
+    return plan;
+}
+
+template <typename T>
+cudaError_t launchSoftmax(T const* input, T* output, SoftmaxShape const& shape, cudaStream_t stream,
+    SoftmaxTuning const& tuning) noexcept
+{
+    SoftmaxPlan const plan = planSoftmax(shape, static_cast<int32_t>(sizeof(T)), input, output, tuning);
+    if (plan.path == SoftmaxPath::kEmpty)
+    {
+        return cudaSuccess;
+    }
+    if (input == nullptr || output == nullptr)
+    {
+        return cudaErrorInvalidDevicePointer;
+    }
+    cudaError_t const status = launchPlan<T>(plan, input, output, shape, stream);
+    if (status != cudaSuccess)
+    {
+        return status;
+    }
+    return cudaGetLastError();
+}
+
+template cudaError_t launchSoftmax<float>(
+    float const*, float*, SoftmaxShape const&, cudaStream_t, SoftmaxTuning const&) noexcept;
+template cudaError_t launchSoftmax<__half>(
+    __half const*, __half*, SoftmaxShape const&, cudaStream_t, SoftmaxTuning const&) noexcept;
+template cudaError_t launchSoftmax<__nv_bfloat16>(
+    __nv_bfloat16 const*, __nv_bfloat16*, SoftmaxShape const&, cudaStream_t, SoftmaxTuning const&) noexcept;
+
+} // namespace plugin
+} // namespace graphfix

@@ -1,0 +1,37 @@
+"""The C++ plugin spells its identity as graphfix/plugin_spec.py does (no build needed).
+
+The built libraries are checked against the same spec at run time by test_plugin_host_harness.py.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from graphfix.plugin_spec import SOFTMAX
+
+PLUGIN_DIR = Path(__file__).resolve().parents[1] / "plugins" / "graphfixSoftmax"
+
+
+def _constant(header: str, name: str) -> str:
+    match = re.search(rf'constexpr char const\* {name}\{{"([^"]*)"\}};', header)
+    assert match is not None, f"{name} is not defined in graphfixSoftmaxPlugin.h"
+    return match.group(1)
+
+
+def test_name_version_namespace_agree() -> None:
+    header = (PLUGIN_DIR / "graphfixSoftmaxPlugin.h").read_text()
+    assert _constant(header, "kGRAPHFIX_SOFTMAX_PLUGIN_NAME") == SOFTMAX.op_type
+    assert _constant(header, "kGRAPHFIX_SOFTMAX_PLUGIN_VERSION") == SOFTMAX.version
+    assert _constant(header, "kGRAPHFIX_PLUGIN_NAMESPACE") == SOFTMAX.namespace
+
+
+def test_creator_fields_agree() -> None:
+    header = (PLUGIN_DIR / "graphfixSoftmaxPlugin.h").read_text()
+    source = (PLUGIN_DIR / "graphfixSoftmaxPlugin.cpp").read_text()
+    constructor = source[source.index("GraphfixSoftmaxPluginCreator::GraphfixSoftmaxPluginCreator()") :]
+    constructor = constructor[: constructor.index("{\n")]
+    fields = re.findall(
+        r"PluginField\{(k\w+), nullptr, nvinfer1::PluginFieldType::(k\w+), 1\}", constructor
+    )
+    assert tuple((_constant(header, name), kind) for name, kind in fields) == SOFTMAX.fields

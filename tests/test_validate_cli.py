@@ -1,0 +1,189 @@
+"""`graphfix validate`: verdict exit codes, JSON, plots, and one-line errors with exit 1 or 2."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import graphfix
+from graphfix.backends.tensorrt_backend import tensorrt_status
+from graphfix.cli import main
+from graphfix.examples import vit_example
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cli")
+    original = vit_example()
+    fixed = graphfix.break_attention_fusion(original)
+    broken = onnx.ModelProto()
+    broken.CopyFrom(fixed)
+    for node in broken.graph.node:
+        if node.op_type == "GraphfixSoftmax":
+            next(a for a in node.attribute if a.name == "axis").i = 2
+    paths = {}
+    for name, model in (("original", original), ("fixed", fixed), ("broken", broken)):
+        paths[name] = folder / f"{name}.onnx"
+        onnx.save(model, paths[name])
+    return paths
+
+
+@pytest.fixture
+def dynamic(tmp_path):
+    """tokens [batch, seq, 8] → Softmax over the last axis; static and dynamic twins of it."""
+    graph = helper.make_graph(
+        [helper.make_node("Softmax", ["tokens"], ["probs"], name="sm", axis=-1)],
+        "dyn",
+        [helper.make_tensor_value_info("tokens", TensorProto.FLOAT, ["batch", "seq", 8])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", "seq", 8])],
+    )
+    path = tmp_path / "dyn.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def _run(capsys, *argv):
+    code = main(["validate", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_pass_exits_0_with_statistics_and_histogram(models, capsys):
+    code, out, err = _run(capsys, models["original"], models["fixed"], "--backend", "onnxruntime")
+    assert code == 0, err
+    assert out.startswith("graphfix validate: PASSED")
+    assert "output 'probabilities' float32 [1, 10]: PASS" in out
+    assert "abs error histogram (elements per decade):" in out and "== 0 | 10 | ####" in out
+    assert out.rstrip().endswith(
+        "PASSED: the candidate agrees with the reference on all 1 output(s)"
+    )
+
+
+def test_fail_exits_1(models, capsys):
+    code, out, _ = _run(capsys, models["original"], models["broken"], "--backend", "onnxruntime")
+    assert code == 1
+    assert "output 'probabilities' float32 [1, 10]: FAIL" in out
+    assert "FAILED: 1 of 1 output(s) out of tolerance: probabilities" in out
+
+
+def test_json_report(models, capsys):
+    code, out, _ = _run(
+        capsys,
+        models["original"],
+        models["broken"],
+        "--backend",
+        "onnxruntime",
+        "--json",
+        "--atol",
+        "0.5",
+        "--rtol",
+        "0",
+    )
+    data = json.loads(out)
+    assert code == (0 if data["passed"] else 1)
+    assert data["tolerance"] == {"atol": 0.5, "rtol": 0.0, "quantile": None}
+    assert data["outputs"][0]["name"] == "probabilities" and data["plots"] == []
+
+
+def test_plot_writes_pngs(models, tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="plots need matplotlib")
+    code, out, _ = _run(
+        capsys,
+        models["original"],
+        models["broken"],
+        "--backend",
+        "onnxruntime",
+        "--plot",
+        tmp_path / "p",
+    )
+    assert code == 1
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == [
+        "probabilities.error_heatmap.png",
+        "probabilities.error_histogram.png",
+    ]
+    assert f"wrote {tmp_path / 'p' / 'probabilities.error_heatmap.png'}" in out
+
+
+def test_shape_range_and_npz_options(dynamic, tmp_path, capsys):
+    code, out, err = _run(
+        capsys, dynamic, dynamic, "--shape", "tokens:2x5x8", "--range", "tokens:-3:3", "--seed", "4"
+    )
+    assert code == 0, err
+    assert "tokens float32 [2, 5, 8]: uniform [-3, 3) (given range), seed 4" in out
+    np.savez(tmp_path / "in.npz", tokens=np.zeros((1, 3, 8), np.float32))
+    code, out, err = _run(
+        capsys, dynamic, dynamic, "--inputs", tmp_path / "in.npz", "--quantile", "0.99"
+    )
+    assert code == 0, err
+    assert "tokens float32 [1, 3, 8]: from in.npz" in out and "0.99-quantile" in out
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--shape", "tokens=2x5x8"], "--shape 'tokens=2x5x8' is not NAME:DIMS"),
+        (
+            ["--shape", "tokens:2x5x8", "--shape", "tokens:1x5x8"],
+            "--shape is given twice for 'tokens'",
+        ),
+        ([], "dynamic dimensions need values: tokens [batch, seq, 8]"),
+        (["--shape", "tokens:2x5x9"], "does not fit the model's tokens"),
+        (["--shape", "tokens:2x5x8", "--atol", "-1"], "atol must be a finite number >= 0"),
+        (["--shape", "tokens:2x5x8", "--quantile", "1.5"], "quantile must be in (0, 1]"),
+        (["--shape", "tokens:2x5x8", "--seed", "-3"], "seed must be an integer >= 0"),
+        (["--shape", "tokens:2x5x8", "--range", "tokens:1"], "is not NAME:LOW:HIGH"),
+        (
+            ["--shape", "tokens:2x5x8", "--backend", "onnxruntime", "--precision", "fp16"],
+            "TensorRT backend only",
+        ),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(dynamic, capsys, extra, message):
+    code, _, err = _run(capsys, dynamic, dynamic, *extra)
+    assert code == 2
+    assert err.startswith("graphfix: error: ") and message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_npz_missing_an_input_exits_2(dynamic, tmp_path, capsys):
+    np.savez(tmp_path / "in.npz", other=np.zeros(3))
+    code, _, err = _run(capsys, dynamic, dynamic, "--inputs", tmp_path / "in.npz")
+    assert code == 2 and "the inputs lack tokens; they hold other" in err
+
+
+def test_mismatched_models_exit_2(models, dynamic, capsys):
+    code, _, err = _run(capsys, models["original"], dynamic)
+    assert code == 2 and "the two models take different inputs" in err
+
+
+def test_model_onnxruntime_cannot_run_exits_1(dynamic, tmp_path, capsys):
+    odd = onnx.load(dynamic)
+    odd.graph.node[0].op_type = "NoSuchOp"
+    onnx.save(odd, tmp_path / "odd.onnx")
+    code, _, err = _run(capsys, dynamic, tmp_path / "odd.onnx", "--shape", "tokens:1x2x8")
+    assert code == 1
+    assert "onnxruntime cannot load" in err and "NoSuchOp" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_missing_model_file_exits_1(dynamic, tmp_path, capsys):
+    code, _, err = _run(capsys, dynamic, tmp_path / "nope.onnx")
+    assert code == 1 and "model file not found" in err
+
+
+@pytest.mark.skipif(
+    tensorrt_status().available, reason="checks the message where TensorRT is absent"
+)
+def test_tensorrt_requested_without_tensorrt_exits_1(models, capsys):
+    code, _, err = _run(capsys, models["original"], models["fixed"], "--backend", "tensorrt")
+    assert code == 1 and "the TensorRT backend needs TensorRT (import tensorrt failed" in err
+
+
+def test_argparse_usage_exits_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["validate", "only-one.onnx"])
+    assert exc.value.code == 2

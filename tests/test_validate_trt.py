@@ -1,0 +1,88 @@
+"""`graphfix.validate` with a real TensorRT engine: verdict, engine cache, precision, fusion proof.
+
+Skipped, with the reason, where `import tensorrt` fails; the plugin tests also need graphfix's
+plugin library built (`graphfix plugins build`).
+"""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+
+import graphfix
+from graphfix.errors import PluginBuildError
+from graphfix.examples import vit_example
+from graphfix.inputs import ValidationUsageError
+from graphfix.validate import validate
+
+pytestmark = [pytest.mark.trt, pytest.mark.gpu]
+trt = pytest.importorskip("tensorrt", reason="TensorRT's Python package is not importable here")
+TRT_MAJOR = int(trt.__version__.split(".")[0])
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("trt")
+    original = vit_example()
+    paths = {"original": folder / "vit.onnx", "fixed": folder / "vit.fixed.onnx"}
+    onnx.save(original, paths["original"])
+    onnx.save(graphfix.break_attention_fusion(original), paths["fixed"])
+    return paths
+
+
+@pytest.fixture(scope="module")
+def plugin_library():
+    from graphfix.plugin_build import find_plugin_libraries
+
+    try:
+        return find_plugin_libraries().static
+    except PluginBuildError as exc:
+        pytest.skip(f"graphfix's plugin library is not built: {exc}")
+
+
+def test_fixed_engine_agrees_and_runs_the_plugin(models, plugin_library, tmp_path):
+    options = {"backend": "tensorrt", "plugins": [plugin_library], "engine_cache": tmp_path}
+    report = validate(models["original"], models["fixed"], **options)
+    print(report.summary())
+    assert report.passed, report.summary()
+    assert report.backend == "tensorrt" and report.tensorrt_note is None
+    proof = report.fusion
+    assert [b.node for b in proof.candidate] == ["/blocks.0/attn/Softmax", "/blocks.1/attn/Softmax"]
+    assert all(b.status == "plugin" for b in proof.candidate), proof.summary_lines()
+    assert proof.original is not None and len(proof.original) == 2
+    again = validate(models["original"], models["fixed"], **options)
+    assert "engine reused from" in again.candidate
+
+
+def test_default_plugin_library_is_found(models, plugin_library, tmp_path):
+    report = validate(models["original"], models["fixed"], engine_cache=tmp_path)
+    assert report.backend == "tensorrt" and str(plugin_library) in report.candidate
+
+
+@pytest.mark.skipif(TRT_MAJOR >= 11, reason="fp16 builder flags exist on TensorRT 10 only")
+def test_fp16_flag_on_tensorrt_10(models, plugin_library, tmp_path):
+    options = {"backend": "tensorrt", "plugins": [plugin_library], "engine_cache": tmp_path}
+    report = validate(models["original"], models["fixed"], precision="fp16", **options)
+    assert report.tolerance_origin == "atol and rtol: default for fp16"
+    assert report.passed, report.summary()
+
+
+@pytest.mark.skipif(TRT_MAJOR < 11, reason="TensorRT 11 is strongly typed; 10 takes fp16 flags")
+def test_fp16_flag_refused_on_tensorrt_11(models, tmp_path):
+    with pytest.raises(ValidationUsageError, match="strongly typed"):
+        validate(
+            models["original"],
+            models["fixed"],
+            backend="tensorrt",
+            precision="fp16",
+            engine_cache=tmp_path,
+        )
+
+
+def test_unfixed_model_on_tensorrt_reports_fusion(models, tmp_path):
+    report = validate(
+        models["original"], models["original"], backend="tensorrt", engine_cache=tmp_path
+    )
+    print(report.summary())
+    assert len(report.fusion.candidate) == 2
+    assert all(b.status in ("fused", "unfused") for b in report.fusion.candidate)
