@@ -29,6 +29,7 @@ from graphfix.reference import with_reference_ops
 from graphfix.report import BlockOutcome, FixReport, FixResult
 from graphfix.rewrite import break_attention_fusion, fix_attention
 from graphfix.strategies import STRATEGIES
+from graphfix.validate import ValidationReport, ValidationUsageError, validate
 
 __version__ = "0.1.0"
 
@@ -49,9 +50,12 @@ __all__ = [
     "SelectionError",
     "SkippedSoftmax",
     "UnsupportedModelError",
+    "ValidationReport",
+    "ValidationUsageError",
     "break_attention_fusion",
     "find_attention",
     "fix_attention",
     "scan_attention",
+    "validate",
     "with_reference_ops",
 ]

@@ -49,7 +49,9 @@ def _decompose(edit: GraphEdit, node: onnx.NodeProto, position: int) -> list[onn
     for name in (q, k, v):
         rank = index.rank(name)
         if rank is not None and rank != 4:
-            raise _unsupported(node, f"rank-{rank} input '{name}' (only 4-D [B, H, S, D] is supported)")
+            raise _unsupported(
+                node, f"rank-{rank} input '{name}' (only 4-D [B, H, S, D] is supported)"
+            )
     q_heads, k_heads = (index.shape(q) or (None,) * 4)[1], (index.shape(k) or (None,) * 4)[1]
     if isinstance(q_heads, int) and isinstance(k_heads, int) and q_heads != k_heads:
         raise _unsupported(node, f"grouped heads ({q_heads} query vs {k_heads} key heads)")
@@ -80,7 +82,9 @@ def _decompose(edit: GraphEdit, node: onnx.NodeProto, position: int) -> list[onn
         head = add("Cast", [shape], to=onnx.TensorProto.FLOAT)
         root = add("Sqrt", [head])
         inv = add("Reciprocal", [root])
-        factor = add("CastLike", [add("Squeeze", [inv, const("axis0", np.array([0], np.int64))]), scores])
+        factor = add(
+            "CastLike", [add("Squeeze", [inv, const("axis0", np.array([0], np.int64))]), scores]
+        )
     scores = add("Mul", [scores, factor])
     softcap = float(attrs.get("softcap") or 0.0)
     if softcap > 0:
@@ -93,8 +97,22 @@ def _decompose(edit: GraphEdit, node: onnx.NodeProto, position: int) -> list[onn
         else:
             scores = add("Add", [scores, add("CastLike", [mask, scores])])
     if attrs.get("is_causal"):
-        q_len = add("Slice", [add("Shape", [q]), const("s2", np.array([2], np.int64)), const("s3", np.array([3], np.int64))])
-        k_len = add("Slice", [add("Shape", [k]), const("t2", np.array([2], np.int64)), const("t3", np.array([3], np.int64))])
+        q_len = add(
+            "Slice",
+            [
+                add("Shape", [q]),
+                const("s2", np.array([2], np.int64)),
+                const("s3", np.array([3], np.int64)),
+            ],
+        )
+        k_len = add(
+            "Slice",
+            [
+                add("Shape", [k]),
+                const("t2", np.array([2], np.int64)),
+                const("t3", np.array([3], np.int64)),
+            ],
+        )
         square = add("Concat", [q_len, k_len], axis=0)
         ones = add("ConstantOfShape", [square], value=numpy_helper.from_array(np.array([True])))
         tril = add("Trilu", [ones], upper=0)

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from graphfix import cli_plugins, cli_validate
 from graphfix.cli_options import Option, add_options, api_kwargs
 from graphfix.errors import GraphfixError, UsageError
 from graphfix.match_types import AttentionMatch
@@ -18,7 +19,11 @@ from graphfix.strategies import DEFAULT_STRATEGY, STRATEGIES
 
 
 def _parse_select(text: str) -> list[int | str]:
-    return [int(p) if p.strip().lstrip("-").isdigit() else p.strip() for p in text.split(",") if p.strip()]
+    return [
+        int(p) if p.strip().lstrip("-").isdigit() else p.strip()
+        for p in text.split(",")
+        if p.strip()
+    ]
 
 
 FIX_OPTIONS = (
@@ -54,7 +59,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if not scan.matches and not scan.attention_ops:
         print(f"no attention blocks found in {args.model}")
     else:
-        print(_match_table(scan.matches))
+        print(match_table(scan.matches))
     for op in scan.attention_ops:
         print(
             f"ONNX Attention op {op.node} (causal={op.is_causal}, scale={op.scale}): already fused; "
@@ -65,12 +70,18 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _match_table(matches: Sequence[AttentionMatch]) -> str:
+def match_table(matches: Sequence[AttentionMatch]) -> str:
     header = ("#", "softmax", "kind", "heads", "q_len", "kv_len", "scale", "mask", "dtype")
     rows = [header]
     for m in matches:
-        scale = "none" if m.scale.form == "none" else (
-            f"{m.scale.value:.6g} ({m.scale.form})" if m.scale.value is not None else f"computed ({m.scale.form})"
+        scale = (
+            "none"
+            if m.scale.form == "none"
+            else (
+                f"{m.scale.value:.6g} ({m.scale.form})"
+                if m.scale.value is not None
+                else f"computed ({m.scale.form})"
+            )
         )
         mask = "/".join(dict.fromkeys(n.split("/")[-1] for n in m.mask_nodes)) or "-"
         rows.append(
@@ -85,7 +96,10 @@ def _match_table(matches: Sequence[AttentionMatch]) -> str:
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -101,7 +115,9 @@ def _cmd_fix(args: argparse.Namespace) -> int:
     else:
         print(report.summary())
     if report.rewritten == 0 and not args.always_write:
-        print(f"nothing to rewrite in {source}; wrote nothing (pass --always-write to write anyway)")
+        print(
+            f"nothing to rewrite in {source}; wrote nothing (pass --always-write to write anyway)"
+        )
         return 0
     from graphfix.model_io import save_model
 
@@ -114,11 +130,34 @@ def _cmd_fix(args: argparse.Namespace) -> int:
     )
     print(saved.describe())
     if report.strategy == "plugin" and report.rewritten:
-        from graphfix.plugin_build import trtexec_command
-
         print("run it with TensorRT:")
-        print("  " + trtexec_command(saved.path))
+        print("  " + _trtexec_hint(saved.path))
     return 0
+
+
+def _trtexec_hint(model: Path) -> str:
+    """The trtexec line; when the plugin is not built yet, with the build step in front."""
+    from graphfix import plugin_build
+
+    try:
+        return plugin_build.trtexec_command(model)
+    except GraphfixError:
+        build = plugin_build.default_build_dir()
+        expected = plugin_build.PluginLibraries(
+            static=build / plugin_build.STATIC_LIBRARY_NAME,
+            dynamic=build / plugin_build.DYNAMIC_LIBRARY_NAME,
+        )
+        return "graphfix plugins build && " + plugin_build.trtexec_command(
+            model, libraries=expected
+        )
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from graphfix.demo import demo_text, run_demo
+
+    result = run_demo(args.dir, overwrite=args.overwrite)
+    print(demo_text(result, trtexec=_trtexec_hint(result.fixed)))
+    return 0 if result.validation.passed else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,24 +176,42 @@ def build_parser() -> argparse.ArgumentParser:
     fix.add_argument("model", help="path to an .onnx file")
     fix.add_argument("-o", "--output", required=True, help="where to write the fixed .onnx")
     add_options(fix, FIX_OPTIONS)
-    fix.add_argument("--overwrite", action="store_true", default=None, help="allow replacing an existing file (or the input)")
+    fix.add_argument(
+        "--overwrite",
+        action="store_true",
+        default=None,
+        help="allow replacing an existing file (or the input)",
+    )
     fix.add_argument(
         "--link-weights",
         action="store_true",
         default=None,
         help="hard-link external weight files into another output folder instead of copying them",
     )
-    fix.add_argument("--always-write", action="store_true", help="write the model even when nothing was rewritten")
+    fix.add_argument(
+        "--always-write",
+        action="store_true",
+        help="write the model even when nothing was rewritten",
+    )
     fix.add_argument("--json", action="store_true", help="print the report as JSON")
     fix.set_defaults(func=_cmd_fix)
 
-    import importlib  # TEMPORARY until the validate/plugins modules land
+    demo = sub.add_parser("demo", help="run inspect → fix → validate on a built-in example model")
+    demo.add_argument(
+        "--dir",
+        default="graphfix-demo",
+        help="folder for the demo's files (default ./graphfix-demo)",
+    )
+    demo.add_argument(
+        "--overwrite",
+        action="store_true",
+        default=None,
+        help="replace the demo's files from an earlier run",
+    )
+    demo.set_defaults(func=_cmd_demo)
 
-    for module in ("graphfix.cli_validate", "graphfix.cli_plugins"):
-        try:
-            importlib.import_module(module).register(sub)
-        except ModuleNotFoundError:
-            pass
+    cli_validate.register(sub)
+    cli_plugins.register(sub)
     return parser
 
 

@@ -20,6 +20,8 @@ class GraphEdit:
         self._replacements: dict[int, list[onnx.NodeProto]] = {}
         self._outputs: list[onnx.ValueInfoProto] = []
         self._initializers: list[onnx.TensorProto] = []
+        self._maybe_unused: set[str] = set()
+        self._value_info: list[onnx.ValueInfoProto] = []
         self._names: set[str] = {n.name for n in model.graph.node}
         for node in model.graph.node:
             self._names.update(node.output)
@@ -49,6 +51,19 @@ class GraphEdit:
     def add_initializer(self, tensor: onnx.TensorProto) -> None:
         self._initializers.append(tensor)
 
+    def annotate(self, tensor: str) -> None:
+        """Record `tensor`'s known type and shape as value_info: shape inference cannot see
+        through plugin nodes, and tools downstream (the reference lowering, ORT) need them."""
+        graph = self.model.graph
+        known = {v.name for v in (*graph.value_info, *graph.output, *graph.input)}
+        info = self.index.value_info.get(tensor)
+        if tensor not in known and info is not None and info.type.tensor_type.elem_type:
+            self._value_info.append(info)
+
+    def drop_if_unused(self, names: set[str]) -> None:
+        """At commit, remove these initializers if no node or graph output still reads them."""
+        self._maybe_unused |= names & set(self.index.initializers)
+
     def commit(self) -> None:
         graph = self.model.graph
         if self._replacements:
@@ -59,6 +74,18 @@ class GraphEdit:
             graph.node.extend(nodes)
         graph.output.extend(self._outputs)
         graph.initializer.extend(self._initializers)
+        graph.value_info.extend(self._value_info)
+        if self._maybe_unused:
+            used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+            unused = self._maybe_unused - used
+            kept = [t for t in graph.initializer if t.name not in unused]
+            del graph.initializer[:]
+            graph.initializer.extend(kept)
+            kept_inputs = [v for v in graph.input if v.name not in unused]
+            del graph.input[:]
+            graph.input.extend(kept_inputs)
         self._replacements.clear()
         self._outputs.clear()
         self._initializers.clear()
+        self._maybe_unused.clear()
+        self._value_info.clear()

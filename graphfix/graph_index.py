@@ -55,9 +55,7 @@ class GraphIndex:
         self.initializers = {t.name: t for t in self.graph.initializer}
         self.graph_inputs = {v.name for v in self.graph.input} - set(self.initializers)
         self.graph_outputs = {v.name for v in self.graph.output}
-        self.opset = next(
-            (o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0
-        )
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
         self.value_info = self._infer_value_info()
         self._const_cache: dict[str, np.ndarray | None] = {}
 
@@ -124,9 +122,7 @@ class GraphIndex:
         if node.op_type == "Constant":
             return True
         if node.op_type in _FOLDABLE:
-            return all(
-                not i or self._is_structurally_constant(i, depth + 1) for i in node.input
-            )
+            return all(not i or self._is_structurally_constant(i, depth + 1) for i in node.input)
         return False
 
     def constant_value(self, name: str) -> np.ndarray | None:
@@ -159,6 +155,10 @@ class GraphIndex:
             return None
         if node.op_type == "Shape":
             return self._static_shape(node)
+        if node.op_type in ("Slice", "Gather"):
+            partial = self._slice_of_shape(node)
+            if partial is not None:
+                return partial
         if node.op_type == "CastLike":  # constant whenever its first input is
             value = self.constant_value(node.input[0])
             target = self.elem_type(node.input[1])
@@ -187,6 +187,29 @@ class GraphIndex:
         start, end = attrs.get("start", 0), attrs.get("end", len(dims))
         return np.array(dims[start:end] if "end" in attrs else dims[start:], dtype=np.int64)
 
+    def _slice_of_shape(self, node: onnx.NodeProto) -> np.ndarray | None:
+        """Slice/Gather of Shape(x) when the picked dimensions are known, even if others are not
+        (e.g. the head size of a [batch, heads, seq, 64] tensor with dynamic batch and seq)."""
+        shape_node = self.producer.get(node.input[0])
+        if shape_node is None or shape_node.op_type != "Shape":
+            return None
+        dims = self.shape(shape_node.input[0])
+        if dims is None:
+            return None
+        attrs = {a.name: a.i for a in shape_node.attribute}
+        dims = dims[attrs.get("start", 0) : attrs.get("end", len(dims))]
+        positions = np.arange(len(dims))
+        rest = [self.constant_value(i) if i else None for i in node.input[1:]]
+        if any(i and v is None for i, v in zip(node.input[1:], rest, strict=True)):
+            return None
+        picked = _evaluate_node(node, [positions, *rest], self.opset)
+        if picked is None:
+            return None
+        values = [dims[int(i)] for i in np.atleast_1d(picked)]
+        if not all(isinstance(v, int) for v in values):
+            return None
+        return np.array(values, dtype=np.int64).reshape(np.shape(picked))
+
     def _initializer_value(self, tensor: onnx.TensorProto) -> np.ndarray | None:
         count = int(np.prod(tensor.dims)) if tensor.dims else 1
         if count > _MAX_FOLD_ELEMENTS:
@@ -197,9 +220,7 @@ class GraphIndex:
             loaded = onnx.TensorProto()
             loaded.CopyFrom(tensor)
             try:
-                onnx.external_data_helper.load_external_data_for_tensor(
-                    loaded, str(self.base_dir)
-                )
+                onnx.external_data_helper.load_external_data_for_tensor(loaded, str(self.base_dir))
             except OSError:
                 return None
             loaded.data_location = onnx.TensorProto.DEFAULT

@@ -26,9 +26,9 @@ class Scale:
     value: float | None
     form: str
     nodes: tuple[str, ...] = ()
-    # Part of `value` applied to Q or K before a Reshape/Transpose (so already inside the tensors
-    # `q`/`k` name); None when unknown.
-    baked: float | None = 1.0
+    # The factors between the tensors `q`/`k` name and the Softmax (a fused kernel applies these;
+    # the rest of `value` was applied to Q or K before a Reshape/Transpose); None when unknown.
+    in_chain: float | None = 1.0
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,9 @@ class AttentionMatch:
     q: str  # tensor names as seen at the Q·Kᵀ node (after any √scale)
     k: str  # K before its transpose when a Transpose feeds the MatMul, else Kᵀ itself
     v: str
-    k_transposed_by: str  # "transpose" (a Transpose node), "layout" (MatMul input already Kᵀ), "einsum"
+    k_transposed_by: (
+        str  # "transpose" (a Transpose node), "layout" (MatMul input already Kᵀ), "einsum"
+    )
     scale: Scale
     mask_nodes: tuple[str, ...]  # Add / Where nodes that apply the mask, in graph order
     mask_inputs: tuple[str, ...]  # tensors carrying the mask (bias or boolean condition)
@@ -52,6 +54,7 @@ class AttentionMatch:
     causal: bool
     dtype: str  # element type at the Softmax input: "float32", "float16", "bfloat16"
     chain_nodes: tuple[str, ...]  # every node between Q·Kᵀ and P·V, inclusive, in order
+    chain_positions: tuple[int, ...]  # the same nodes' indices in graph.node
     cast_island: bool  # the Softmax sits between Casts (float16 export computing in float32)
     nan_guard: str | None  # Where(IsNaN) node after the Softmax, if any
     softcap: float | None = None

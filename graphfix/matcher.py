@@ -56,7 +56,9 @@ class _ScoreChain:
     nodes: list[onnx.NodeProto] = field(default_factory=list)  # softmax input → QK, reversed
     mask_nodes: list[onnx.NodeProto] = field(default_factory=list)
     mask_inputs: list[str] = field(default_factory=list)
-    scale_factors: list[tuple[str, str, bool]] = field(default_factory=list)  # (tensor, op, main_is_lhs)
+    scale_factors: list[tuple[str, str, bool]] = field(
+        default_factory=list
+    )  # (tensor, op, main_is_lhs)
     tanh: onnx.NodeProto | None = None
 
 
@@ -149,14 +151,15 @@ def _match_softmax(
     q_len = shape[-2] if len(shape) >= 3 else None
     kv_len = shape[-1] if len(shape) >= 3 else None
     up_nodes = [qk, *reversed(chain.nodes)]
-    chain_nodes = tuple(
-        _display(n, index.position(n)) for n in (*up_nodes, softmax, *down_nodes, pv)
-    )
+    ordered = (*up_nodes, softmax, *down_nodes, pv)
+    chain_nodes = tuple(_display(n, index.position(n)) for n in ordered)
+    chain_positions = tuple(index.position(n) for n in ordered)
     in_cast = index.producer_of(scores)
     cast_island = (
         in_cast is not None
         and in_cast.op_type == "Cast"
-        and index.elem_type(in_cast.input[0]) in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+        and index.elem_type(in_cast.input[0])
+        in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
         and any(n.op_type == "Cast" for n in down_nodes)
     )
     elem = index.elem_type(scores)
@@ -178,6 +181,7 @@ def _match_softmax(
         causal=causal,
         dtype=dtype_name(elem) if elem else "unknown",
         chain_nodes=chain_nodes,
+        chain_positions=chain_positions,
         cast_island=cast_island,
         nan_guard=None if nan_guard is None else _display(nan_guard, index.position(nan_guard)),
         softcap=softcap,
@@ -235,7 +239,11 @@ def _trace_probabilities(
         if not frontier:
             break
     if not seen_ops:
-        where = "is only a graph output" if softmax.output[0] in index.graph_outputs else "feeds nothing"
+        where = (
+            "is only a graph output"
+            if softmax.output[0] in index.graph_outputs
+            else "feeds nothing"
+        )
         raise _NoMatch(f"softmax output {where} (a probability head), not multiplied by V")
     consumers = ", ".join(dict.fromkeys(seen_ops))
     raise _NoMatch(f"softmax output is not multiplied by V (consumers: {consumers})")
@@ -250,9 +258,7 @@ def _is_nan_guard(index: GraphIndex, where: onnx.NodeProto, tensor: str) -> bool
 
 
 # --- upstream: scores ← Q·Kᵀ -----------------------------------------------------------------
-def _trace_scores(
-    index: GraphIndex, tensor: str, chain: _ScoreChain, depth: int
-) -> onnx.NodeProto:
+def _trace_scores(index: GraphIndex, tensor: str, chain: _ScoreChain, depth: int) -> onnx.NodeProto:
     if depth > _MAX_SCORE_HOPS:
         raise _NoMatch("no Q·Kᵀ MatMul within reach upstream of the softmax")
     node = index.producer_of(tensor)
@@ -424,17 +430,17 @@ def _scale(
         forms.insert(0, "sqrt_qk")
     elif q_factors or k_factors:
         forms.insert(0, "q_scale" if q_factors else "k_scale")
-    factors += [*q_factors, *k_factors]
-    value, computed = _product(index, factors)
-    baked, _ = _product(index, [*q_scale.baked, *k_scale.baked])
+    in_chain, computed = _product(index, [*factors, *q_scale.peeled, *k_scale.peeled])
+    baked, baked_nodes = _product(index, [*q_scale.baked, *k_scale.baked])
+    value = None if in_chain is None or baked is None else in_chain * baked
     if index.is_constant(q):  # a learned probe query with its scale folded in (SigLIP MAP head)
-        value, baked = None, None
+        value = None
         forms.append("folded_into_constant_q")
     return Scale(
         value=value,
         form="+".join(dict.fromkeys(forms)) or "none",
-        nodes=tuple(dict.fromkeys(computed)),
-        baked=baked,
+        nodes=tuple(dict.fromkeys(computed + baked_nodes)),
+        in_chain=in_chain,
     )
 
 
@@ -466,7 +472,11 @@ def _softcap(index: GraphIndex, chain: _ScoreChain) -> float | None:
         return None
     for consumer in index.consumers_of(chain.tanh.output[0]):
         if consumer.op_type == "Mul":
-            other = consumer.input[1] if consumer.input[0] == chain.tanh.output[0] else consumer.input[0]
+            other = (
+                consumer.input[1]
+                if consumer.input[0] == chain.tanh.output[0]
+                else consumer.input[0]
+            )
             value = index.constant_value(other)
             if value is not None and value.size == 1:
                 return float(np.asarray(value, dtype=np.float64).reshape(()))
@@ -547,9 +557,7 @@ def _is_causal_pattern(value: np.ndarray | None, *, either_polarity: bool) -> bo
             return False
         candidates = [square > low]
     upper = np.triu(np.ones((n, n), dtype=bool), k=1)
-    return any(
-        not keep[upper].any() and bool(np.diagonal(keep).all()) for keep in candidates
-    )
+    return any(not keep[upper].any() and bool(np.diagonal(keep).all()) for keep in candidates)
 
 
 def _projection_source(index: GraphIndex, tensor: str) -> str:

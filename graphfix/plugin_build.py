@@ -358,7 +358,7 @@ def load_plugins_into_tensorrt(*, libraries: PluginLibraries | None = None) -> L
     creator is already registered (for example by the self-registering library).
     """
     try:
-        import tensorrt as trt  # noqa: PLC0415 - optional dependency
+        import tensorrt as trt
     except ImportError as error:
         raise PluginBuildError(
             f"TensorRT's Python package cannot be imported ({error}); install TensorRT "

@@ -7,11 +7,13 @@ rewrite can be validated on any machine.  The tensor names are kept, so outputs 
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from graphfix.errors import UnsupportedModelError
 from graphfix.graph_index import GraphIndex
-from graphfix.plugin_spec import PLUGIN_DOMAIN, SOFTMAX
+from graphfix.plugin_spec import ATTENTION, PLUGIN_DOMAIN, SOFTMAX
 
 
 def _lower_softmax(index: GraphIndex, node: onnx.NodeProto) -> list[onnx.NodeProto]:
@@ -46,8 +48,85 @@ def _lower_softmax(index: GraphIndex, node: onnx.NodeProto) -> list[onnx.NodePro
     return nodes
 
 
+def _lower_attention(index: GraphIndex, node: onnx.NodeProto) -> list[onnx.NodeProto]:
+    """ATTENTION's math (plugin_spec.py) in float32, whatever the I/O type."""
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    base = node.name or node.output[0]
+    nodes: list[onnx.NodeProto] = []
+    counter = iter(range(1 << 30))
+
+    def add(op: str, inputs: list[str], output: str | None = None, **kwargs) -> str:
+        out = output or f"{base}/ref_{op}_{next(counter)}"
+        nodes.append(onnx.helper.make_node(op, inputs, [out], name=f"{out}/node", **kwargs))
+        return out
+
+    def const(value: float | list[int], dtype=np.float32) -> str:
+        out = f"{base}/ref_const_{next(counter)}"
+        tensor = numpy_helper.from_array(np.array(value, dtype=dtype), out)
+        nodes.append(onnx.helper.make_node("Constant", [], [out], name=f"{out}/node", value=tensor))
+        return out
+
+    def f32(name: str) -> str:
+        return (
+            name
+            if index.elem_type(name) == onnx.TensorProto.FLOAT
+            else add("Cast", [name], to=onnx.TensorProto.FLOAT)
+        )
+
+    q, k, v = (f32(n) for n in node.input[:3])
+    rank = index.rank(node.input[0]) or 4
+    if not attrs.get("k_transposed", 0):
+        k = add("Transpose", [k], perm=[*range(rank - 2), rank - 1, rank - 2])
+    q_shape, k_shape = index.shape(node.input[0]), index.shape(node.input[1])
+    if (
+        rank == 4
+        and q_shape
+        and k_shape
+        and all(isinstance(d, int) for d in (q_shape[1], k_shape[1]))
+    ):
+        group = q_shape[1] // k_shape[1]
+        if group > 1:  # grouped heads: repeat each key/value head `group` times
+            k, v = (_repeat_heads(add, const, t, group) for t in (k, v))
+    scores = add("Mul", [add("MatMul", [q, k]), const(attrs.get("scale", 1.0))])
+    softcap = attrs.get("softcap", 0.0)
+    if softcap:
+        cap = const(softcap)
+        scores = add("Mul", [add("Tanh", [add("Div", [scores, cap])]), cap])
+    if len(node.input) > 3 and node.input[3]:
+        mask = node.input[3]
+        if index.elem_type(mask) == onnx.TensorProto.BOOL:
+            scores = add("Where", [mask, scores, const(attrs.get("mask_fill", -np.inf))])
+        else:
+            scores = add("Add", [scores, f32(mask)])
+    if attrs.get("causal", 0):
+        sizes = add(
+            "Concat",
+            [add("Shape", [scores], start=-2, end=-1), add("Shape", [scores], start=-1)],
+            axis=0,
+        )
+        ones = add("ConstantOfShape", [sizes], value=numpy_helper.from_array(np.array([True])))
+        scores = add("Where", [add("Trilu", [ones], upper=0), scores, const(-np.inf)])
+    probs = add("Softmax", [scores], axis=-1)
+    if attrs.get("nan_to_zero", 0):
+        probs = add("Where", [add("IsNaN", [probs]), const(0.0), probs])
+    elem = index.elem_type(node.input[0])
+    if elem == onnx.TensorProto.FLOAT:
+        add("MatMul", [probs, v], node.output[0])
+    else:
+        add("Cast", [add("MatMul", [probs, v])], node.output[0], to=elem)
+    return nodes
+
+
+def _repeat_heads(add, const, tensor: str, group: int) -> str:
+    """[B, H, X, Y] → [B, H·group, X, Y], each head repeated `group` times in a row."""
+    target = add("Mul", [add("Shape", [tensor]), const([1, group, 1, 1], np.int64)])
+    unsqueezed = add("Unsqueeze", [tensor, const([2], np.int64)])
+    tiled = add("Tile", [unsqueezed, const([1, 1, group, 1, 1], np.int64)])
+    return add("Reshape", [tiled, target])
+
+
 # op_type → lowering; one explicit table, extended by each plugin op graphfix emits.
-LOWERINGS = {SOFTMAX.op_type: _lower_softmax}
+LOWERINGS = {SOFTMAX.op_type: _lower_softmax, ATTENTION.op_type: _lower_attention}
 
 
 def has_plugin_ops(model: onnx.ModelProto) -> bool:

@@ -43,7 +43,8 @@ class FixReport:
     def summary(self) -> str:
         lines = [
             f"strategy {self.strategy}: rewrote {self.rewritten} of {len(self.matches)} attention "
-            f"block(s)" + ("" if self.strategy_proven else " (heuristic: not verifiable without TensorRT)")
+            f"block(s)"
+            + ("" if self.strategy_proven else " (heuristic: not verifiable without TensorRT)")
         ]
         for b in self.blocks:
             mark = "rewritten" if b.rewritten else "skipped  "

@@ -122,7 +122,9 @@ def _resolve(matches: Sequence[AttentionMatch], selector: Selector) -> set[int]:
         try:
             pattern = re.compile(selector)
         except re.error as exc:
-            raise SelectionError(f"select entry {selector!r} is neither a node name nor a valid regex: {exc}") from exc
+            raise SelectionError(
+                f"select entry {selector!r} is neither a node name nor a valid regex: {exc}"
+            ) from exc
     else:
         pattern = selector
     return {m.index for m in matches if pattern.search(m.softmax)}

@@ -23,7 +23,17 @@ def test_inspect_table(example, capsys):
     assert main(["inspect", str(example)]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0].split() == ["#", "softmax", "kind", "heads", "q_len", "kv_len", "scale", "mask", "dtype"]
+    assert lines[0].split() == [
+        "#",
+        "softmax",
+        "kind",
+        "heads",
+        "q_len",
+        "kv_len",
+        "scale",
+        "mask",
+        "dtype",
+    ]
     assert "/blocks.0/attn/Softmax  self  4      16     16      0.25 (sqrt_qk)" in out
     assert "skipped /Softmax: softmax output is only a graph output" in out
 
@@ -31,7 +41,10 @@ def test_inspect_table(example, capsys):
 def test_inspect_json(example, capsys):
     assert main(["inspect", str(example), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert [m["softmax"] for m in data["matches"]] == ["/blocks.0/attn/Softmax", "/blocks.1/attn/Softmax"]
+    assert [m["softmax"] for m in data["matches"]] == [
+        "/blocks.0/attn/Softmax",
+        "/blocks.1/attn/Softmax",
+    ]
     assert data["matches"][0]["scale"]["value"] == pytest.approx(0.25)
     assert data["skipped"][0]["softmax"] == "/Softmax"
 
@@ -69,7 +82,14 @@ def test_no_attention_writes_nothing(tmp_path, capsys):
     [
         (lambda p: None, "not found"),
         (lambda p: p.write_bytes(b"\x00\xffnot onnx at all" * 10), "not a readable ONNX model"),
-        (lambda p: p.write_bytes(onnx.load_model_from_string(vit_example().SerializeToString()).SerializeToString()[:5000]), "truncated"),
+        (
+            lambda p: p.write_bytes(
+                onnx.load_model_from_string(vit_example().SerializeToString()).SerializeToString()[
+                    :5000
+                ]
+            ),
+            "truncated",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_1(tmp_path, capsys, setup, message):
@@ -85,7 +105,9 @@ def test_bad_input_is_one_line_and_exit_1(tmp_path, capsys, setup, message):
 
 def test_missing_external_data(tmp_path, capsys):
     path = tmp_path / "ext.onnx"
-    onnx.save(vit_example(), path, save_as_external_data=True, location="ext.data", size_threshold=0)
+    onnx.save(
+        vit_example(), path, save_as_external_data=True, location="ext.data", size_threshold=0
+    )
     (tmp_path / "ext.data").unlink()
     assert main(["inspect", str(path)]) == 1
     assert "ext.data" in capsys.readouterr().err

@@ -5,13 +5,20 @@ from __future__ import annotations
 from graphfix.errors import GraphfixError
 from graphfix.strategies.base import Outcome, Strategy
 from graphfix.strategies.fp32_island import Fp32IslandStrategy
+from graphfix.strategies.fused_plugin import FusedPluginStrategy
 from graphfix.strategies.mark_output import MarkOutputStrategy
 from graphfix.strategies.max_subtract import MaxSubtractStrategy
 from graphfix.strategies.plugin import PluginStrategy
 
 STRATEGIES: dict[str, Strategy] = {
     s.name: s
-    for s in (PluginStrategy(), MarkOutputStrategy(), MaxSubtractStrategy(), Fp32IslandStrategy())
+    for s in (
+        PluginStrategy(),
+        FusedPluginStrategy(),
+        MarkOutputStrategy(),
+        MaxSubtractStrategy(),
+        Fp32IslandStrategy(),
+    )
 }
 DEFAULT_STRATEGY = "plugin"
 

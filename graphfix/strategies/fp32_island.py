@@ -39,7 +39,10 @@ class Fp32IslandStrategy:
             match.softmax_position,
             [
                 onnx.helper.make_node(
-                    "Cast", [node.input[0]], [x32], name=edit.unique(f"{base}/to_fp32"),
+                    "Cast",
+                    [node.input[0]],
+                    [x32],
+                    name=edit.unique(f"{base}/to_fp32"),
                     to=onnx.TensorProto.FLOAT,
                 ),
                 softmax,

@@ -34,7 +34,12 @@ class MaxSubtractStrategy:
             )
         else:
             reduce = onnx.helper.make_node(
-                "ReduceMax", [x], [row_max], name=edit.unique(f"{base}/ReduceMax"), axes=[-1], keepdims=1
+                "ReduceMax",
+                [x],
+                [row_max],
+                name=edit.unique(f"{base}/ReduceMax"),
+                axes=[-1],
+                keepdims=1,
             )
         sub = onnx.helper.make_node("Sub", [x, row_max], [shifted], name=edit.unique(f"{base}/Sub"))
         softmax = onnx.NodeProto()

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from graphfix.graph_edit import GraphEdit
 from graphfix.match_types import AttentionMatch
-from graphfix.plugin_spec import PLUGIN_ELEMENT_TYPES, SOFTMAX, ensure_plugin_opset, make_softmax_node
+from graphfix.plugin_spec import (
+    PLUGIN_ELEMENT_TYPES,
+    SOFTMAX,
+    ensure_plugin_opset,
+    make_softmax_node,
+)
 from graphfix.strategies.base import Outcome
 
 
@@ -20,7 +25,9 @@ class PluginStrategy:
         node = edit.node_at(match.softmax_position)
         elem = edit.index.elem_type(node.input[0])
         if elem is not None and elem not in PLUGIN_ELEMENT_TYPES:
-            return Outcome(False, f"softmax computes in {match.dtype}; the plugin takes float32/16, bf16")
+            return Outcome(
+                False, f"softmax computes in {match.dtype}; the plugin takes float32/16, bf16"
+            )
         axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
         if edit.index.opset < 13:
             axis = -1  # Softmax-1/11 coerce to 2-D; the matcher proved the axis is the last one
@@ -29,5 +36,6 @@ class PluginStrategy:
             match.softmax_position,
             [make_softmax_node(node.input[0], node.output[0], axis=axis, name=name)],
         )
+        edit.annotate(node.output[0])
         ensure_plugin_opset(edit.model)
         return Outcome(True, f"Softmax → {SOFTMAX.op_type} (axis {axis})")

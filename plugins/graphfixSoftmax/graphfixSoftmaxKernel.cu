@@ -245,14 +245,13 @@ __device__ __forceinline__ void storeChunk(T* p, float const (&v)[kE])
 
 //! Loads chunks first, first + stride, ... of a row of n elements into registers. Chunk c holds
 //! row elements [c * kE - lead, c * kE - lead + kE); elements outside the row read as -inf.
-template <typename T, int32_t kE, int32_t kK>
-__device__ __forceinline__ void loadRowChunks(
-    T const* row, int64_t n, int32_t lead, int64_t first, int64_t stride, float (&v)[kK][kE])
+template <typename T, int32_t kE, int32_t kK, typename I>
+__device__ __forceinline__ void loadRowChunks(T const* row, I n, int32_t lead, I first, I stride, float (&v)[kK][kE])
 {
 #pragma unroll
     for (int32_t k = 0; k < kK; ++k)
     {
-        int64_t const start = (first + k * stride) * kE - lead;
+        I const start = (first + k * stride) * kE - lead;
         if (start >= 0 && start + kE <= n)
         {
             loadChunk<T, kE>(row + start, v[k]);
@@ -262,22 +261,81 @@ __device__ __forceinline__ void loadRowChunks(
 #pragma unroll
             for (int32_t j = 0; j < kE; ++j)
             {
-                int64_t const index = start + j;
+                I const index = start + j;
                 v[k][j] = (index >= 0 && index < n) ? toFloat(row[index]) : -INFINITY;
             }
         }
     }
 }
 
-//! Stores what loadRowChunks loaded, skipping elements outside the row.
+//! Loads the same chunks as loadRowChunks without converting them: what a prefetch keeps in flight.
 template <typename T, int32_t kE, int32_t kK>
-__device__ __forceinline__ void storeRowChunks(
-    T* row, int64_t n, int32_t lead, int64_t first, int64_t stride, float const (&v)[kK][kE])
+__device__ __forceinline__ void loadRowRaw(
+    T const* row, int32_t n, int32_t lead, int32_t first, int32_t stride, uint4 (&raw)[kK])
+{
+    static_assert(kE * sizeof(T) == kCHUNK_BYTES, "raw fragments hold 16-byte chunks");
+#pragma unroll
+    for (int32_t k = 0; k < kK; ++k)
+    {
+        int32_t const start = (first + k * stride) * kE - lead;
+        if (start >= 0 && start + kE <= n)
+        {
+            raw[k] = __ldg(reinterpret_cast<uint4 const*>(row + start));
+        }
+        else
+        {
+            alignas(kCHUNK_BYTES) T elements[kE];
+#pragma unroll
+            for (int32_t j = 0; j < kE; ++j)
+            {
+                int32_t const index = start + j;
+                elements[j] = (index >= 0 && index < n) ? row[index] : fromFloat<T>(-INFINITY);
+            }
+            raw[k] = *reinterpret_cast<uint4 const*>(elements);
+        }
+    }
+}
+
+template <typename T, int32_t kE, int32_t kK>
+__device__ __forceinline__ void fillRaw(uint4 (&raw)[kK])
+{
+    alignas(kCHUNK_BYTES) T elements[kE];
+#pragma unroll
+    for (int32_t j = 0; j < kE; ++j)
+    {
+        elements[j] = fromFloat<T>(-INFINITY);
+    }
+#pragma unroll
+    for (int32_t k = 0; k < kK; ++k)
+    {
+        raw[k] = *reinterpret_cast<uint4 const*>(elements);
+    }
+}
+
+template <typename T, int32_t kE, int32_t kK>
+__device__ __forceinline__ void convertRaw(uint4 const (&raw)[kK], float (&v)[kK][kE])
 {
 #pragma unroll
     for (int32_t k = 0; k < kK; ++k)
     {
-        int64_t const start = (first + k * stride) * kE - lead;
+        alignas(kCHUNK_BYTES) T elements[kE];
+        *reinterpret_cast<uint4*>(elements) = raw[k];
+#pragma unroll
+        for (int32_t j = 0; j < kE; ++j)
+        {
+            v[k][j] = toFloat(elements[j]);
+        }
+    }
+}
+
+//! Stores what loadRowChunks loaded, skipping elements outside the row.
+template <typename T, int32_t kE, int32_t kK, typename I>
+__device__ __forceinline__ void storeRowChunks(T* row, I n, int32_t lead, I first, I stride, float const (&v)[kK][kE])
+{
+#pragma unroll
+    for (int32_t k = 0; k < kK; ++k)
+    {
+        I const start = (first + k * stride) * kE - lead;
         if (start >= 0 && start + kE <= n)
         {
             storeChunk<T, kE>(row + start, v[k]);
@@ -287,7 +345,7 @@ __device__ __forceinline__ void storeRowChunks(
 #pragma unroll
             for (int32_t j = 0; j < kE; ++j)
             {
-                int64_t const index = start + j;
+                I const index = start + j;
                 if (index >= 0 && index < n)
                 {
                     row[index] = fromFloat<T>(v[k][j]);
@@ -317,12 +375,15 @@ __device__ __forceinline__ float expShifted(float x, float max)
     }
 }
 
+//! e / sum. float32: correctly rounded through Markstein's correction of e * RN(1 / sum) (exact
+//! residual by FMA), three operations instead of a division. 16-bit outputs: e * (1 / sum).
 template <typename T>
 __device__ __forceinline__ float normalize(float e, float sum, float inverse)
 {
     if constexpr (std::is_same_v<T, float>)
     {
-        return __fdiv_rn(e, sum);
+        float const q = e * inverse;
+        return fmaf(fmaf(-q, sum, e), inverse, q);
     }
     else
     {
@@ -394,76 +455,101 @@ __device__ __forceinline__ void fragmentNormalize(float (&v)[kK][kE], float sum)
 }
 
 //! Rows held in the registers of kLANES lanes each; kWARP_ROWS_THREADS / kLANES rows per block.
-template <typename T, int32_t kLANES, int32_t kK>
+//! With kPREFETCH the grid is persistent and each group loads its next row before it works on the
+//! current one, so a row's loads are in flight while the previous row is reduced.
+template <typename T, int32_t kLANES, int32_t kK, bool kPREFETCH>
 __global__ void __launch_bounds__(kWARP_ROWS_THREADS)
-    softmaxWarpRowsKernel(T const* __restrict__ input, T* __restrict__ output, int64_t rows, int64_t n)
+    softmaxWarpRowsKernel(T const* __restrict__ input, T* __restrict__ output, int64_t rows, int32_t n)
 {
     constexpr int32_t kE = kVECTOR_ELEMENTS<T>;
     constexpr int32_t kROWS_PER_BLOCK = kWARP_ROWS_THREADS / kLANES;
     constexpr bool kCOMPENSATED = std::is_same_v<T, float>;
     int32_t const lane = static_cast<int32_t>(threadIdx.x) % kLANES;
     int32_t const group = static_cast<int32_t>(threadIdx.x) / kLANES;
+    int64_t const step = static_cast<int64_t>(gridDim.x) * kROWS_PER_BLOCK;
 
-    for (int64_t base = static_cast<int64_t>(blockIdx.x) * kROWS_PER_BLOCK; base < rows;
-         base += static_cast<int64_t>(gridDim.x) * kROWS_PER_BLOCK)
-    {
-        int64_t const row = base + group;
-        bool const active = row < rows;
-        T const* rowIn = input + (active ? row : 0) * n;
-        int32_t const lead = chunkLead<T, kE>(rowIn);
-
-        float v[kK][kE];
-        if (active)
+    auto const load = [&](int64_t row, uint4(&raw)[kK]) {
+        if (row < rows)
         {
-            loadRowChunks<T, kE, kK>(rowIn, n, lead, lane, kLANES, v);
+            T const* rowIn = input + row * n;
+            loadRowRaw<T, kE, kK>(rowIn, n, chunkLead<T, kE>(rowIn), lane, kLANES, raw);
         }
         else
         {
-#pragma unroll
-            for (int32_t k = 0; k < kK; ++k)
-            {
-#pragma unroll
-                for (int32_t j = 0; j < kE; ++j)
-                {
-                    v[k][j] = -INFINITY;
-                }
-            }
+            fillRaw<T, kE, kK>(raw);
+        }
+    };
+
+    uint4 raw[kK];
+    int64_t row = static_cast<int64_t>(blockIdx.x) * kROWS_PER_BLOCK + group;
+    load(row, raw);
+    for (int64_t base = static_cast<int64_t>(blockIdx.x) * kROWS_PER_BLOCK; base < rows; base += step, row += step)
+    {
+        float v[kK][kE];
+        convertRaw<T, kE, kK>(raw, v);
+        if constexpr (kPREFETCH)
+        {
+            load(row + step, raw);
         }
         float const max = groupMax<kLANES>(fragmentMax(v));
         PartialSum sum{0.F, 0.F};
         fragmentExp<T>(v, max, sum);
         sum = groupSum<kLANES, kCOMPENSATED>(sum);
         fragmentNormalize<T>(v, sum.hi + sum.lo);
-        if (active)
+        if (row < rows)
         {
-            storeRowChunks<T, kE, kK>(output + row * n, n, lead, lane, kLANES, v);
+            T* rowOut = output + row * n;
+            storeRowChunks<T, kE, kK, int32_t>(rowOut, n, chunkLead<T, kE>(input + row * n), lane, kLANES, v);
+        }
+        if constexpr (!kPREFETCH)
+        {
+            load(row + step, raw);
         }
     }
 }
 
-//! One row per block, held in registers: kK chunks per thread.
-template <typename T, int32_t kK, int32_t kMAX_THREADS>
+//! One row per block, held in registers: kK chunks per thread. kPREFETCH as in the warp kernel.
+template <typename T, int32_t kK, int32_t kMAX_THREADS, bool kPREFETCH>
 __global__ void __launch_bounds__(kMAX_THREADS)
-    softmaxBlockRowsKernel(T const* __restrict__ input, T* __restrict__ output, int64_t rows, int64_t n)
+    softmaxBlockRowsKernel(T const* __restrict__ input, T* __restrict__ output, int64_t rows, int32_t n)
 {
     constexpr int32_t kE = kVECTOR_ELEMENTS<T>;
     constexpr bool kCOMPENSATED = std::is_same_v<T, float>;
     __shared__ float scratchMax[kWARP_SIZE];
     __shared__ float scratchHi[kWARP_SIZE];
     __shared__ float scratchLo[kWARP_SIZE];
+    auto const first = static_cast<int32_t>(threadIdx.x);
+    auto const stride = static_cast<int32_t>(blockDim.x);
 
+    auto const load = [&](int64_t row, uint4(&raw)[kK]) {
+        if (row < rows)
+        {
+            T const* rowIn = input + row * n;
+            loadRowRaw<T, kE, kK>(rowIn, n, chunkLead<T, kE>(rowIn), first, stride, raw);
+        }
+    };
+
+    uint4 raw[kK];
+    load(blockIdx.x, raw);
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x)
     {
-        T const* rowIn = input + row * n;
-        int32_t const lead = chunkLead<T, kE>(rowIn);
         float v[kK][kE];
-        loadRowChunks<T, kE, kK>(rowIn, n, lead, threadIdx.x, blockDim.x, v);
+        convertRaw<T, kE, kK>(raw, v);
+        if constexpr (kPREFETCH)
+        {
+            load(row + gridDim.x, raw);
+        }
         float const max = blockMax(fragmentMax(v), scratchMax);
         PartialSum sum{0.F, 0.F};
         fragmentExp<T>(v, max, sum);
         sum = blockSum<kCOMPENSATED>(sum, scratchHi, scratchLo);
         fragmentNormalize<T>(v, sum.hi + sum.lo);
-        storeRowChunks<T, kE, kK>(output + row * n, n, lead, threadIdx.x, blockDim.x, v);
+        T* rowOut = output + row * n;
+        storeRowChunks<T, kE, kK, int32_t>(rowOut, n, chunkLead<T, kE>(input + row * n), first, stride, v);
+        if constexpr (!kPREFETCH)
+        {
+            load(row + gridDim.x, raw);
+        }
     }
 }
 
@@ -491,7 +577,7 @@ __global__ void __launch_bounds__(kLOOP_THREADS)
         for (int64_t first = threadIdx.x; first < chunks; first += step)
         {
             float v[kLOOP_UNROLL][kE];
-            loadRowChunks<T, kE, kLOOP_UNROLL>(rowIn, n, lead, first, stride, v);
+            loadRowChunks<T, kE, kLOOP_UNROLL, int64_t>(rowIn, n, lead, first, stride, v);
             max = fmaxf(max, fragmentMax(v));
         }
         max = blockMax(max, scratchMax);
@@ -500,7 +586,7 @@ __global__ void __launch_bounds__(kLOOP_THREADS)
         for (int64_t first = threadIdx.x; first < chunks; first += step)
         {
             float v[kLOOP_UNROLL][kE];
-            loadRowChunks<T, kE, kLOOP_UNROLL>(rowIn, n, lead, first, stride, v);
+            loadRowChunks<T, kE, kLOOP_UNROLL, int64_t>(rowIn, n, lead, first, stride, v);
             fragmentExp<T>(v, max, sum);
         }
         sum = blockSum<kCOMPENSATED>(sum, scratchHi, scratchLo);
@@ -509,9 +595,9 @@ __global__ void __launch_bounds__(kLOOP_THREADS)
         for (int64_t first = threadIdx.x; first < chunks; first += step)
         {
             float v[kLOOP_UNROLL][kE];
-            loadRowChunks<T, kE, kLOOP_UNROLL>(rowIn, n, lead, first, stride, v);
+            loadRowChunks<T, kE, kLOOP_UNROLL, int64_t>(rowIn, n, lead, first, stride, v);
             fragmentExpNormalize<T>(v, max, total);
-            storeRowChunks<T, kE, kLOOP_UNROLL>(rowOut, n, lead, first, stride, v);
+            storeRowChunks<T, kE, kLOOP_UNROLL, int64_t>(rowOut, n, lead, first, stride, v);
         }
     }
 }
@@ -594,27 +680,66 @@ int64_t ceilDiv(int64_t a, int64_t b)
     return (a + b - 1) / b;
 }
 
-int32_t nextPowerOfTwo(int64_t x)
-{
-    int32_t p = 1;
-    while (p < x)
-    {
-        p *= 2;
-    }
-    return p;
-}
-
 int32_t maxBlockThreads(int32_t chunksPerThread)
 {
     return chunksPerThread >= 8 ? 512 : 1024;
+}
+
+//! Blocks for a launch of `kernel`: `wanted`, or for a persistent kernel as many as fit at once.
+template <typename Kernel>
+int64_t gridFor(Kernel kernel, bool persistent, int32_t threads, int64_t wanted)
+{
+    if (!persistent)
+    {
+        return wanted;
+    }
+    int32_t device = 0;
+    int32_t multiprocessors = 0;
+    int32_t perMultiprocessor = 0;
+    if (cudaGetDevice(&device) != cudaSuccess
+        || cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device) != cudaSuccess
+        || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perMultiprocessor, kernel, threads, 0) != cudaSuccess)
+    {
+        return wanted;
+    }
+    return std::clamp<int64_t>(static_cast<int64_t>(multiprocessors) * perMultiprocessor, 1, wanted);
 }
 
 template <typename T, int32_t kLANES, int32_t kK>
 cudaError_t launchWarpRowsKernel(
     SoftmaxPlan const& plan, T const* input, T* output, SoftmaxShape const& shape, cudaStream_t stream)
 {
-    softmaxWarpRowsKernel<T, kLANES, kK><<<static_cast<uint32_t>(plan.blocks), kWARP_ROWS_THREADS, 0, stream>>>(
-        input, output, shape.outer, shape.axisLength);
+    auto const n = static_cast<int32_t>(shape.axisLength);
+    if (plan.prefetch)
+    {
+        auto* const kernel = softmaxWarpRowsKernel<T, kLANES, kK, true>;
+        auto const blocks = static_cast<uint32_t>(gridFor(kernel, true, kWARP_ROWS_THREADS, plan.blocks));
+        kernel<<<blocks, kWARP_ROWS_THREADS, 0, stream>>>(input, output, shape.outer, n);
+    }
+    else
+    {
+        softmaxWarpRowsKernel<T, kLANES, kK, false>
+            <<<static_cast<uint32_t>(plan.blocks), kWARP_ROWS_THREADS, 0, stream>>>(input, output, shape.outer, n);
+    }
+    return cudaSuccess;
+}
+
+template <typename T, int32_t kK, int32_t kMAX_THREADS>
+cudaError_t launchBlockRowsKernel(
+    SoftmaxPlan const& plan, T const* input, T* output, SoftmaxShape const& shape, cudaStream_t stream)
+{
+    auto const n = static_cast<int32_t>(shape.axisLength);
+    if (plan.prefetch)
+    {
+        auto* const kernel = softmaxBlockRowsKernel<T, kK, kMAX_THREADS, true>;
+        auto const blocks = static_cast<uint32_t>(gridFor(kernel, true, plan.threadsPerBlock, plan.blocks));
+        kernel<<<blocks, plan.threadsPerBlock, 0, stream>>>(input, output, shape.outer, n);
+    }
+    else
+    {
+        softmaxBlockRowsKernel<T, kK, kMAX_THREADS, false>
+            <<<static_cast<uint32_t>(plan.blocks), plan.threadsPerBlock, 0, stream>>>(input, output, shape.outer, n);
+    }
     return cudaSuccess;
 }
 
@@ -669,13 +794,12 @@ cudaError_t launchPlan(SoftmaxPlan const& plan, T const* input, T* output, Softm
     case SoftmaxPath::kBlockRows:
         switch (plan.chunksPerThread)
         {
-        case 1: softmaxBlockRowsKernel<T, 1, 1024><<<grid, block, 0, stream>>>(input, output, rows, n); break;
-        case 2: softmaxBlockRowsKernel<T, 2, 1024><<<grid, block, 0, stream>>>(input, output, rows, n); break;
-        case 4: softmaxBlockRowsKernel<T, 4, 1024><<<grid, block, 0, stream>>>(input, output, rows, n); break;
-        case 8: softmaxBlockRowsKernel<T, 8, 512><<<grid, block, 0, stream>>>(input, output, rows, n); break;
+        case 1: return launchBlockRowsKernel<T, 1, 1024>(plan, input, output, shape, stream);
+        case 2: return launchBlockRowsKernel<T, 2, 1024>(plan, input, output, shape, stream);
+        case 4: return launchBlockRowsKernel<T, 4, 1024>(plan, input, output, shape, stream);
+        case 8: return launchBlockRowsKernel<T, 8, 512>(plan, input, output, shape, stream);
         default: return cudaErrorInvalidConfiguration;
         }
-        return cudaSuccess;
     case SoftmaxPath::kLoopRows:
         if (plan.vectorElements == 1)
         {
@@ -729,18 +853,21 @@ SoftmaxPlan planSoftmax(SoftmaxShape const& shape, int32_t elementSize, void con
     bool const rowsAligned = inAddress % kCHUNK_BYTES == 0 && n % e == 0;
     // Chunks a row can touch: a misaligned row straddles one more chunk.
     int64_t const maxChunks = rowsAligned ? n / e : ceilDiv(n + e - 1, e);
+    // Defaults from the tuning sweeps in notes/plugin_perf.md (H200).
     bool const wide = elementSize >= 4;
     int32_t const maxWarpChunks = std::clamp(
-        tuning.maxWarpChunksPerLane > 0 ? tuning.maxWarpChunksPerLane : (wide ? 8 : 4), 1, kMAX_WARP_CHUNKS_PER_LANE);
+        tuning.maxWarpChunksPerLane > 0 ? tuning.maxWarpChunksPerLane : (wide ? 8 : 3), 1, kMAX_WARP_CHUNKS_PER_LANE);
     int32_t const laneChunks
-        = std::clamp(tuning.warpChunksPerLane > 0 ? tuning.warpChunksPerLane : 4, 1, maxWarpChunks);
+        = std::clamp(tuning.warpChunksPerLane > 0 ? tuning.warpChunksPerLane : (wide ? 8 : 3), 1, maxWarpChunks);
     int32_t const blockChunks = tuning.blockChunksPerThread > 0 ? tuning.blockChunksPerThread : (wide ? 8 : 2);
+    plan.prefetch = tuning.prefetch == 0 ? true : tuning.prefetch == 2;
 
     if (maxChunks <= kWARP_SIZE * maxWarpChunks)
     {
         // The fewest lanes that hold the row in at most laneChunks chunks each.
         int32_t lanes = 1;
-        while (lanes < kWARP_SIZE && (ceilDiv(maxChunks, lanes) > laneChunks || (lanes < kMIN_LANES_FOR_CHUNKS && maxChunks > lanes)))
+        while (lanes < kWARP_SIZE
+            && (ceilDiv(maxChunks, lanes) > laneChunks || (lanes < kMIN_LANES_FOR_CHUNKS && maxChunks > lanes)))
         {
             lanes *= 2;
         }
@@ -772,6 +899,7 @@ SoftmaxPlan planSoftmax(SoftmaxShape const& shape, int32_t elementSize, void con
         }
     }
     plan.path = SoftmaxPath::kLoopRows;
+    plan.prefetch = false;
     plan.lanesPerRow = kLOOP_THREADS;
     plan.threadsPerBlock = kLOOP_THREADS;
     plan.blocks = std::min(shape.outer, kMAX_BLOCKS);
