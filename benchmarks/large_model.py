@@ -296,7 +296,7 @@ _API_FIX = (
     "from graphfix.rewrite import fix_attention; "
     "loaded = load_model(sys.argv[1], load_weights=False); result = fix_attention(loaded.model); "
     "print(result.report.summary()); "
-    "print(save_model(result.model, sys.argv[3], source=loaded.path).describe())"
+    "print(save_model(result.model, sys.argv[2], source=loaded.path).describe())"
 )
 _API_IMPORTS = "import graphfix.model_io, graphfix.rewrite"
 _ROUND_TRIP = (
@@ -308,7 +308,7 @@ _ROUND_TRIP = (
 def fix_argv(model: Path, out: Path, *, driver: str) -> tuple[str, ...]:
     """`graphfix fix MODEL -o OUT`, or the same load → fix → save calls without the CLI."""
     if driver == "api":
-        return (sys.executable, "-c", _API_FIX, str(model), "-o", str(out))
+        return (sys.executable, "-c", _API_FIX, str(model), str(out))
     return (*_cli(), "fix", str(model), "-o", str(out))
 
 
@@ -330,19 +330,21 @@ def run_benchmark(
     """Measure both baselines, both fixes and the fixes' start-up floor, taking turns."""
     same_out = model.path.parent / "fixed.onnx"
     other_dir, copy_dir, trip_dir = work / "other", work / "copy", work / "roundtrip"
+    cp = ("cp", str(model.data_file), str(copy_dir / DATA_NAME))
+    trip = (sys.executable, "-c", _ROUND_TRIP, str(model.path), str(trip_dir / "model.onnx"))
     commands = {
-        "copy": Command("plain copy (cp)",
-                        ("cp", str(model.data_file), str(copy_dir / DATA_NAME)), _clear(copy_dir)),
-        "trip": Command("onnx load+save",
-                        (sys.executable, "-c", _ROUND_TRIP, str(model.path),
-                         str(trip_dir / "model.onnx")), _clear(trip_dir)),
-        "same": Command("fix, same folder", fix_argv(model.path, same_out, driver=driver),
-                        _unlink(same_out)),
-        "other": Command("fix, other folder",
-                         fix_argv(model.path, other_dir / "fixed.onnx", driver=driver),
-                         _clear(other_dir)),
+        "copy": Command("plain copy (cp)", cp, _clear(copy_dir)),
+        "trip": Command("onnx load+save", trip, _clear(trip_dir)),
+        "same": Command(
+            "fix, same folder", fix_argv(model.path, same_out, driver=driver), _unlink(same_out)
+        ),
+        "other": Command(
+            "fix, other folder",
+            fix_argv(model.path, other_dir / "fixed.onnx", driver=driver),
+            _clear(other_dir),
+        ),
         "startup": Command("start-up floor", startup_argv(driver=driver)),
-    }  # fmt: skip
+    }
     measured = measure(list(commands.values()), warm=[model.path, model.data_file], repeat=repeat)
     return dict(zip(commands, measured, strict=True))
 

@@ -25,6 +25,7 @@ from graphfix.match_types import (
     SkippedSoftmax,
 )
 from graphfix.matcher import find_attention, scan_attention
+from graphfix.model_io import LoadedModel, SavedModel, load_model, save_model
 from graphfix.reference import with_reference_ops
 from graphfix.report import BlockOutcome, FixReport, FixResult
 from graphfix.rewrite import break_attention_fusion, fix_attention
@@ -43,9 +44,11 @@ __all__ = [
     "FixReport",
     "FixResult",
     "GraphfixError",
+    "LoadedModel",
     "ModelLoadError",
     "OutputPathError",
     "PluginBuildError",
+    "SavedModel",
     "Scale",
     "SelectionError",
     "SkippedSoftmax",
@@ -55,6 +58,8 @@ __all__ = [
     "break_attention_fusion",
     "find_attention",
     "fix_attention",
+    "load_model",
+    "save_model",
     "scan_attention",
     "validate",
     "with_reference_ops",

@@ -14,6 +14,7 @@ from graphfix.errors import GraphfixError, UsageError
 from graphfix.match_types import AttentionMatch
 from graphfix.matcher import scan_attention
 from graphfix.model_io import load_model
+from graphfix.reference import has_plugin_ops
 from graphfix.rewrite import fix_attention
 from graphfix.strategies import DEFAULT_STRATEGY, STRATEGIES
 
@@ -129,7 +130,7 @@ def _cmd_fix(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
     )
     print(saved.describe())
-    if report.strategy == "plugin" and report.rewritten:
+    if has_plugin_ops(result.model):
         print("run it with TensorRT:")
         print("  " + _trtexec_hint(saved.path))
     return 0

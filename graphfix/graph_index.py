@@ -221,8 +221,8 @@ class GraphIndex:
             loaded.CopyFrom(tensor)
             try:
                 onnx.external_data_helper.load_external_data_for_tensor(loaded, str(self.base_dir))
-            except OSError:
-                return None
+            except (OSError, ValueError, onnx.checker.ValidationError):
+                return None  # the load step reports unreadable data; here it is just "unknown"
             loaded.data_location = onnx.TensorProto.DEFAULT
             del loaded.external_data[:]
             return numpy_helper.to_array(loaded)

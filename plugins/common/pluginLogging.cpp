@@ -67,5 +67,27 @@ void reportCurrentException(char const* where) noexcept
     }
 }
 
+void reportMessage(nvinfer1::ILogger::Severity severity, char const* where, char const* message) noexcept
+{
+    try
+    {
+        std::string const text = std::string{"graphfix plugin: "} + where + ": " + message;
+        nvinfer1::ILoggerFinder* const finder = gLoggerFinder.load();
+        nvinfer1::ILogger* const logger = finder != nullptr ? finder->findLogger() : nullptr;
+        if (logger != nullptr)
+        {
+            logger->log(severity, text.c_str());
+        }
+        else if (severity <= nvinfer1::ILogger::Severity::kWARNING)
+        {
+            std::fprintf(stderr, "[W] %s\n", text.c_str());
+        }
+    }
+    catch (...)
+    {
+        std::fprintf(stderr, "[W] graphfix plugin: %s: %s\n", where, message);
+    }
+}
+
 } // namespace plugin
 } // namespace graphfix

@@ -37,6 +37,10 @@ void reportError(char const* where, char const* message) noexcept;
 //! Reports the exception that reached entry point `where`; call inside a catch block.
 void reportCurrentException(char const* where) noexcept;
 
+//! Logs a message of any severity through the logger finder; without one, only warnings and more
+//! severe messages go to stderr.
+void reportMessage(nvinfer1::ILogger::Severity severity, char const* where, char const* message) noexcept;
+
 } // namespace plugin
 } // namespace graphfix
 

@@ -268,7 +268,9 @@ __device__ __forceinline__ void loadRowChunks(T const* row, I n, int32_t lead, I
     }
 }
 
-//! Loads the same chunks as loadRowChunks without converting them: what a prefetch keeps in flight.
+//! Loads the same chunks as loadRowChunks as raw 16-byte words, so that a thread issues all its
+//! loads before the first conversion waits on one (measured: up to 25% faster than converting as
+//! each chunk arrives; notes/plugin_perf.md).
 template <typename T, int32_t kE, int32_t kK>
 __device__ __forceinline__ void loadRowRaw(
     T const* row, int32_t n, int32_t lead, int32_t first, int32_t stride, uint4 (&raw)[kK])
@@ -455,9 +457,7 @@ __device__ __forceinline__ void fragmentNormalize(float (&v)[kK][kE], float sum)
 }
 
 //! Rows held in the registers of kLANES lanes each; kWARP_ROWS_THREADS / kLANES rows per block.
-//! With kPREFETCH the grid is persistent and each group loads its next row before it works on the
-//! current one, so a row's loads are in flight while the previous row is reduced.
-template <typename T, int32_t kLANES, int32_t kK, bool kPREFETCH>
+template <typename T, int32_t kLANES, int32_t kK>
 __global__ void __launch_bounds__(kWARP_ROWS_THREADS)
     softmaxWarpRowsKernel(T const* __restrict__ input, T* __restrict__ output, int64_t rows, int32_t n)
 {
@@ -466,50 +466,40 @@ __global__ void __launch_bounds__(kWARP_ROWS_THREADS)
     constexpr bool kCOMPENSATED = std::is_same_v<T, float>;
     int32_t const lane = static_cast<int32_t>(threadIdx.x) % kLANES;
     int32_t const group = static_cast<int32_t>(threadIdx.x) / kLANES;
-    int64_t const step = static_cast<int64_t>(gridDim.x) * kROWS_PER_BLOCK;
 
-    auto const load = [&](int64_t row, uint4(&raw)[kK]) {
-        if (row < rows)
+    for (int64_t base = static_cast<int64_t>(blockIdx.x) * kROWS_PER_BLOCK; base < rows;
+         base += static_cast<int64_t>(gridDim.x) * kROWS_PER_BLOCK)
+    {
+        int64_t const row = base + group;
+        bool const active = row < rows;
+        T const* rowIn = input + (active ? row : 0) * n;
+        int32_t const lead = chunkLead<T, kE>(rowIn);
+        // All of a lane's loads are issued before the first conversion.
+        uint4 raw[kK];
+        if (active)
         {
-            T const* rowIn = input + row * n;
-            loadRowRaw<T, kE, kK>(rowIn, n, chunkLead<T, kE>(rowIn), lane, kLANES, raw);
+            loadRowRaw<T, kE, kK>(rowIn, n, lead, lane, kLANES, raw);
         }
         else
         {
             fillRaw<T, kE, kK>(raw);
         }
-    };
-
-    uint4 raw[kK];
-    int64_t row = static_cast<int64_t>(blockIdx.x) * kROWS_PER_BLOCK + group;
-    load(row, raw);
-    for (int64_t base = static_cast<int64_t>(blockIdx.x) * kROWS_PER_BLOCK; base < rows; base += step, row += step)
-    {
         float v[kK][kE];
         convertRaw<T, kE, kK>(raw, v);
-        if constexpr (kPREFETCH)
-        {
-            load(row + step, raw);
-        }
         float const max = groupMax<kLANES>(fragmentMax(v));
         PartialSum sum{0.F, 0.F};
         fragmentExp<T>(v, max, sum);
         sum = groupSum<kLANES, kCOMPENSATED>(sum);
         fragmentNormalize<T>(v, sum.hi + sum.lo);
-        if (row < rows)
+        if (active)
         {
-            T* rowOut = output + row * n;
-            storeRowChunks<T, kE, kK, int32_t>(rowOut, n, chunkLead<T, kE>(input + row * n), lane, kLANES, v);
-        }
-        if constexpr (!kPREFETCH)
-        {
-            load(row + step, raw);
+            storeRowChunks<T, kE, kK, int32_t>(output + row * n, n, lead, lane, kLANES, v);
         }
     }
 }
 
-//! One row per block, held in registers: kK chunks per thread. kPREFETCH as in the warp kernel.
-template <typename T, int32_t kK, int32_t kMAX_THREADS, bool kPREFETCH>
+//! One row per block, held in registers: kK chunks per thread.
+template <typename T, int32_t kK, int32_t kMAX_THREADS>
 __global__ void __launch_bounds__(kMAX_THREADS)
     softmaxBlockRowsKernel(T const* __restrict__ input, T* __restrict__ output, int64_t rows, int32_t n)
 {
@@ -521,35 +511,20 @@ __global__ void __launch_bounds__(kMAX_THREADS)
     auto const first = static_cast<int32_t>(threadIdx.x);
     auto const stride = static_cast<int32_t>(blockDim.x);
 
-    auto const load = [&](int64_t row, uint4(&raw)[kK]) {
-        if (row < rows)
-        {
-            T const* rowIn = input + row * n;
-            loadRowRaw<T, kE, kK>(rowIn, n, chunkLead<T, kE>(rowIn), first, stride, raw);
-        }
-    };
-
-    uint4 raw[kK];
-    load(blockIdx.x, raw);
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x)
     {
+        T const* rowIn = input + row * n;
+        int32_t const lead = chunkLead<T, kE>(rowIn);
+        uint4 raw[kK];
+        loadRowRaw<T, kE, kK>(rowIn, n, lead, first, stride, raw);
         float v[kK][kE];
         convertRaw<T, kE, kK>(raw, v);
-        if constexpr (kPREFETCH)
-        {
-            load(row + gridDim.x, raw);
-        }
         float const max = blockMax(fragmentMax(v), scratchMax);
         PartialSum sum{0.F, 0.F};
         fragmentExp<T>(v, max, sum);
         sum = blockSum<kCOMPENSATED>(sum, scratchHi, scratchLo);
         fragmentNormalize<T>(v, sum.hi + sum.lo);
-        T* rowOut = output + row * n;
-        storeRowChunks<T, kE, kK, int32_t>(rowOut, n, chunkLead<T, kE>(input + row * n), first, stride, v);
-        if constexpr (!kPREFETCH)
-        {
-            load(row + gridDim.x, raw);
-        }
+        storeRowChunks<T, kE, kK, int32_t>(output + row * n, n, lead, first, stride, v);
     }
 }
 
@@ -685,42 +660,12 @@ int32_t maxBlockThreads(int32_t chunksPerThread)
     return chunksPerThread >= 8 ? 512 : 1024;
 }
 
-//! Blocks for a launch of `kernel`: `wanted`, or for a persistent kernel as many as fit at once.
-template <typename Kernel>
-int64_t gridFor(Kernel kernel, bool persistent, int32_t threads, int64_t wanted)
-{
-    if (!persistent)
-    {
-        return wanted;
-    }
-    int32_t device = 0;
-    int32_t multiprocessors = 0;
-    int32_t perMultiprocessor = 0;
-    if (cudaGetDevice(&device) != cudaSuccess
-        || cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device) != cudaSuccess
-        || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perMultiprocessor, kernel, threads, 0) != cudaSuccess)
-    {
-        return wanted;
-    }
-    return std::clamp<int64_t>(static_cast<int64_t>(multiprocessors) * perMultiprocessor, 1, wanted);
-}
-
 template <typename T, int32_t kLANES, int32_t kK>
 cudaError_t launchWarpRowsKernel(
     SoftmaxPlan const& plan, T const* input, T* output, SoftmaxShape const& shape, cudaStream_t stream)
 {
-    auto const n = static_cast<int32_t>(shape.axisLength);
-    if (plan.prefetch)
-    {
-        auto* const kernel = softmaxWarpRowsKernel<T, kLANES, kK, true>;
-        auto const blocks = static_cast<uint32_t>(gridFor(kernel, true, kWARP_ROWS_THREADS, plan.blocks));
-        kernel<<<blocks, kWARP_ROWS_THREADS, 0, stream>>>(input, output, shape.outer, n);
-    }
-    else
-    {
-        softmaxWarpRowsKernel<T, kLANES, kK, false>
-            <<<static_cast<uint32_t>(plan.blocks), kWARP_ROWS_THREADS, 0, stream>>>(input, output, shape.outer, n);
-    }
+    softmaxWarpRowsKernel<T, kLANES, kK><<<static_cast<uint32_t>(plan.blocks), kWARP_ROWS_THREADS, 0, stream>>>(
+        input, output, shape.outer, static_cast<int32_t>(shape.axisLength));
     return cudaSuccess;
 }
 
@@ -728,18 +673,9 @@ template <typename T, int32_t kK, int32_t kMAX_THREADS>
 cudaError_t launchBlockRowsKernel(
     SoftmaxPlan const& plan, T const* input, T* output, SoftmaxShape const& shape, cudaStream_t stream)
 {
-    auto const n = static_cast<int32_t>(shape.axisLength);
-    if (plan.prefetch)
-    {
-        auto* const kernel = softmaxBlockRowsKernel<T, kK, kMAX_THREADS, true>;
-        auto const blocks = static_cast<uint32_t>(gridFor(kernel, true, plan.threadsPerBlock, plan.blocks));
-        kernel<<<blocks, plan.threadsPerBlock, 0, stream>>>(input, output, shape.outer, n);
-    }
-    else
-    {
-        softmaxBlockRowsKernel<T, kK, kMAX_THREADS, false>
-            <<<static_cast<uint32_t>(plan.blocks), plan.threadsPerBlock, 0, stream>>>(input, output, shape.outer, n);
-    }
+    softmaxBlockRowsKernel<T, kK, kMAX_THREADS>
+        <<<static_cast<uint32_t>(plan.blocks), static_cast<uint32_t>(plan.threadsPerBlock), 0, stream>>>(
+            input, output, shape.outer, static_cast<int32_t>(shape.axisLength));
     return cudaSuccess;
 }
 
@@ -856,11 +792,10 @@ SoftmaxPlan planSoftmax(SoftmaxShape const& shape, int32_t elementSize, void con
     // Defaults from the tuning sweeps in notes/plugin_perf.md (H200).
     bool const wide = elementSize >= 4;
     int32_t const maxWarpChunks = std::clamp(
-        tuning.maxWarpChunksPerLane > 0 ? tuning.maxWarpChunksPerLane : (wide ? 8 : 3), 1, kMAX_WARP_CHUNKS_PER_LANE);
-    int32_t const laneChunks
-        = std::clamp(tuning.warpChunksPerLane > 0 ? tuning.warpChunksPerLane : (wide ? 8 : 3), 1, maxWarpChunks);
-    int32_t const blockChunks = tuning.blockChunksPerThread > 0 ? tuning.blockChunksPerThread : (wide ? 8 : 2);
-    plan.prefetch = tuning.prefetch == 0 ? true : tuning.prefetch == 2;
+        tuning.maxWarpChunksPerLane > 0 ? tuning.maxWarpChunksPerLane : (wide ? 8 : 4), 1, kMAX_WARP_CHUNKS_PER_LANE);
+    int32_t const laneChunks = std::clamp(
+        tuning.warpChunksPerLane > 0 ? tuning.warpChunksPerLane : (wide ? 3 : 6), 1, kMAX_WARP_CHUNKS_PER_LANE);
+    int32_t const blockChunks = tuning.blockChunksPerThread > 0 ? tuning.blockChunksPerThread : (wide ? 8 : 4);
 
     if (maxChunks <= kWARP_SIZE * maxWarpChunks)
     {
@@ -899,7 +834,6 @@ SoftmaxPlan planSoftmax(SoftmaxShape const& shape, int32_t elementSize, void con
         }
     }
     plan.path = SoftmaxPath::kLoopRows;
-    plan.prefetch = false;
     plan.lanesPerRow = kLOOP_THREADS;
     plan.threadsPerBlock = kLOOP_THREADS;
     plan.blocks = std::min(shape.outer, kMAX_BLOCKS);

@@ -34,8 +34,6 @@ struct SoftmaxTuning
     int32_t warpChunksPerLane{0};
     //! 16-byte chunks each thread keeps in registers in the one-block-per-row kernel (1, 2, 4, 8).
     int32_t blockChunksPerThread{0};
-    //! Register paths: 1 one row per group and launch, 2 a persistent grid loading ahead.
-    int32_t prefetch{0};
 };
 
 //! Which kernel a launch uses, for reports and tests.
@@ -56,8 +54,7 @@ struct SoftmaxPlan
     int32_t lanesPerRow{0};     //!< threads that share one row
     int32_t chunksPerThread{0}; //!< register-held chunks per thread (register paths)
     int32_t threadsPerBlock{0};
-    int64_t blocks{0};        //!< before a persistent launch caps it at what fits on the GPU
-    bool prefetch{false};     //!< register paths: persistent grid, next row loaded ahead
+    int64_t blocks{0};
 };
 
 //! Plans a softmax of `shape` from `input` to `output` with elements of `elementSize` bytes.

@@ -5,6 +5,7 @@
  * through the two exported entry points. For `trtexec --dynamicPlugins`,
  * IPluginRegistry::loadLibrary and Python's `trt.get_plugin_registry().load_library(...)`.
  */
+#include "graphfixAttentionPlugin.h"
 #include "graphfixSoftmaxPlugin.h"
 #include "pluginLogging.h"
 
@@ -22,7 +23,8 @@ extern "C" GRAPHFIX_EXPORT nvinfer1::IPluginCreatorInterface* const* getCreators
     try
     {
         static graphfix::plugin::GraphfixSoftmaxPluginCreator softmaxCreator;
-        static nvinfer1::IPluginCreatorInterface* const creators[] = {&softmaxCreator};
+        static graphfix::plugin::GraphfixAttentionPluginCreator attentionCreator;
+        static nvinfer1::IPluginCreatorInterface* const creators[] = {&softmaxCreator, &attentionCreator};
         nbCreators = static_cast<int32_t>(sizeof(creators) / sizeof(creators[0]));
         return creators;
     }

@@ -6,6 +6,7 @@
  * `--plugins` and onnxruntime's `trt_extra_plugin_lib_paths`. Exports no symbols, so
  * IPluginRegistry::loadLibrary cannot register the same creators a second time.
  */
+#include "graphfixAttentionPlugin.h"
 #include "graphfixSoftmaxPlugin.h"
 
 namespace graphfix
@@ -14,6 +15,7 @@ namespace plugin
 {
 
 REGISTER_TENSORRT_PLUGIN(GraphfixSoftmaxPluginCreator);
+REGISTER_TENSORRT_PLUGIN(GraphfixAttentionPluginCreator);
 
 } // namespace plugin
 } // namespace graphfix

@@ -85,8 +85,7 @@ int tune(int64_t rows, int64_t n, int32_t iterations)
     cudaEventCreate(&stop);
     auto const planKey = [](SoftmaxPlan const& plan) {
         return std::to_string(static_cast<int32_t>(plan.path)) + "/" + std::to_string(plan.lanesPerRow) + "/"
-            + std::to_string(plan.chunksPerThread) + "/" + std::to_string(plan.threadsPerBlock) + "/"
-            + std::to_string(plan.prefetch);
+            + std::to_string(plan.chunksPerThread) + "/" + std::to_string(plan.threadsPerBlock);
     };
     std::string const defaultKey
         = planKey(graphfix::plugin::planSoftmax(shape, static_cast<int32_t>(sizeof(T)), inputs[0], outputs[0]));
@@ -97,9 +96,7 @@ int tune(int64_t rows, int64_t n, int32_t iterations)
         {
           for (int32_t blockChunks : {1, 2, 4, 8})
           {
-           for (int32_t prefetch : {1, 2})
-           {
-            SoftmaxTuning const tuning{maxWarpChunks, laneChunks, blockChunks, prefetch};
+            SoftmaxTuning const tuning{maxWarpChunks, laneChunks, blockChunks};
             SoftmaxPlan const plan
                 = graphfix::plugin::planSoftmax(shape, static_cast<int32_t>(sizeof(T)), inputs[0], outputs[0], tuning);
             std::string const key = planKey(plan);
@@ -129,11 +126,10 @@ int tune(int64_t rows, int64_t n, int32_t iterations)
             std::sort(times.begin(), times.end());
             double const ms = times[times.size() / 2];
             std::printf("{\"rows\": %lld, \"n\": %lld, \"bytes\": %zu, \"path\": %d, \"lanes\": %d, \"chunks\": %d, "
-                        "\"threads\": %d, \"prefetch\": %d, \"ms\": %.5f, \"gbps\": %.1f, \"default\": %s}\n",
+                        "\"threads\": %d, \"ms\": %.5f, \"gbps\": %.1f, \"default\": %s}\n",
                 static_cast<long long>(rows), static_cast<long long>(n), sizeof(T), static_cast<int32_t>(plan.path),
-                plan.lanesPerRow, plan.chunksPerThread, plan.threadsPerBlock, static_cast<int32_t>(plan.prefetch), ms, 2.0 * bytes / ms / 1e6,
+                plan.lanesPerRow, plan.chunksPerThread, plan.threadsPerBlock, ms, 2.0 * bytes / ms / 1e6,
                 key == defaultKey ? "true" : "false");
-           }
           }
         }
     }

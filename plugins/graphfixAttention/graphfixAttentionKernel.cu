@@ -1,0 +1,623 @@
+/*
+ * SPDX-License-Identifier: Apache-2.0
+ *
+ * The portable attention kernel: one block of 128 threads per [BQ query rows, (batch, head)],
+ * walking the keys in tiles of BK. Per tile: K and V are staged in shared memory as float32;
+ * each thread computes a small register tile of scores (scale, softcap, mask, causal); a group
+ * of threads per query row updates the running maximum and sum (the online softmax) and turns
+ * the scores into unnormalised probabilities; the output accumulator, float32 in shared memory,
+ * is rescaled and accumulated. Probabilities stay float32 throughout (fused kernels that round
+ * them to the I/O type before the second product lose most of their accuracy there); the output
+ * is rounded once. Rows whose keys are all blocked (-inf) give NaN, or 0 with nanToZero.
+ *
+ * The kernel uses CUDA cores only: it is the path for what the cuDNN path cannot run (float32,
+ * softcap, bool masks with a finite fill, float32 masks with 16-bit inputs, head dimensions cuDNN
+ * refuses, GPUs or installs without cuDNN), correct first and reasonably fast second.
+ */
+#include "graphfixAttentionKernel.h"
+
+#include <math_constants.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace graphfix
+{
+namespace plugin
+{
+namespace
+{
+
+constexpr int32_t kTHREADS{128};
+constexpr int32_t kWARP{32};
+constexpr uint32_t kFULL_MASK{0xffffffffU};
+constexpr int32_t kDEFAULT_SMEM_BYTES{48 * 1024};
+constexpr int64_t kMAX_GRID_BLOCKS{int64_t{1} << 30};
+
+__device__ __forceinline__ float toFloat(float x)
+{
+    return x;
+}
+
+__device__ __forceinline__ float toFloat(__half x)
+{
+    return __half2float(x);
+}
+
+__device__ __forceinline__ float toFloat(__nv_bfloat16 x)
+{
+    return __bfloat162float(x);
+}
+
+template <typename T>
+__device__ __forceinline__ T fromFloat(float x);
+
+template <>
+__device__ __forceinline__ float fromFloat<float>(float x)
+{
+    return x;
+}
+
+template <>
+__device__ __forceinline__ __half fromFloat<__half>(float x)
+{
+    return __float2half_rn(x);
+}
+
+template <>
+__device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float x)
+{
+    return __float2bfloat16_rn(x);
+}
+
+__device__ __forceinline__ float negativeInfinity()
+{
+    return -CUDART_INF_F;
+}
+
+//! One mask element as float (a bool mask gives 1 or 0).
+__device__ __forceinline__ float maskValue(AttentionMaskView const& mask, int64_t offset)
+{
+    switch (mask.type)
+    {
+    case AttentionMaskType::kBool: return static_cast<uint8_t const*>(mask.data)[offset] != 0 ? 1.F : 0.F;
+    case AttentionMaskType::kFloat: return static_cast<float const*>(mask.data)[offset];
+    case AttentionMaskType::kHalf: return __half2float(static_cast<__half const*>(mask.data)[offset]);
+    case AttentionMaskType::kBFloat16: return __bfloat162float(static_cast<__nv_bfloat16 const*>(mask.data)[offset]);
+    }
+    return 0.F;
+}
+
+__device__ __forceinline__ bool maskBlocks(AttentionMaskView const& mask, int64_t offset)
+{
+    float const m = maskValue(mask, offset);
+    return mask.kind == AttentionMaskKind::kBool ? m == 0.F : m == negativeInfinity();
+}
+
+//! Floats of shared memory the kernel with tiles BQ x BK needs.
+constexpr int64_t sharedFloats(int32_t bq, int32_t bk, int64_t headDim, int64_t valueDim)
+{
+    return bq * (headDim + 1) + bk * (headDim + 1) + bk * valueDim + bq * (bk + 1) + bq * valueDim + 3 * bq;
+}
+
+template <typename T, int32_t BQ, int32_t BK>
+__global__ void __launch_bounds__(kTHREADS) attentionKernel(T const* __restrict__ q, T const* __restrict__ k,
+    T const* __restrict__ v, AttentionMaskView const mask, T* __restrict__ out, AttentionShape const shape,
+    AttentionParams const params, int64_t const qTiles)
+{
+    static_assert(BQ % 8 == 0 && BK % 16 == 0 && kTHREADS % BQ == 0, "tile shape");
+    constexpr int32_t kROWS_PER_THREAD = BQ / 8; // score stage: 8 row groups x 16 column groups
+    constexpr int32_t kCOLS_PER_THREAD = BK / 16;
+    constexpr int32_t kTHREADS_PER_ROW = kTHREADS / BQ; // softmax stage
+    constexpr int32_t kROWS_PER_WARP = BQ / (kTHREADS / kWARP); // output stage
+
+    extern __shared__ float smem[];
+    int32_t const headDim = static_cast<int32_t>(shape.headDim);
+    int32_t const valueDim = static_cast<int32_t>(shape.valueDim);
+    int32_t const qStride = headDim + 1;
+    int32_t const pStride = BK + 1;
+    float* const qs = smem;
+    float* const ks = qs + BQ * qStride;
+    float* const vs = ks + BK * qStride;
+    float* const ps = vs + BK * valueDim;
+    float* const os = ps + BQ * pStride;
+    float* const rowMax = os + BQ * valueDim;
+    float* const rowSum = rowMax + BQ;
+    float* const rowAlpha = rowSum + BQ;
+
+    int64_t const tile = blockIdx.x % qTiles;
+    int64_t const bh = blockIdx.x / qTiles;
+    int64_t const b = bh / shape.headsQ;
+    int64_t const h = bh % shape.headsQ;
+    int64_t const hkv = h / (shape.headsQ / shape.headsKV);
+    int64_t const q0 = tile * BQ;
+    int32_t const tid = static_cast<int32_t>(threadIdx.x);
+
+    T const* const qBase = q + bh * shape.seqQ * headDim;
+    T const* const kBase = k + (b * shape.headsKV + hkv) * shape.seqK * headDim;
+    T const* const vBase = v + (b * shape.headsKV + hkv) * shape.seqK * valueDim;
+    int64_t const maskBase = b * mask.stride[0] + h * mask.stride[1];
+
+    for (int32_t e = tid; e < BQ * headDim; e += kTHREADS)
+    {
+        int32_t const r = e / headDim;
+        int32_t const c = e - r * headDim;
+        int64_t const qi = q0 + r;
+        qs[r * qStride + c] = qi < shape.seqQ ? toFloat(qBase[qi * headDim + c]) : 0.F;
+    }
+    for (int32_t e = tid; e < BQ * valueDim; e += kTHREADS)
+    {
+        os[e] = 0.F;
+    }
+    if (tid < BQ)
+    {
+        rowMax[tid] = negativeInfinity();
+        rowSum[tid] = 0.F;
+        rowAlpha[tid] = 1.F;
+    }
+
+    int64_t const kEnd = params.causal && q0 + BQ < shape.seqK ? q0 + BQ : shape.seqK;
+    int32_t const rowGroup = tid / 16;
+    int32_t const colGroup = tid % 16;
+    for (int64_t k0 = 0; k0 < kEnd; k0 += BK)
+    {
+        __syncthreads(); // the previous tile's probabilities and values are consumed
+        if (params.kTransposed)
+        {
+            for (int32_t e = tid; e < BK * headDim; e += kTHREADS)
+            {
+                int32_t const c = e / BK;
+                int32_t const r = e - c * BK;
+                int64_t const kj = k0 + r;
+                ks[r * qStride + c] = kj < shape.seqK ? toFloat(kBase[c * shape.seqK + kj]) : 0.F;
+            }
+        }
+        else
+        {
+            for (int32_t e = tid; e < BK * headDim; e += kTHREADS)
+            {
+                int32_t const r = e / headDim;
+                int32_t const c = e - r * headDim;
+                int64_t const kj = k0 + r;
+                ks[r * qStride + c] = kj < shape.seqK ? toFloat(kBase[kj * headDim + c]) : 0.F;
+            }
+        }
+        for (int32_t e = tid; e < BK * valueDim; e += kTHREADS)
+        {
+            int32_t const r = e / valueDim;
+            int64_t const kj = k0 + r;
+            vs[e] = kj < shape.seqK ? toFloat(vBase[kj * valueDim + (e - r * valueDim)]) : 0.F;
+        }
+        __syncthreads();
+
+        // scores
+        float acc[kROWS_PER_THREAD][kCOLS_PER_THREAD];
+#pragma unroll
+        for (int32_t i = 0; i < kROWS_PER_THREAD; ++i)
+        {
+#pragma unroll
+            for (int32_t j = 0; j < kCOLS_PER_THREAD; ++j)
+            {
+                acc[i][j] = 0.F;
+            }
+        }
+        for (int32_t d = 0; d < headDim; ++d)
+        {
+            float qv[kROWS_PER_THREAD];
+            float kv[kCOLS_PER_THREAD];
+#pragma unroll
+            for (int32_t i = 0; i < kROWS_PER_THREAD; ++i)
+            {
+                qv[i] = qs[(rowGroup * kROWS_PER_THREAD + i) * qStride + d];
+            }
+#pragma unroll
+            for (int32_t j = 0; j < kCOLS_PER_THREAD; ++j)
+            {
+                kv[j] = ks[(colGroup + 16 * j) * qStride + d];
+            }
+#pragma unroll
+            for (int32_t i = 0; i < kROWS_PER_THREAD; ++i)
+            {
+#pragma unroll
+                for (int32_t j = 0; j < kCOLS_PER_THREAD; ++j)
+                {
+                    acc[i][j] = fmaf(qv[i], kv[j], acc[i][j]);
+                }
+            }
+        }
+#pragma unroll
+        for (int32_t i = 0; i < kROWS_PER_THREAD; ++i)
+        {
+#pragma unroll
+            for (int32_t j = 0; j < kCOLS_PER_THREAD; ++j)
+            {
+                int32_t const row = rowGroup * kROWS_PER_THREAD + i;
+                int32_t const col = colGroup + 16 * j;
+                int64_t const qi = q0 + row;
+                int64_t const kj = k0 + col;
+                float s = acc[i][j] * params.scale;
+                if (params.softcap > 0.F)
+                {
+                    s = params.softcap * tanhf(s / params.softcap);
+                }
+                if (kj >= shape.seqK)
+                {
+                    s = negativeInfinity();
+                }
+                else
+                {
+                    if (mask.kind != AttentionMaskKind::kNone && qi < shape.seqQ)
+                    {
+                        float const m = maskValue(mask, maskBase + qi * mask.stride[2] + kj * mask.stride[3]);
+                        s = mask.kind == AttentionMaskKind::kBool ? (m != 0.F ? s : params.maskFill) : s + m;
+                    }
+                    if (params.causal && kj > qi)
+                    {
+                        s = negativeInfinity();
+                    }
+                }
+                ps[row * pStride + col] = s;
+            }
+        }
+        __syncthreads();
+
+        // online softmax: kTHREADS_PER_ROW neighbouring lanes per row
+        {
+            int32_t const row = tid / kTHREADS_PER_ROW;
+            int32_t const part = tid % kTHREADS_PER_ROW;
+            float tileMax = negativeInfinity();
+            for (int32_t c = part; c < BK; c += kTHREADS_PER_ROW)
+            {
+                tileMax = fmaxf(tileMax, ps[row * pStride + c]);
+            }
+#pragma unroll
+            for (int32_t offset = kTHREADS_PER_ROW / 2; offset > 0; offset /= 2)
+            {
+                tileMax = fmaxf(tileMax, __shfl_xor_sync(kFULL_MASK, tileMax, offset, kTHREADS_PER_ROW));
+            }
+            float const oldMax = rowMax[row];
+            float const newMax = fmaxf(oldMax, tileMax);
+            float alpha = 1.F;
+            float sum = 0.F;
+            if (newMax == negativeInfinity())
+            {
+                for (int32_t c = part; c < BK; c += kTHREADS_PER_ROW)
+                {
+                    ps[row * pStride + c] = 0.F;
+                }
+            }
+            else
+            {
+                alpha = expf(oldMax - newMax);
+                for (int32_t c = part; c < BK; c += kTHREADS_PER_ROW)
+                {
+                    float const p = expf(ps[row * pStride + c] - newMax);
+                    ps[row * pStride + c] = p;
+                    sum += p;
+                }
+            }
+#pragma unroll
+            for (int32_t offset = kTHREADS_PER_ROW / 2; offset > 0; offset /= 2)
+            {
+                sum += __shfl_xor_sync(kFULL_MASK, sum, offset, kTHREADS_PER_ROW);
+            }
+            if (part == 0)
+            {
+                rowMax[row] = newMax;
+                rowSum[row] = rowSum[row] * alpha + sum;
+                rowAlpha[row] = alpha;
+            }
+        }
+        __syncthreads();
+
+        // out = out * alpha + P V; each warp owns kROWS_PER_WARP rows, lanes walk the columns
+        {
+            int32_t const warp = tid / kWARP;
+            int32_t const lane = tid % kWARP;
+            int32_t const firstRow = warp * kROWS_PER_WARP;
+            for (int32_t c = lane; c < valueDim; c += kWARP)
+            {
+                float o[kROWS_PER_WARP];
+#pragma unroll
+                for (int32_t i = 0; i < kROWS_PER_WARP; ++i)
+                {
+                    o[i] = os[(firstRow + i) * valueDim + c] * rowAlpha[firstRow + i];
+                }
+#pragma unroll 4
+                for (int32_t j = 0; j < BK; ++j)
+                {
+                    float const value = vs[j * valueDim + c];
+#pragma unroll
+                    for (int32_t i = 0; i < kROWS_PER_WARP; ++i)
+                    {
+                        o[i] = fmaf(ps[(firstRow + i) * pStride + j], value, o[i]);
+                    }
+                }
+#pragma unroll
+                for (int32_t i = 0; i < kROWS_PER_WARP; ++i)
+                {
+                    os[(firstRow + i) * valueDim + c] = o[i];
+                }
+            }
+        }
+    }
+    __syncthreads();
+
+    T* const outBase = out + bh * shape.seqQ * valueDim;
+    for (int32_t e = tid; e < BQ * valueDim; e += kTHREADS)
+    {
+        int32_t const r = e / valueDim;
+        int64_t const qi = q0 + r;
+        if (qi < shape.seqQ)
+        {
+            float const sum = rowSum[r];
+            float const value = sum > 0.F ? os[e] / sum : (params.nanToZero ? 0.F : CUDART_NAN_F);
+            outBase[qi * valueDim + (e - r * valueDim)] = fromFloat<T>(value);
+        }
+    }
+}
+
+int32_t maxSharedBytes() noexcept
+{
+    int32_t device = 0;
+    int32_t bytes = 0;
+    if (cudaGetDevice(&device) != cudaSuccess
+        || cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+    {
+        return kDEFAULT_SMEM_BYTES;
+    }
+    return bytes;
+}
+
+template <typename T, int32_t BQ, int32_t BK>
+cudaError_t launchTiles(T const* q, T const* k, T const* v, AttentionMaskView const& mask, T* out,
+    AttentionShape const& shape, AttentionParams const& params, size_t smemBytes, cudaStream_t stream)
+{
+    auto const kernel = attentionKernel<T, BQ, BK>;
+    if (smemBytes > static_cast<size_t>(kDEFAULT_SMEM_BYTES))
+    {
+        cudaError_t const status
+            = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int32_t>(smemBytes));
+        if (status != cudaSuccess)
+        {
+            return status;
+        }
+    }
+    int64_t const qTiles = (shape.seqQ + BQ - 1) / BQ;
+    int64_t const blocks = qTiles * shape.batch * shape.headsQ;
+    if (blocks > kMAX_GRID_BLOCKS)
+    {
+        return cudaErrorInvalidConfiguration;
+    }
+    kernel<<<static_cast<uint32_t>(blocks), kTHREADS, smemBytes, stream>>>(q, k, v, mask, out, shape, params, qTiles);
+    return cudaGetLastError();
+}
+
+// ---- the kernels around the cuDNN path -----------------------------------------------------
+
+constexpr int32_t kTRANSPOSE_TILE{32};
+
+template <typename T>
+__global__ void transposeKernel(T const* __restrict__ input, T* __restrict__ output, int64_t rows, int64_t cols)
+{
+    __shared__ T tile[kTRANSPOSE_TILE][kTRANSPOSE_TILE + 1];
+    int64_t const matrix = blockIdx.z;
+    T const* const in = input + matrix * rows * cols;
+    T* const outMatrix = output + matrix * rows * cols;
+    int64_t const c = static_cast<int64_t>(blockIdx.x) * kTRANSPOSE_TILE + threadIdx.x;
+    for (int32_t i = threadIdx.y; i < kTRANSPOSE_TILE; i += blockDim.y)
+    {
+        int64_t const r = static_cast<int64_t>(blockIdx.y) * kTRANSPOSE_TILE + i;
+        if (r < rows && c < cols)
+        {
+            tile[i][threadIdx.x] = in[r * cols + c];
+        }
+    }
+    __syncthreads();
+    int64_t const outC = static_cast<int64_t>(blockIdx.y) * kTRANSPOSE_TILE + threadIdx.x; // input row
+    for (int32_t i = threadIdx.y; i < kTRANSPOSE_TILE; i += blockDim.y)
+    {
+        int64_t const outR = static_cast<int64_t>(blockIdx.x) * kTRANSPOSE_TILE + i; // input column
+        if (outR < cols && outC < rows)
+        {
+            outMatrix[outR * rows + outC] = tile[threadIdx.x][i];
+        }
+    }
+}
+
+template <typename T>
+__global__ void maskToBiasKernel(AttentionMaskView const mask, T* __restrict__ bias, int64_t biasHeads, int64_t seqQ,
+    int64_t seqK, int64_t rowStride, int64_t total)
+{
+    for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+         e += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    {
+        int64_t const j = e % seqK;
+        int64_t const row = e / seqK;
+        int64_t const i = row % seqQ;
+        int64_t const bh = row / seqQ;
+        int64_t const hh = bh % biasHeads;
+        int64_t const bb = bh / biasHeads;
+        int64_t const offset = bb * mask.stride[0] + hh * mask.stride[1] + i * mask.stride[2] + j * mask.stride[3];
+        float const m = maskValue(mask, offset);
+        float const value = mask.kind == AttentionMaskKind::kBool ? (m != 0.F ? 0.F : negativeInfinity()) : m;
+        bias[row * rowStride + j] = fromFloat<T>(value);
+    }
+}
+
+__global__ void firstAllowedKernel(AttentionMaskView const mask, int32_t* __restrict__ first, int64_t maskHeads,
+    int64_t maskRows, int64_t seqK, int64_t rowsTotal)
+{
+    int64_t const row = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWARP;
+    int32_t const lane = static_cast<int32_t>(threadIdx.x % kWARP);
+    if (row >= rowsTotal)
+    {
+        return;
+    }
+    int64_t const r = row % maskRows;
+    int64_t const hh = (row / maskRows) % maskHeads;
+    int64_t const bb = row / (maskRows * maskHeads);
+    int64_t const base = bb * mask.stride[0] + hh * mask.stride[1] + r * mask.stride[2];
+    int64_t found = seqK;
+    for (int64_t j0 = 0; j0 < seqK; j0 += kWARP)
+    {
+        int64_t const j = j0 + lane;
+        bool const allowed = j < seqK && !maskBlocks(mask, base + j * mask.stride[3]);
+        uint32_t const ballot = __ballot_sync(kFULL_MASK, allowed);
+        if (ballot != 0U)
+        {
+            found = j0 + __ffs(static_cast<int32_t>(ballot)) - 1;
+            break;
+        }
+    }
+    if (lane == 0)
+    {
+        first[row] = static_cast<int32_t>(found);
+    }
+}
+
+template <typename T>
+__global__ void blockedRowsKernel(int32_t const* __restrict__ first, int64_t maskBatch, int64_t maskHeads,
+    int64_t maskRows, T* __restrict__ out, AttentionShape const shape, bool causal, bool nanToZero)
+{
+    int64_t const rows = shape.batch * shape.headsQ * shape.seqQ;
+    for (int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; row < rows;
+         row += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    {
+        int64_t const i = row % shape.seqQ;
+        int64_t const h = (row / shape.seqQ) % shape.headsQ;
+        int64_t const b = row / (shape.seqQ * shape.headsQ);
+        int64_t const maskRow = ((maskBatch > 1 ? b : 0) * maskHeads + (maskHeads > 1 ? h : 0)) * maskRows
+            + (maskRows > 1 ? i : 0);
+        int64_t const allowed = first[maskRow];
+        if (allowed >= shape.seqK || (causal && allowed > i))
+        {
+            T const value = fromFloat<T>(nanToZero ? 0.F : CUDART_NAN_F);
+            for (int64_t c = 0; c < shape.valueDim; ++c)
+            {
+                out[row * shape.valueDim + c] = value;
+            }
+        }
+    }
+}
+
+uint32_t gridFor(int64_t work, int32_t threads)
+{
+    int64_t const blocks = (work + threads - 1) / threads;
+    return static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(blocks, int64_t{1} << 20)));
+}
+
+} // namespace
+
+bool portableAttentionFits(int64_t headDim, int64_t valueDim) noexcept
+{
+    int64_t const limit = maxSharedBytes();
+    return headDim > 0 && valueDim > 0
+        && (sharedFloats(32, 32, headDim, valueDim) * 4 <= limit || sharedFloats(16, 16, headDim, valueDim) * 4 <= limit);
+}
+
+template <typename T>
+cudaError_t launchAttention(T const* q, T const* k, T const* v, AttentionMaskView const& mask, T* out,
+    AttentionShape const& shape, AttentionParams const& params, cudaStream_t stream) noexcept
+{
+    if (shape.batch < 0 || shape.headsQ <= 0 || shape.headsKV <= 0 || shape.headsQ % shape.headsKV != 0
+        || shape.seqQ < 0 || shape.seqK < 0 || shape.headDim <= 0 || shape.valueDim <= 0)
+    {
+        return cudaErrorInvalidValue;
+    }
+    if (shape.batch == 0 || shape.seqQ == 0)
+    {
+        return cudaSuccess;
+    }
+    int64_t const limit = maxSharedBytes();
+    int64_t const large = sharedFloats(32, 32, shape.headDim, shape.valueDim) * 4;
+    if (large <= limit)
+    {
+        return launchTiles<T, 32, 32>(q, k, v, mask, out, shape, params, static_cast<size_t>(large), stream);
+    }
+    int64_t const small = sharedFloats(16, 16, shape.headDim, shape.valueDim) * 4;
+    if (small <= limit)
+    {
+        return launchTiles<T, 16, 16>(q, k, v, mask, out, shape, params, static_cast<size_t>(small), stream);
+    }
+    return cudaErrorInvalidConfiguration;
+}
+
+template <typename T>
+cudaError_t launchTransposeKeys(
+    T const* input, T* output, int64_t matrices, int64_t rows, int64_t cols, cudaStream_t stream) noexcept
+{
+    if (matrices == 0 || rows == 0 || cols == 0)
+    {
+        return cudaSuccess;
+    }
+    if (matrices > 65535 || (rows + kTRANSPOSE_TILE - 1) / kTRANSPOSE_TILE > 65535)
+    {
+        return cudaErrorInvalidConfiguration;
+    }
+    dim3 const grid(static_cast<uint32_t>((cols + kTRANSPOSE_TILE - 1) / kTRANSPOSE_TILE),
+        static_cast<uint32_t>((rows + kTRANSPOSE_TILE - 1) / kTRANSPOSE_TILE), static_cast<uint32_t>(matrices));
+    transposeKernel<T><<<grid, dim3(kTRANSPOSE_TILE, 8), 0, stream>>>(input, output, rows, cols);
+    return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launchMaskToBias(AttentionMaskView const& mask, T* bias, int64_t biasBatch, int64_t biasHeads,
+    int64_t seqQ, int64_t seqK, int64_t rowStride, cudaStream_t stream) noexcept
+{
+    int64_t const total = biasBatch * biasHeads * seqQ * seqK;
+    if (total == 0)
+    {
+        return cudaSuccess;
+    }
+    maskToBiasKernel<T><<<gridFor(total, 256), 256, 0, stream>>>(mask, bias, biasHeads, seqQ, seqK, rowStride, total);
+    return cudaGetLastError();
+}
+
+cudaError_t launchFirstAllowedKey(AttentionMaskView const& mask, int32_t* first, int64_t maskBatch,
+    int64_t maskHeads, int64_t maskRows, int64_t seqK, cudaStream_t stream) noexcept
+{
+    int64_t const rows = maskBatch * maskHeads * maskRows;
+    if (rows == 0)
+    {
+        return cudaSuccess;
+    }
+    int64_t const blocks = (rows * kWARP + kTHREADS - 1) / kTHREADS;
+    if (blocks > kMAX_GRID_BLOCKS)
+    {
+        return cudaErrorInvalidConfiguration;
+    }
+    firstAllowedKernel<<<static_cast<uint32_t>(blocks), kTHREADS, 0, stream>>>(
+        mask, first, maskHeads, maskRows, seqK, rows);
+    return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launchBlockedRows(int32_t const* first, int64_t maskBatch, int64_t maskHeads, int64_t maskRows, T* out,
+    AttentionShape const& shape, bool causal, bool nanToZero, cudaStream_t stream) noexcept
+{
+    int64_t const rows = shape.batch * shape.headsQ * shape.seqQ;
+    if (rows == 0)
+    {
+        return cudaSuccess;
+    }
+    blockedRowsKernel<T><<<gridFor(rows, 256), 256, 0, stream>>>(
+        first, maskBatch, maskHeads, maskRows, out, shape, causal, nanToZero);
+    return cudaGetLastError();
+}
+
+#define GRAPHFIX_INSTANTIATE_ATTENTION(T)                                                                              \
+    template cudaError_t launchAttention<T>(T const*, T const*, T const*, AttentionMaskView const&, T*,                \
+        AttentionShape const&, AttentionParams const&, cudaStream_t) noexcept;                                         \
+    template cudaError_t launchTransposeKeys<T>(T const*, T*, int64_t, int64_t, int64_t, cudaStream_t) noexcept;       \
+    template cudaError_t launchMaskToBias<T>(                                                                          \
+        AttentionMaskView const&, T*, int64_t, int64_t, int64_t, int64_t, int64_t, cudaStream_t) noexcept;             \
+    template cudaError_t launchBlockedRows<T>(                                                                         \
+        int32_t const*, int64_t, int64_t, int64_t, T*, AttentionShape const&, bool, bool, cudaStream_t) noexcept;
+
+GRAPHFIX_INSTANTIATE_ATTENTION(float)
+GRAPHFIX_INSTANTIATE_ATTENTION(__half)
+GRAPHFIX_INSTANTIATE_ATTENTION(__nv_bfloat16)
+
+} // namespace plugin
+} // namespace graphfix
