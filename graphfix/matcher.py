@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from graphfix.errors import UnsupportedModelError
 from graphfix.graph_index import GraphIndex, dtype_name
 from graphfix.match_types import (
     AttentionKind,
@@ -73,7 +74,36 @@ def scan_attention(model: onnx.ModelProto | str | Path) -> AttentionScan:
     return scan_graph(GraphIndex(loaded.model, base_dir=loaded.base_dir))
 
 
+# onnxruntime's fused attention ops: the chain is already gone, so nothing can be rewritten.
+_CONTRIB_ATTENTION = {
+    "Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
+    "PackedMultiHeadAttention", "DecoderMaskedMultiHeadAttention", "DecoderMaskedSelfAttention",
+    "SparseAttention", "PagedAttention",
+}  # fmt: skip
+_MIN_OPSET = 7
+
+
+def check_supported(index: GraphIndex) -> None:
+    """Raise UnsupportedModelError for opsets and ops the matcher cannot reason about."""
+    newest = onnx.defs.onnx_opset_version()
+    if not _MIN_OPSET <= index.opset <= newest:
+        raise UnsupportedModelError(
+            f"the model imports ai.onnx opset {index.opset}; graphfix understands opsets "
+            f"{_MIN_OPSET}..{newest} (onnx {onnx.__version__}); convert it with "
+            "onnx.version_converter.convert_version(model, 17) or upgrade onnx"
+        )
+    for node in index.graph.node:
+        if node.domain == "com.microsoft" and node.op_type in _CONTRIB_ATTENTION:
+            raise UnsupportedModelError(
+                f"node '{node.name}' is onnxruntime's fused com.microsoft::{node.op_type}: the "
+                "attention chain was already fused by an onnxruntime optimizer, so graphfix cannot "
+                "see or rewrite it; give graphfix the model as exported, before onnxruntime's "
+                "transformer optimizations"
+            )
+
+
 def scan_graph(index: GraphIndex) -> AttentionScan:
+    check_supported(index)
     matches: list[AttentionMatch] = []
     skipped: list[SkippedSoftmax] = []
     for position, node in enumerate(index.graph.node):

@@ -132,3 +132,27 @@ def test_attention_op_needs_decompose_flag(tmp_path, capsys):
     out = tmp_path / "attn23.fixed.onnx"
     assert main(["fix", str(src), "-o", str(out), "--decompose-attention"]) == 0
     assert any(n.op_type == "GraphfixSoftmax" for n in onnx.load(out).graph.node)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda m: m.opset_import[0].__setattr__("version", 99), "opset 99"),
+        (
+            lambda m: m.graph.node.append(
+                onnx.helper.make_node(
+                    "MultiHeadAttention", ["x"], ["y2"], name="mha", domain="com.microsoft"
+                )
+            ),
+            "com.microsoft::MultiHeadAttention",
+        ),
+    ],
+)
+def test_unsupported_opset_or_op_is_one_line_exit_1(tmp_path, capsys, mutate, message):
+    model = vit_example()
+    mutate(model)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    assert main(["inspect", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
