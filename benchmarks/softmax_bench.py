@@ -85,7 +85,7 @@ def _median_ms(torch, launch, sets: int, iterations: int) -> float:
 
 
 def _torch_times(shape: tuple[int, ...], dtype: str, iterations: int) -> tuple[float, float]:
-    import torch  # noqa: PLC0415 - only on the GPU machine
+    import torch
 
     torch_dtype = getattr(torch, dtype)
     numel = 1
@@ -100,13 +100,15 @@ def _torch_times(shape: tuple[int, ...], dtype: str, iterations: int) -> tuple[f
     ]
     outputs = [torch.empty_like(x) for x in inputs]
     with torch.no_grad():
-        softmax_ms = _median_ms(
-            torch, lambda s: torch.softmax(inputs[s], dim=-1), sets, iterations
-        )
+        softmax_ms = _median_ms(torch, lambda s: torch.softmax(inputs[s], dim=-1), sets, iterations)
         copy_ms = _median_ms(torch, lambda s: outputs[s].copy_(inputs[s]), sets, iterations)
-    del inputs, outputs
-    torch.cuda.empty_cache()
     return softmax_ms, copy_ms
+
+
+def _release_torch_memory() -> None:
+    import torch
+
+    torch.cuda.empty_cache()
 
 
 def _plugin_times(
@@ -157,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         for dtype in DTYPES:
             plugin = _plugin_times(harness, library, shape, dtype, args.iterations)
             torch_ms, copy_ms = _torch_times(shape, dtype, args.iterations)
+            _release_torch_memory()
             rows.append(
                 Row(
                     shape=shape,

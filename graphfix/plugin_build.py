@@ -10,6 +10,12 @@ libraries from them (DESIGN.md, "Loading the plugin library"):
   --dynamicPlugins`, `IPluginRegistry::loadLibrary`, `trt.get_plugin_registry().load_library`.
 
 Load one or the other into a process, never both: TensorRT refuses a creator registered twice.
+
+GraphfixAttention's cuDNN path is compiled when cuDNN's `cudnn.h` is found ($CUDNN_ROOT,
+$GRAPHFIX_CUDNN_INCLUDE_DIR, the system folders, an installed `nvidia-cudnn-cu12/cu13` wheel); the
+cuDNN frontend headers then come from $GRAPHFIX_CUDNN_FRONTEND_INCLUDE_DIR or the 2 MB
+`nvidia-cudnn-frontend` wheel (fetched into the cache). cuDNN itself is loaded at run time, never
+linked; without `cudnn.h` (CI) the libraries have the portable attention kernel only.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from graphfix.plugin_spec import SOFTMAX
 STATIC_LIBRARY_NAME = "libgraphfix_plugins.so"
 DYNAMIC_LIBRARY_NAME = "libgraphfix_plugins_dynamic.so"
 HARNESS_NAME = "graphfix_plugin_harness"
+ATTENTION_HARNESS_NAME = "graphfix_attention_harness"
 
 # The Apache-2.0 TensorRT 10.14 headers, fetched only when no TensorRT headers are installed.
 KERNEL_LENS_REQUIREMENT = "kernel-lens==2.0.1"
@@ -41,6 +48,10 @@ _KERNEL_LENS_HEADER_PREFIX = "kernel_lens/include/tensorrt/"
 _HEADER = "NvInferRuntime.h"
 _BUILD_LOG = "graphfix-plugin-build.log"
 _DEFAULT_CUDA_ROOT = "/usr/local/cuda"
+# The cuDNN frontend (header-only C++, MIT), fetched only where cudnn.h is found.
+CUDNN_FRONTEND_REQUIREMENT = "nvidia-cudnn-frontend==1.16.0"
+_CUDNN_HEADER = "cudnn.h"
+_CUDNN_FRONTEND_HEADER = "cudnn_frontend.h"
 
 
 @dataclass(frozen=True)
@@ -70,6 +81,14 @@ class TensorRTHeaders:
 
 
 @dataclass(frozen=True)
+class CudnnHeaders:
+    """Where cuDNN's and its frontend's headers were found, for GraphfixAttention's cuDNN path."""
+
+    include_dir: Path
+    frontend_include_dir: Path
+
+
+@dataclass(frozen=True)
 class PluginBuild:
     """A finished build: the libraries and what they were built from."""
 
@@ -79,6 +98,7 @@ class PluginBuild:
     headers: TensorRTHeaders
     nvcc: Path
     nvinfer_library: Path | None
+    cudnn: CudnnHeaders | None = None
 
 
 @dataclass(frozen=True)
@@ -236,6 +256,98 @@ def find_tensorrt_headers(*, allow_download: bool | None = None) -> TensorRTHead
     return TensorRTHeaders(fetch_tensorrt_headers(), KERNEL_LENS_REQUIREMENT)
 
 
+def _cudnn_include_candidates() -> list[Path]:
+    candidates = [
+        Path(os.environ[name]) / suffix
+        for name, suffix in (("GRAPHFIX_CUDNN_INCLUDE_DIR", ""), ("CUDNN_ROOT", "include"))
+        if os.environ.get(name)
+    ]
+    candidates += _system_include_dirs()
+    candidates += [folder / "cudnn" / "include" for folder in _installed_package_dirs(("nvidia",))]
+    return candidates
+
+
+def _cudnn_frontend_include_dir() -> Path:
+    version = CUDNN_FRONTEND_REQUIREMENT.split("==")[1]
+    return cache_dir() / "cudnn-headers" / f"frontend-{version}" / "include"
+
+
+def fetch_cudnn_frontend_headers() -> Path:
+    """Extracts the cuDNN frontend's headers from its wheel into the cache; returns the folder."""
+    include_dir = _cudnn_frontend_include_dir()
+    if (include_dir / _CUDNN_FRONTEND_HEADER).is_file():
+        return include_dir
+    with tempfile.TemporaryDirectory() as download:
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+        command += ["--dest", download, CUDNN_FRONTEND_REQUIREMENT]
+        completed = subprocess.run(command, capture_output=True, text=True, check=False)
+        wheels = list(Path(download).glob("*.whl"))
+        if completed.returncode != 0 or not wheels:
+            raise PluginBuildError(
+                f"cudnn.h was found but the cuDNN frontend headers were not, and "
+                f"`{shlex.join(command[2:])}` failed ({completed.stderr.strip()[-300:]}); set "
+                "GRAPHFIX_CUDNN_FRONTEND_INCLUDE_DIR to a folder holding cudnn_frontend.h"
+            )
+        staging = include_dir.with_name(include_dir.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            for member in wheel.namelist():
+                if member.startswith("include/") and member.endswith((".h", ".hpp")):
+                    target = staging / member[len("include/") :]
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(wheel.read(member))
+    if not (staging / _CUDNN_FRONTEND_HEADER).is_file():
+        raise PluginBuildError(
+            f"{CUDNN_FRONTEND_REQUIREMENT} holds no include/{_CUDNN_FRONTEND_HEADER}; set "
+            "GRAPHFIX_CUDNN_FRONTEND_INCLUDE_DIR to a folder holding it"
+        )
+    shutil.rmtree(include_dir, ignore_errors=True)
+    staging.rename(include_dir)
+    return include_dir
+
+
+def find_cudnn_headers(*, allow_download: bool | None = None) -> CudnnHeaders | None:
+    """cuDNN's and its frontend's headers for GraphfixAttention's cuDNN path, or None without
+    cudnn.h (the plugins then build with the portable attention kernel only). The frontend comes
+    from $GRAPHFIX_CUDNN_FRONTEND_INCLUDE_DIR, else (when `allow_download`, the default) its wheel."""
+    include_dir = next(
+        (d for d in _cudnn_include_candidates() if (d / _CUDNN_HEADER).is_file()), None
+    )
+    if include_dir is None:
+        return None
+    configured = os.environ.get("GRAPHFIX_CUDNN_FRONTEND_INCLUDE_DIR")
+    if configured:
+        if not (Path(configured) / _CUDNN_FRONTEND_HEADER).is_file():
+            raise PluginBuildError(
+                f"GRAPHFIX_CUDNN_FRONTEND_INCLUDE_DIR={configured} has no {_CUDNN_FRONTEND_HEADER}; "
+                "point it at the frontend's include folder or unset it"
+            )
+        return CudnnHeaders(include_dir, Path(configured))
+    for candidate in [_cudnn_frontend_include_dir(), include_dir]:
+        if (candidate / _CUDNN_FRONTEND_HEADER).is_file():
+            return CudnnHeaders(include_dir, candidate)
+    if allow_download is False:
+        return None
+    return CudnnHeaders(include_dir, fetch_cudnn_frontend_headers())
+
+
+def cudnn_runtime_environment(env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` (None: this process's) with what GraphfixAttention needs to load an installed cuDNN
+    wheel's libcudnn.so.9 in a child process: its folder (and the CUDA runtime's, which the cuDNN
+    frontend loads) on LD_LIBRARY_PATH, GRAPHFIX_CUDNN_LIBRARY naming it. Unchanged without one."""
+    env = dict(os.environ if env is None else env)
+    folders: list[str] = []
+    for nvidia in _installed_package_dirs(("nvidia",)):
+        libraries = sorted(nvidia.glob("cudnn/lib/libcudnn.so.9"))
+        folders += [str(p.parent) for p in libraries]
+        folders += [str(p.parent) for p in sorted(nvidia.glob("*/lib/libcudart.so.1[23]"))]
+        if libraries and "GRAPHFIX_CUDNN_LIBRARY" not in env:
+            env["GRAPHFIX_CUDNN_LIBRARY"] = str(libraries[0])
+    if folders:
+        env["LD_LIBRARY_PATH"] = ":".join([*folders, env.get("LD_LIBRARY_PATH", "")]).rstrip(":")
+    return env
+
+
 def _wheel_nvinfer_library() -> Path | None:
     """libnvinfer from an installed TensorRT wheel (`tensorrt_libs`), which CMake does not search."""
     for folder in _installed_package_dirs(("tensorrt_libs", "tensorrt")):
@@ -285,6 +397,7 @@ def build_plugins(
     headers = find_tensorrt_headers()
     archs = _normalized_archs(cuda_archs)
     nvinfer = _wheel_nvinfer_library()
+    cudnn = find_cudnn_headers()
     build.mkdir(parents=True, exist_ok=True)
     log = build / _BUILD_LOG
     log.write_text("")
@@ -302,6 +415,9 @@ def build_plugins(
     ]
     if nvinfer is not None:
         configure.append(f"-DGRAPHFIX_NVINFER_LIBRARY={nvinfer}")
+    if cudnn is not None:
+        configure.append(f"-DGRAPHFIX_CUDNN_INCLUDE_DIR={cudnn.include_dir}")
+        configure.append(f"-DGRAPHFIX_CUDNN_FRONTEND_INCLUDE_DIR={cudnn.frontend_include_dir}")
     if shutil.which("ninja") and not (build / "Makefile").exists():
         configure += ["-G", "Ninja"]
     _run_logged(configure, log, "configuring the plugins with CMake")
@@ -318,22 +434,29 @@ def build_plugins(
         headers=headers,
         nvcc=nvcc,
         nvinfer_library=nvinfer,
+        cudnn=cudnn,
     )
 
 
-def build_plugin_harness(*, build_dir: Path | str | None = None, jobs: int | None = None) -> Path:
-    """Builds the host harness (tests, benchmarks) in a folder `build_plugins` configured."""
+def build_plugin_harness(
+    *, build_dir: Path | str | None = None, jobs: int | None = None, target: str | None = None
+) -> Path:
+    """Builds a host harness (tests, benchmarks) in a folder `build_plugins` configured.
+
+    `target`: HARNESS_NAME (None, GraphfixSoftmax) or ATTENTION_HARNESS_NAME (GraphfixAttention).
+    """
+    target = target or HARNESS_NAME
     build = Path(build_dir) if build_dir is not None else default_build_dir()
     if not (build / "CMakeCache.txt").is_file():
         raise PluginBuildError(f"{build} is not a configured plugin build; run build_plugins first")
     log = build / _BUILD_LOG
     _run_logged(
         [_find_cmake(), "--build", str(build), "-j", str(jobs or os.cpu_count() or 1)]
-        + ["--target", HARNESS_NAME],
+        + ["--target", target],
         log,
         "building the plugin harness",
     )
-    return build / HARNESS_NAME
+    return build / target
 
 
 def find_plugin_libraries(*, build_dir: Path | str | None = None) -> PluginLibraries:
@@ -382,6 +505,4 @@ def load_plugins_into_tensorrt(*, libraries: PluginLibraries | None = None) -> L
 def trtexec_command(model_path: Path | str, *, libraries: PluginLibraries | None = None) -> str:
     """The trtexec command line that builds an engine of `model_path` with the plugin library."""
     libraries = libraries if libraries is not None else find_plugin_libraries()
-    return shlex.join(
-        ["trtexec", f"--onnx={model_path}", f"--dynamicPlugins={libraries.dynamic}"]
-    )
+    return shlex.join(["trtexec", f"--onnx={model_path}", f"--dynamicPlugins={libraries.dynamic}"])

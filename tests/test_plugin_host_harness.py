@@ -10,6 +10,7 @@ plugin registry and the logger, nothing else.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -349,8 +350,10 @@ def test_load_into_tensorrt_without_tensorrt_is_a_clear_error(tools: Tools) -> N
 
 def test_non_editable_install_ships_the_sources(tmp_path: Path) -> None:
     target = tmp_path / "site"
+    # Without setuptools here, pip fetches it into an isolated build environment.
+    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q"]
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", *isolation]
         + ["--target", str(target), str(REPO)],
         capture_output=True,
         text=True,
@@ -359,7 +362,11 @@ def test_non_editable_install_ships_the_sources(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     probe_source = subprocess.run(
-        [sys.executable, "-c", "from graphfix.plugin_build import plugin_source_dir as p; print(p())"],
+        [
+            sys.executable,
+            "-c",
+            "from graphfix.plugin_build import plugin_source_dir as p; print(p())",
+        ],
         capture_output=True,
         text=True,
         check=False,

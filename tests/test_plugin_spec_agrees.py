@@ -29,7 +29,9 @@ def test_name_version_namespace_agree() -> None:
 def test_creator_fields_agree() -> None:
     header = (PLUGIN_DIR / "graphfixSoftmaxPlugin.h").read_text()
     source = (PLUGIN_DIR / "graphfixSoftmaxPlugin.cpp").read_text()
-    constructor = source[source.index("GraphfixSoftmaxPluginCreator::GraphfixSoftmaxPluginCreator()") :]
+    constructor = source[
+        source.index("GraphfixSoftmaxPluginCreator::GraphfixSoftmaxPluginCreator()") :
+    ]
     constructor = constructor[: constructor.index("{\n")]
     fields = re.findall(
         r"PluginField\{(k\w+), nullptr, nvinfer1::PluginFieldType::(k\w+), 1\}", constructor

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# GraphfixAttention on a GPU in one go: build for this GPU (with the cuDNN path), the GPU tests,
+# the benchmark. Logs go to $OUT (default benchmarks/out/).
+#
+#   bash benchmarks/run_attention_on_gpu.sh
+#
+# Headers, for a machine without internet: TensorRT's in .cache/tensorrt-headers/include (else
+# $TENSORRT_ROOT or what graphfix.plugin_build finds or fetches); cuDNN's in
+# .cache/cudnn-headers/cudnn-*/include and the cuDNN frontend's in
+# .cache/cudnn-headers/frontend-*/include (else an installed nvidia-cudnn wheel's and the frontend
+# wheel, fetched). cuDNN itself is loaded at run time from the installed nvidia-cudnn wheel.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-benchmarks/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [[ -z "${TENSORRT_ROOT:-}" && -f .cache/tensorrt-headers/include/NvInferRuntime.h ]]; then
+  export TENSORRT_ROOT="$PWD/.cache/tensorrt-headers"
+fi
+for dir in .cache/cudnn-headers/cudnn-*/include; do
+  [[ -f $dir/cudnn.h ]] && export GRAPHFIX_CUDNN_INCLUDE_DIR="$PWD/$dir"
+done
+for dir in .cache/cudnn-headers/frontend-*/include; do
+  [[ -f $dir/cudnn_frontend.h ]] && export GRAPHFIX_CUDNN_FRONTEND_INCLUDE_DIR="$PWD/$dir"
+done
+PY=${PYTHON:-python3}
+ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
+export GRAPHFIX_TEST_CUDA_ARCHS=$ARCH GRAPHFIX_CUDA_ARCHS=$ARCH
+BUILD=.cache/plugin-build-$ARCH
+status=0
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+
+$PY - <<PYEOF 2>&1 | tee "$OUT/attention_build.log" || status=1
+from graphfix.plugin_build import ATTENTION_HARNESS_NAME, build_plugins, build_plugin_harness
+b = build_plugins(build_dir="$BUILD", cuda_archs="$ARCH")
+print(b)
+print(build_plugin_harness(build_dir="$BUILD", target=ATTENTION_HARNESS_NAME))
+PYEOF
+grep -h "graphfix plugins" "$BUILD/graphfix-plugin-build.log" | tee -a "$OUT/attention_build.log"
+
+$PY -m pytest tests/test_attention_plugin_gpu.py -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/attention_gpu_tests.log"
+[[ ${PIPESTATUS[0]} == 0 ]] || status=1
+
+$PY benchmarks/attention_bench.py --cuda-archs "$ARCH" --build-dir "$BUILD" \
+  --json "$OUT/attention_bench.json" 2>&1 | tee "$OUT/attention_bench.log"
+[[ ${PIPESTATUS[0]} == 0 ]] || status=1
+exit $status

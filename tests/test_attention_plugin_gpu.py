@@ -1,0 +1,363 @@
+"""GraphfixAttention's enqueue on a GPU against a float64 NumPy reference (the ATTENTION contract).
+
+The host harness (plugins/tests/attentionHarness.cpp) runs every case in one process per backend,
+through TensorRT's plugin interfaces: createPlugin, configurePlugin with dynamic dimensions,
+getWorkspaceSize, the serialisation round trip, attachToContext, onShapeChange, enqueue. Outputs
+are poisoned before each run and the bytes around each output checked untouched.
+
+Both backends run every case: `portable` (the plugin's own kernel, float32 probabilities) and
+`auto` (cuDNN's fused SDPA where the plugin takes it, else the portable kernel). cuDNN is found
+through an installed `nvidia-cudnn-cu12/cu13` wheel (as PyTorch ships it) or the system.
+
+Bounds, with inputs ~N(0, 1): the portable kernel within half an ulp of the output format of
+the exact result plus float32 accumulation error (4e-5 absolute); the cuDNN path, which rounds
+the probabilities to the I/O type before the second product, within 2^-8 (float16) or 2^-5
+(bfloat16) absolute — the accuracy of the fused kernels the issue measured.
+
+Run on a GPU machine:  python -m pytest tests/test_attention_plugin_gpu.py -m gpu -q
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from graphfix.plugin_build import (
+    ATTENTION_HARNESS_NAME,
+    build_plugin_harness,
+    build_plugins,
+    cudnn_runtime_environment,
+)
+
+pytestmark = pytest.mark.gpu
+
+REPO = Path(__file__).resolve().parents[1]
+DTYPES = ("float32", "float16", "bfloat16")
+BACKENDS = ("portable", "auto")
+EPS = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+CUDNN_ATOL = {"float16": 2.0**-8, "bfloat16": 2.0**-5}
+
+
+def _gpu_compute_capability() -> str | None:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    done = subprocess.run(
+        [smi, "--query-gpu=compute_cap", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        return None
+    return lines[0].strip().replace(".", "")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    q: tuple[int, ...]  # [B, Hq, S, D] or [N, S, D]
+    heads_kv: int
+    seq_k: int
+    value_dim: int
+    k_transposed: bool = False
+    causal: bool = False
+    softcap: float = 0.0
+    # none | pad_bool | rand_bool | add_q | add_f32 | blocked_rows | finite_fill
+    mask: str = "none"
+    mask_shape: tuple[int, ...] = ()
+    mask_fill: float = float("-inf")
+    nan_to_zero: bool = False
+    magnitude: float = 1.0
+    # whether the plugin should take cuDNN for float16/bfloat16 when cuDNN is there
+    cudnn_eligible: bool = True
+
+
+CASES = (
+    Case("basic77", (2, 4, 77, 64), 4, 77, 64),
+    Case("gqa", (2, 8, 128, 64), 2, 128, 64),
+    Case("mqa_decode", (4, 8, 1, 64), 1, 300, 64),
+    Case("cross77", (2, 4, 256, 64), 4, 77, 64),
+    Case("causal130", (1, 4, 130, 64), 4, 130, 64, causal=True),
+    Case(
+        "causal_pad",
+        (2, 2, 96, 64),
+        2,
+        96,
+        64,
+        causal=True,
+        mask="pad_bool",
+        mask_shape=(2, 1, 1, 96),
+    ),
+    Case("k_transposed", (2, 2, 50, 64), 2, 70, 64, k_transposed=True),
+    Case("rank3_d72", (6, 33, 72), 1, 40, 72),
+    Case("softcap", (2, 2, 64, 64), 2, 64, 64, softcap=5.0, magnitude=3.0, cudnn_eligible=False),
+    Case("dv128", (2, 2, 64, 64), 2, 90, 128),
+    Case("d20", (2, 3, 45, 20), 3, 45, 24, cudnn_eligible=False),
+    Case("d256", (1, 2, 64, 256), 2, 64, 256),
+    Case("long_wide", (1, 2, 16, 2048), 2, 2048, 64, magnitude=3.0),
+    Case("rand_bool", (2, 4, 64, 80), 4, 80, 64, mask="rand_bool", mask_shape=(2, 4, 64, 80)),
+    Case("add_q", (2, 4, 64, 80), 4, 80, 64, mask="add_q", mask_shape=(2, 1, 1, 80)),
+    Case("add_q_direct", (2, 4, 64, 64), 4, 64, 64, mask="add_q", mask_shape=(2, 1, 64, 64)),
+    Case(
+        "add_f32",
+        (2, 4, 64, 80),
+        4,
+        80,
+        64,
+        mask="add_f32",
+        mask_shape=(64, 80),
+        cudnn_eligible=False,
+    ),
+    Case("blocked_nan", (2, 2, 40, 64), 2, 48, 64, mask="blocked_rows", mask_shape=(2, 1, 40, 48)),
+    Case(
+        "blocked_zero",
+        (2, 2, 40, 64),
+        2,
+        48,
+        64,
+        mask="blocked_rows",
+        mask_shape=(2, 1, 40, 48),
+        nan_to_zero=True,
+    ),
+    Case(
+        "finite_fill",
+        (2, 2, 40, 64),
+        2,
+        48,
+        64,
+        mask="blocked_rows",
+        mask_shape=(2, 1, 40, 48),
+        mask_fill=-1.0e4,
+        cudnn_eligible=False,
+    ),
+    Case("rank3_mask", (3, 20, 64), 1, 30, 64, mask="rand_bool", mask_shape=(3, 1, 30)),
+)
+
+
+def _to_bfloat16_bits(x: np.ndarray) -> np.ndarray:
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+def _encode(x: np.ndarray, dtype: str) -> tuple[bytes, np.ndarray]:
+    """The bytes of `x` in `dtype` and their exact value in float64."""
+    if dtype == "bool":
+        return x.astype(np.bool_).tobytes(), x.astype(np.bool_)
+    if dtype == "float32":
+        q = x.astype(np.float32)
+        return q.tobytes(), q.astype(np.float64)
+    if dtype == "float16":
+        q = x.astype(np.float16)
+        return q.tobytes(), q.astype(np.float64)
+    bits = _to_bfloat16_bits(x)
+    return bits.tobytes(), (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def _decode(raw: bytes, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    if dtype == "float32":
+        return np.frombuffer(raw, np.float32).reshape(shape).astype(np.float64)
+    if dtype == "float16":
+        return np.frombuffer(raw, np.float16).reshape(shape).astype(np.float64)
+    bits = np.frombuffer(raw, np.uint16).reshape(shape).astype(np.uint32) << 16
+    return bits.view(np.float32).astype(np.float64)
+
+
+def _shapes(case: Case) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    batch = (case.q[0],) + ((case.heads_kv,) if len(case.q) == 4 else ())
+    d = case.q[-1]
+    k = batch + ((d, case.seq_k) if case.k_transposed else (case.seq_k, d))
+    v = batch + (case.seq_k, case.value_dim)
+    out = case.q[:-1] + (case.value_dim,)
+    return k, v, out
+
+
+def _make_mask(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, str] | None:
+    if case.mask == "none":
+        return None
+    shape = case.mask_shape
+    if case.mask == "pad_bool":
+        keep = np.ones(shape, dtype=bool)
+        keep[-1, ..., int(shape[-1] * 0.7) :] = False
+        return keep, "bool"
+    if case.mask == "rand_bool":
+        keep = rng.random(shape) < 0.7
+        keep[..., 0] = True
+        return keep, "bool"
+    if case.mask == "blocked_rows":
+        keep = rng.random(shape) < 0.6
+        keep[..., ::7, :] = False
+        return keep, "bool"
+    values = rng.standard_normal(shape) * 2.0
+    values[rng.random(shape) < 0.2] = -np.inf
+    values[..., 0] = 0.0
+    return values, "q" if case.mask == "add_q" else "float32"
+
+
+def reference_attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, case: Case
+) -> np.ndarray:
+    """The ATTENTION contract in float64."""
+    if case.k_transposed:
+        k = np.swapaxes(k, -1, -2)
+    if q.ndim == 4:
+        group = q.shape[1] // k.shape[1]
+        k = np.repeat(k, group, axis=1)
+        v = np.repeat(v, group, axis=1)
+    scale = 1.0 / np.sqrt(q.shape[-1])
+    s = scale * (q @ np.swapaxes(k, -1, -2))
+    if case.softcap > 0:
+        s = case.softcap * np.tanh(s / case.softcap)
+    if mask is not None:
+        s = np.where(mask, s, case.mask_fill) if mask.dtype == np.bool_ else s + mask
+    if case.causal:
+        n, m = s.shape[-2:]
+        s = np.where(np.triu(np.ones((n, m), dtype=bool), k=1), -np.inf, s)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(s - np.max(s, axis=-1, keepdims=True))
+        p = e / np.sum(e, axis=-1, keepdims=True)
+    if case.nan_to_zero:
+        p = np.where(np.isnan(p), 0.0, p)
+    return p @ v
+
+
+@dataclass(frozen=True)
+class Outcome:
+    result: dict
+    out: np.ndarray
+    reference: np.ndarray
+
+    @property
+    def path(self) -> str:
+        notes = [m["text"] for m in self.result.get("messages", []) if "onShapeChange" in m["text"]]
+        return "cudnn" if notes and notes[-1].endswith("cuDNN SDPA") else "portable"
+
+
+@pytest.fixture(scope="session")
+def gpu_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, str], Outcome]:
+    capability = _gpu_compute_capability()
+    if capability is None:
+        pytest.skip("no NVIDIA GPU (nvidia-smi lists none)")
+    archs = os.environ.get("GRAPHFIX_TEST_CUDA_ARCHS", capability)
+    build_dir = REPO / ".cache" / f"plugin-build-{archs.replace(';', '-')}"
+    libraries = build_plugins(build_dir=build_dir, cuda_archs=archs).libraries
+    harness = build_plugin_harness(build_dir=build_dir, target=ATTENTION_HARNESS_NAME)
+
+    work = tmp_path_factory.mktemp("attention-cases")
+    rng = np.random.default_rng(20251129)
+    lines, pending = [], []
+    for case in CASES:
+        k_shape, v_shape, out_shape = _shapes(case)
+        q = rng.standard_normal(case.q) * case.magnitude
+        k = rng.standard_normal(k_shape) * case.magnitude
+        v = rng.standard_normal(v_shape)
+        mask = _make_mask(case, rng)
+        scale = float(1.0 / np.sqrt(case.q[-1]))
+        fields = [
+            f"scale:kFLOAT32:1:{scale!r}",
+            f"k_transposed:kINT32:1:{int(case.k_transposed)}",
+            f"causal:kINT32:1:{int(case.causal)}",
+            f"softcap:kFLOAT32:1:{case.softcap!r}",
+            f"mask_fill:kFLOAT32:1:{case.mask_fill!r}",
+            f"nan_to_zero:kINT32:1:{int(case.nan_to_zero)}",
+        ]
+        for dtype in DTYPES:
+            stem = work / f"{case.name}-{dtype}"
+            tensors, exact = [], []
+            for name, x, kind in (("q", q, dtype), ("k", k, dtype), ("v", v, dtype)):
+                raw, value = _encode(x, kind)
+                (stem.parent / f"{stem.name}.{name}").write_bytes(raw)
+                tensors.append(f"{kind}:{','.join(map(str, x.shape))}:{stem}.{name}")
+                exact.append(value)
+            mask_exact = None
+            if mask is not None:
+                values, kind = mask
+                kind = dtype if kind == "q" else kind
+                raw, mask_exact = _encode(values, kind)
+                (stem.parent / f"{stem.name}.mask").write_bytes(raw)
+                tensors.append(f"{kind}:{','.join(map(str, values.shape))}:{stem}.mask")
+            lines.append(f"{';'.join(fields)}|{';'.join(tensors)}|{stem}.out|0")
+            reference = reference_attention(*exact, mask_exact, case)
+            pending.append((case, dtype, Path(f"{stem}.out"), out_shape, reference))
+    manifest = work / "manifest.txt"
+    manifest.write_text("\n".join(lines) + "\n")
+
+    outcomes = {}
+    env = cudnn_runtime_environment()
+    for backend in BACKENDS:
+        done = subprocess.run(
+            [str(harness), "run", "--library", str(libraries.dynamic), "--loading", "dynamic"]
+            + ["--manifest", str(manifest)],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**env, "GRAPHFIX_ATTENTION_BACKEND": backend},
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        results = json.loads(done.stdout)
+        for (case, dtype, out_path, out_shape, reference), result in zip(
+            pending, results["cases"], strict=True
+        ):
+            out = (
+                _decode(out_path.read_bytes(), dtype, out_shape)
+                if result["status"] == 0
+                else np.full(out_shape, np.nan)
+            )
+            outcomes[(backend, case.name, dtype)] = Outcome(result, out, reference)
+    return outcomes
+
+
+def _cudnn_loadable(outcomes) -> bool:
+    return any(o.path == "cudnn" for o in outcomes.values())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_enqueue_matches_float64_reference(
+    gpu_outcomes, backend: str, case: Case, dtype: str
+) -> None:
+    outcome = gpu_outcomes[(backend, case.name, dtype)]
+    result = outcome.result
+    assert result["status"] == 0, result
+    assert result["cuda"] == "no error"
+    assert result["guards_intact"], "the plugin wrote outside its output"
+    nan_rows = np.isnan(outcome.reference)
+    np.testing.assert_array_equal(np.isnan(outcome.out), nan_rows)
+    if case.mask == "blocked_rows" and case.mask_fill == float("-inf"):
+        assert nan_rows.any() != case.nan_to_zero
+    valid = ~nan_rows
+    error = np.abs(outcome.out[valid] - outcome.reference[valid])
+    if outcome.path == "cudnn":
+        bound = CUDNN_ATOL[dtype] + EPS[dtype] * np.abs(outcome.reference[valid])
+    else:
+        bound = 4e-5 + EPS[dtype] * np.abs(outcome.reference[valid])
+    worst = float(np.max(error - bound, initial=-1.0))
+    assert worst <= 0.0, (
+        f"{outcome.path}: max error {error.max():.3g} exceeds the bound by {worst:.3g}"
+    )
+
+
+@pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
+@pytest.mark.parametrize("case", [c for c in CASES if c.cudnn_eligible], ids=lambda c: c.name)
+def test_auto_takes_cudnn_where_it_can(gpu_outcomes, case: Case, dtype: str) -> None:
+    if not _cudnn_loadable(gpu_outcomes):
+        pytest.skip("cuDNN could not be loaded here; the auto backend used the portable kernel")
+    outcome = gpu_outcomes[("auto", case.name, dtype)]
+    assert outcome.path == "cudnn", outcome.result["messages"]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.cudnn_eligible], ids=lambda c: c.name)
+def test_auto_keeps_what_cudnn_cannot_do_on_the_portable_kernel(gpu_outcomes, case: Case) -> None:
+    for dtype in DTYPES:
+        assert gpu_outcomes[("auto", case.name, dtype)].path == "portable"
+    assert gpu_outcomes[("auto", "basic77", "float32")].path == "portable"
