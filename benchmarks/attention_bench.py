@@ -10,6 +10,10 @@ reference computed on the GPU. Target per row: plugin within 1.2x of cudnn's tim
 than cudnn's (ties within 1e-6), never slower than unfused.
 
     python benchmarks/attention_bench.py [--iterations 30] [--json out.json]
+    python benchmarks/attention_bench.py --backend portable --only BERT,cross --dtypes float16,float32
+
+`--backend` sets GRAPHFIX_ATTENTION_BACKEND for the plugin (auto: cuDNN where it can, portable:
+the plugin's own kernel); the path column says which one ran.
 """
 
 from __future__ import annotations
@@ -191,7 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cuda-archs", default=os.environ.get("GRAPHFIX_CUDA_ARCHS", "90"))
     parser.add_argument("--build-dir", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
+    parser.add_argument("--backend", choices=("auto", "cudnn", "portable"), default="auto")
+    parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated")
+    parser.add_argument(
+        "--only", default="", help="comma-separated: run the shapes whose name contains one"
+    )
     args = parser.parse_args(argv)
+    environment = cudnn_runtime_environment() | {"GRAPHFIX_ATTENTION_BACKEND": args.backend}
 
     build_dir = args.build_dir or REPO / ".cache" / f"plugin-build-{args.cuda_archs}"
     library = build_plugins(build_dir=build_dir, cuda_archs=args.cuda_archs).libraries.dynamic
@@ -200,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     with tempfile.TemporaryDirectory() as work:
-        for shape in SHAPES:
-            for dtype in DTYPES:
+        for shape in [s for s in SHAPES if any(o in s.name for o in args.only.split(","))]:
+            for dtype in args.dtypes.split(","):
                 q, k, v, keep = _inputs(torch, shape, dtype)
                 reference = _reference(torch, q, k, v, keep, shape)
                 stem = Path(work) / "case"
@@ -225,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                     capture_output=True,
                     text=True,
                     check=False,
-                    env=cudnn_runtime_environment(),
+                    env=environment,
                 )
                 if done.returncode != 0:
                     raise RuntimeError(f"harness failed: {done.stdout}{done.stderr}")

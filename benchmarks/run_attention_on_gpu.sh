@@ -45,4 +45,10 @@ $PY -m pytest tests/test_attention_plugin_gpu.py -q -rs -p no:cacheprovider 2>&1
 $PY benchmarks/attention_bench.py --cuda-archs "$ARCH" --build-dir "$BUILD" \
   --json "$OUT/attention_bench.json" 2>&1 | tee "$OUT/attention_bench.log"
 [[ ${PIPESTATUS[0]} == 0 ]] || status=1
+
+# The portable kernel alone (what runs without cuDNN, for float32, softcap, ...), on the smaller shapes.
+$PY benchmarks/attention_bench.py --cuda-archs "$ARCH" --build-dir "$BUILD" --backend portable \
+  --only "BERT,cross,SigLIP" --dtypes float16,float32 --iterations 10 \
+  --json "$OUT/attention_bench_portable.json" 2>&1 | tee "$OUT/attention_bench_portable.log"
+[[ ${PIPESTATUS[0]} == 0 ]] || status=1
 exit $status

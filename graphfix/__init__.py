@@ -8,6 +8,7 @@ Public API::
     result = graphfix.fix_attention(model, strategy="plugin")  # model + report
 """
 
+from graphfix.draw import draw_attention_block, draw_before_after
 from graphfix.errors import (
     GraphfixError,
     ModelLoadError,
@@ -26,6 +27,7 @@ from graphfix.match_types import (
 )
 from graphfix.matcher import find_attention, scan_attention
 from graphfix.model_io import LoadedModel, SavedModel, load_model, save_model
+from graphfix.plot import error_heatmap_figure, error_histogram_figure, plot_report
 from graphfix.reference import with_reference_ops
 from graphfix.report import BlockOutcome, FixReport, FixResult
 from graphfix.rewrite import break_attention_fusion, fix_attention
@@ -56,9 +58,14 @@ __all__ = [
     "ValidationReport",
     "ValidationUsageError",
     "break_attention_fusion",
+    "draw_attention_block",
+    "draw_before_after",
+    "error_heatmap_figure",
+    "error_histogram_figure",
     "find_attention",
     "fix_attention",
     "load_model",
+    "plot_report",
     "save_model",
     "scan_attention",
     "validate",

@@ -13,7 +13,7 @@ from graphfix.cli_options import Option, add_options, api_kwargs
 from graphfix.errors import GraphfixError, UsageError
 from graphfix.match_types import AttentionMatch
 from graphfix.matcher import scan_attention
-from graphfix.model_io import load_model
+from graphfix.model_io import check_output_path, load_model, save_model
 from graphfix.reference import has_plugin_ops
 from graphfix.rewrite import fix_attention
 from graphfix.strategies import DEFAULT_STRATEGY, STRATEGIES
@@ -57,10 +57,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
         print(json.dumps(dataclasses.asdict(scan), indent=2, default=str))
         return 0
-    if not scan.matches and not scan.attention_ops:
-        print(f"no attention blocks found in {args.model}")
-    else:
+    if scan.matches:
         print(match_table(scan.matches))
+    elif not scan.attention_ops:
+        print(f"no attention blocks found in {args.model}")
     for op in scan.attention_ops:
         print(
             f"ONNX Attention op {op.node} (causal={op.is_causal}, scale={op.scale}): already fused; "
@@ -109,6 +109,7 @@ def _cmd_fix(args: argparse.Namespace) -> int:
     source = Path(args.model)
     out = Path(args.output)
     loaded = load_model(source, load_weights=False)
+    check_output_path(loaded.model, out, source=loaded.path, overwrite=args.overwrite)
     result = fix_attention(loaded.model, **api_kwargs(args, FIX_OPTIONS))
     report = result.report
     if args.json:
@@ -120,8 +121,6 @@ def _cmd_fix(args: argparse.Namespace) -> int:
             f"nothing to rewrite in {source}; wrote nothing (pass --always-write to write anyway)"
         )
         return 0
-    from graphfix.model_io import save_model
-
     saved = save_model(
         result.model,
         out,

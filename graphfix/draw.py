@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING
@@ -393,9 +393,35 @@ class _Layout:
 
 
 def _layout(graph: _BlockGraph) -> _Layout:
-    """Longest-path layers (sources just above their first use), dummy points on long edges,
-    barycentre ordering, then x positions pulled towards neighbours without overlaps."""
+    """Layers top-down, dummy points where an edge skips layers, rows ordered to limit
+    crossings, then x positions pulled towards each box's neighbours without overlaps."""
     order = {box.key: box.order for box in graph.boxes}
+    layer = _layers(graph, order)
+    width = {key: _BOX_W for key in order}
+    chains: dict[int, list[str]] = {}  # edge index → the keys it passes through, ends included
+    for index, edge in enumerate(graph.edges):
+        hops = [edge.src]
+        for depth in range(layer[edge.src] + 1, layer[edge.dst]):
+            dummy = f"dummy{index}:{depth}"
+            layer[dummy], width[dummy] = depth, _DUMMY_W
+            order[dummy] = (order[edge.src] + order[edge.dst]) / 2
+            hops.append(dummy)
+        chains[index] = [*hops, edge.dst]
+    up: dict[str, list[str]] = defaultdict(list)
+    down: dict[str, list[str]] = defaultdict(list)
+    for hops in chains.values():
+        for a, b in pairwise(hops):
+            down[a].append(b)
+            up[b].append(a)
+    rows = _ordered_rows(layer, order, up, down)
+    x = _positions(rows, width, up, down)
+    y = {key: -layer[key] * _LAYER_GAP for key in layer}
+    routes = {i: tuple((x[k], y[k]) for k in hops[1:-1]) for i, hops in chains.items()}
+    return _Layout(x=x, y=y, routes=routes)
+
+
+def _layers(graph: _BlockGraph, order: Mapping[str, float]) -> dict[str, int]:
+    """Longest path from the top; a box fed by nothing drawn sits just above its first use."""
     preds: dict[str, list[str]] = defaultdict(list)
     succs: dict[str, list[str]] = defaultdict(list)
     for edge in graph.edges:
@@ -407,51 +433,54 @@ def _layout(graph: _BlockGraph) -> _Layout:
     for key in order:
         if not preds[key] and succs[key]:
             layer[key] = min(layer[s] for s in succs[key]) - 1
+    return layer
 
-    width = {key: _BOX_W for key in order}
-    chains: dict[int, list[str]] = {}
-    for index, edge in enumerate(graph.edges):
-        hops = [edge.src]
-        for depth in range(layer[edge.src] + 1, layer[edge.dst]):
-            dummy = f"dummy{index}:{depth}"
-            layer[dummy], width[dummy] = depth, _DUMMY_W
-            order[dummy] = (order[edge.src] + order[edge.dst]) / 2
-            hops.append(dummy)
-        hops.append(edge.dst)
-        chains[index] = hops
-    up: dict[str, list[str]] = defaultdict(list)
-    down: dict[str, list[str]] = defaultdict(list)
-    for hops in chains.values():
-        for a, b in pairwise(hops):
-            down[a].append(b)
-            up[b].append(a)
 
+def _sweeps(
+    depth: int, up: Mapping[str, list[str]], down: Mapping[str, list[str]], count: int
+) -> Iterator[tuple[Mapping[str, list[str]], range]]:
+    """(neighbours to follow, rows to visit) for alternating downward and upward sweeps."""
+    for sweep in range(count):
+        if sweep % 2 == 0:
+            yield up, range(1, depth)
+        else:
+            yield down, range(depth - 2, -1, -1)
+
+
+def _ordered_rows(
+    layer: Mapping[str, int],
+    order: Mapping[str, float],
+    up: Mapping[str, list[str]],
+    down: Mapping[str, list[str]],
+) -> list[list[str]]:
+    """Each layer's keys left to right: graph order first, then barycentre sweeps."""
     depth = max(layer.values()) + 1
     rows = [
         sorted((k for k in layer if layer[k] == d), key=order.__getitem__) for d in range(depth)
     ]
-    x = {key: float(i) for row in rows for i, key in enumerate(row)}
-    for sweep in range(8):
-        neighbours, span = (
-            (up, range(1, depth)) if sweep % 2 == 0 else (down, range(depth - 2, -1, -1))
-        )
+    index = {key: float(i) for row in rows for i, key in enumerate(row)}
+    for neighbours, span in _sweeps(depth, up, down, 8):
         for d in span:
-            rows[d].sort(key=lambda k: _mean([x[n] for n in neighbours[k]], x[k]))
-            for i, key in enumerate(rows[d]):
-                x[key] = float(i)
-    x = {key: 0.0 for key in layer}
+            rows[d].sort(key=lambda k: _mean([index[n] for n in neighbours[k]], index[k]))
+            index.update((key, float(i)) for i, key in enumerate(rows[d]))
+    return rows
+
+
+def _positions(
+    rows: Sequence[Sequence[str]],
+    width: Mapping[str, float],
+    up: Mapping[str, list[str]],
+    down: Mapping[str, list[str]],
+) -> dict[str, float]:
+    """x of every key: rows packed and centred, then pulled towards their neighbours."""
+    x: dict[str, float] = {}
     for row in rows:
-        _place(row, [x[k] for k in row], width, x)
-    for sweep in range(6):
-        neighbours, span = (
-            (up, range(1, depth)) if sweep % 2 == 0 else (down, range(depth - 2, -1, -1))
-        )
+        _place(row, [0.0] * len(row), width, x)
+    for neighbours, span in _sweeps(len(rows), up, down, 6):
         for d in span:
             row = rows[d]
             _place(row, [_mean([x[n] for n in neighbours[k]], x[k]) for k in row], width, x)
-    y = {key: -layer[key] * _LAYER_GAP for key in layer}
-    routes = {i: tuple((x[k], y[k]) for k in hops[1:-1]) for i, hops in chains.items()}
-    return _Layout(x=x, y=y, routes=routes)
+    return x
 
 
 def _topological(

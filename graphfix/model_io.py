@@ -254,6 +254,22 @@ def save_model(
     )
 
 
+def check_output_path(
+    model: onnx.ModelProto,
+    path: str | os.PathLike[str],
+    *,
+    source: str | os.PathLike[str] | None = None,
+    overwrite: bool | None = None,
+) -> None:
+    """Raise OutputPathError now for an output `save_model` would refuse (before any work)."""
+    _check_output(
+        Path(path),
+        None if source is None else Path(source),
+        external_data_files(model),
+        overwrite=bool(overwrite),
+    )
+
+
 def _check_output(out: Path, src: Path | None, locations: list[str], *, overwrite: bool) -> None:
     if out.is_dir():
         raise OutputPathError(

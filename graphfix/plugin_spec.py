@@ -1,7 +1,8 @@
 """The plugin node contracts (see DESIGN.md): the one place the Python side spells them.
 
-The C++ plugin spells the same strings in `plugins/graphfixSoftmax/graphfixSoftmaxPlugin.h`; a test
-checks that the two agree.
+The C++ plugins spell the same strings in `plugins/graphfixSoftmax/graphfixSoftmaxPlugin.h` and
+`plugins/graphfixAttention/graphfixAttentionPlugin.h`; tests/test_plugin_spec_agrees.py checks
+that they agree.
 """
 
 from __future__ import annotations

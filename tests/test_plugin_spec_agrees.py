@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from graphfix.plugin_spec import SOFTMAX
+from graphfix.plugin_spec import ATTENTION, SOFTMAX
 
 PLUGIN_DIR = Path(__file__).resolve().parents[1] / "plugins" / "graphfixSoftmax"
 
@@ -37,3 +37,24 @@ def test_creator_fields_agree() -> None:
         r"PluginField\{(k\w+), nullptr, nvinfer1::PluginFieldType::(k\w+), 1\}", constructor
     )
     assert tuple((_constant(header, name), kind) for name, kind in fields) == SOFTMAX.fields
+
+
+ATTENTION_DIR = PLUGIN_DIR.parent / "graphfixAttention"
+
+
+def test_attention_name_version_namespace_agree() -> None:
+    header = (ATTENTION_DIR / "graphfixAttentionPlugin.h").read_text()
+    assert _constant(header, "kGRAPHFIX_ATTENTION_PLUGIN_NAME") == ATTENTION.op_type
+    assert _constant(header, "kGRAPHFIX_ATTENTION_PLUGIN_VERSION") == ATTENTION.version
+    assert _constant(header, "kGRAPHFIX_ATTENTION_PLUGIN_NAMESPACE") == ATTENTION.namespace
+
+
+def test_attention_creator_fields_agree() -> None:
+    header = (ATTENTION_DIR / "graphfixAttentionPlugin.h").read_text()
+    source = (ATTENTION_DIR / "graphfixAttentionPlugin.cpp").read_text()
+    start = source.index("GraphfixAttentionPluginCreator::GraphfixAttentionPluginCreator()")
+    constructor = source[start : source.index("\n{\n", start)]
+    fields = re.findall(
+        r"PluginField\{(k\w+), nullptr, nvinfer1::PluginFieldType::(k\w+), 1\}", constructor
+    )
+    assert tuple((_constant(header, name), kind) for name, kind in fields) == ATTENTION.fields

@@ -95,7 +95,11 @@ def _missing(expected: list[str], actual: list[str]) -> list[str] | None:
     start = 0
     for run in (r for r in runs if r):
         found = next(
-            (i for i in range(start, len(actual) - len(run) + 1) if actual[i : i + len(run)] == run),
+            (
+                i
+                for i in range(start, len(actual) - len(run) + 1)
+                if actual[i : i + len(run)] == run
+            ),
             None,
         )
         if found is None:
@@ -166,9 +170,7 @@ def test_setup_commands_are_the_ones_ci_runs(readme: str) -> None:
 def test_strategy_table_lists_every_strategy_and_what_is_proven(readme: str) -> None:
     section = readme.split("\n## Strategies", 1)[1].split("\n## ", 1)[0]
     rows = {
-        m.group(1): line
-        for line in section.splitlines()
-        if (m := re.match(r"^\| `(\w+)`", line))
+        m.group(1): line for line in section.splitlines() if (m := re.match(r"^\| `(\w+)`", line))
     }
     assert set(rows) == set(graphfix.STRATEGIES), "the README's strategy table is out of date"
     for name, strategy in graphfix.STRATEGIES.items():

@@ -64,7 +64,7 @@ def require_tensorrt() -> TensorRTStatus:
     if not status.available:
         raise BackendError(
             f"the TensorRT backend needs TensorRT ({status.reason}); install TensorRT 10 or 11 "
-            "with its Python package, or validate with backend='onnxruntime'"
+            "with its Python package, or validate with --backend onnxruntime (backend='onnxruntime')"
         )
     return status
 

@@ -93,7 +93,10 @@ class FusedPluginStrategy:
         if plan.mask is not None:
             features.append("boolean mask" if plan.mask_fill is not None else "additive mask")
         features += [f for f, on in (("causal", plan.causal), ("softcap", plan.softcap)) if on]
-        return Outcome(True, f"chain → {ATTENTION.op_type} ({', '.join(features)})")
+        detail = f"chain → {ATTENTION.op_type} ({', '.join(features)})"
+        if edit.index.elem_type(match.q) == onnx.TensorProto.FLOAT or plan.softcap:
+            detail += "; note: float32 and softcap run on graphfix's own kernel, slower than the unfused chain"
+        return Outcome(True, detail)
 
 
 class _Plan:

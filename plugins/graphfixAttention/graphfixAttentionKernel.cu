@@ -10,16 +10,19 @@
  * them to the I/O type before the second product lose most of their accuracy there); the output
  * is rounded once. Rows whose keys are all blocked (-inf) give NaN, or 0 with nanToZero.
  *
- * The kernel uses CUDA cores only: it is the path for what the cuDNN path cannot run (float32,
- * softcap, bool masks with a finite fill, float32 masks with 16-bit inputs, head dimensions cuDNN
- * refuses, GPUs or installs without cuDNN), correct first and reasonably fast second.
+ * It is the path for what the cuDNN path cannot run (float32, softcap, bool masks with a finite
+ * fill, float32 masks with 16-bit inputs, head dimensions cuDNN refuses, installs without cuDNN),
+ * correct first and reasonably fast second. float32 runs on CUDA cores; float16 and bfloat16 on
+ * sm_80 and newer take the tensor-core variant below (same algorithm and accuracy).
  */
 #include "graphfixAttentionKernel.h"
 
 #include <math_constants.h>
+#include <mma.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 namespace graphfix
 {
@@ -393,6 +396,318 @@ cudaError_t launchTiles(T const* q, T const* k, T const* v, AttentionMaskView co
     return cudaGetLastError();
 }
 
+// ---- the tensor-core variant for 16-bit inputs (sm_80 and newer) ---------------------------
+//
+// Same algorithm, 64 query rows per block (16 per warp) and 64 keys per tile. Q·Kᵀ runs on the
+// tensor cores (16-bit products are exact, accumulation float32). The probabilities are split
+// into a sum of kSPLIT 16-bit terms (p = hi + mid + lo), each multiplied by V on the tensor
+// cores into a float32 accumulator: the product keeps about 22 (float16) or 24 (bfloat16) bits of
+// each probability, the float32 path's accuracy, at two or three times the tensor-core work of a
+// fused kernel that rounds p once. Rows belong to warps, so the softmax needs no block barrier.
+
+constexpr int32_t kTC_BQ{64};
+constexpr int32_t kTC_BK{64};
+constexpr int32_t kTC_ROWS_PER_WARP{16};
+constexpr int32_t kFRAGMENT{16};
+
+static_assert(kTC_BQ == kTC_ROWS_PER_WARP * (kTHREADS / kWARP), "each warp owns 16 query rows");
+
+template <typename T>
+constexpr int32_t kSPLIT = std::is_same_v<T, __half> ? 2 : 3;
+
+//! Shared-memory layout of the tensor-core kernel; leading dimensions in elements, offsets in
+//! bytes (32-byte aligned, as wmma loads and stores require).
+struct TensorCoreLayout
+{
+    int32_t dp;  //!< headDim rounded up to 16 (zero padded)
+    int32_t dvp; //!< valueDim rounded up to 16
+    int32_t ldq; //!< Q and K rows (16-bit)
+    int32_t ldv; //!< V rows (16-bit)
+    int32_t lds; //!< scores (float)
+    int32_t ldp; //!< probability terms (16-bit)
+    int32_t ldo; //!< output accumulator (float)
+    int64_t qOffset, kOffset, vOffset, sOffset, pOffset, oOffset, statsOffset, bytes;
+};
+
+constexpr int64_t alignTo(int64_t value, int64_t alignment)
+{
+    return (value + alignment - 1) / alignment * alignment;
+}
+
+TensorCoreLayout tensorCoreLayout(int64_t headDim, int64_t valueDim, int32_t split)
+{
+    TensorCoreLayout l{};
+    l.dp = static_cast<int32_t>(alignTo(headDim, kFRAGMENT));
+    l.dvp = static_cast<int32_t>(alignTo(valueDim, kFRAGMENT));
+    l.ldq = l.dp + 8;
+    l.ldv = l.dvp + 8;
+    l.lds = kTC_BK + 4;
+    l.ldp = kTC_BK + 8;
+    l.ldo = l.dvp + 4;
+    int64_t at = 0;
+    auto const take = [&at](int64_t bytes) {
+        int64_t const offset = at;
+        at = alignTo(at + bytes, 128);
+        return offset;
+    };
+    l.qOffset = take(int64_t{kTC_BQ} * l.ldq * 2);
+    l.kOffset = take(int64_t{kTC_BK} * l.ldq * 2);
+    l.vOffset = take(int64_t{kTC_BK} * l.ldv * 2);
+    l.sOffset = take(int64_t{kTC_BQ} * l.lds * 4);
+    l.pOffset = take(int64_t{split} * kTC_BQ * l.ldp * 2);
+    l.oOffset = take(int64_t{kTC_BQ} * l.ldo * 4);
+    l.statsOffset = take(int64_t{2} * kTC_BQ * 4);
+    l.bytes = at;
+    return l;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kTHREADS) attentionTensorCoreKernel(T const* __restrict__ q,
+    T const* __restrict__ k, T const* __restrict__ v, AttentionMaskView const mask, T* __restrict__ out,
+    AttentionShape const shape, AttentionParams const params, int64_t const qTiles, TensorCoreLayout const l)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    namespace wmma = nvcuda::wmma;
+    constexpr int32_t kSPLIT_TERMS = kSPLIT<T>;
+    extern __shared__ __align__(128) unsigned char raw[];
+    T* const qs = reinterpret_cast<T*>(raw + l.qOffset);
+    T* const ks = reinterpret_cast<T*>(raw + l.kOffset);
+    T* const vs = reinterpret_cast<T*>(raw + l.vOffset);
+    float* const ss = reinterpret_cast<float*>(raw + l.sOffset);
+    T* const ps = reinterpret_cast<T*>(raw + l.pOffset);
+    float* const os = reinterpret_cast<float*>(raw + l.oOffset);
+    float* const rowMax = reinterpret_cast<float*>(raw + l.statsOffset);
+    float* const rowSum = rowMax + kTC_BQ;
+
+    int32_t const headDim = static_cast<int32_t>(shape.headDim);
+    int32_t const valueDim = static_cast<int32_t>(shape.valueDim);
+    int64_t const tile = blockIdx.x % qTiles;
+    int64_t const bh = blockIdx.x / qTiles;
+    int64_t const b = bh / shape.headsQ;
+    int64_t const h = bh % shape.headsQ;
+    int64_t const hkv = h / (shape.headsQ / shape.headsKV);
+    int64_t const q0 = tile * kTC_BQ;
+    int32_t const tid = static_cast<int32_t>(threadIdx.x);
+    int32_t const warp = tid / kWARP;
+    int32_t const lane = tid % kWARP;
+    T const zero = fromFloat<T>(0.F);
+
+    T const* const qBase = q + bh * shape.seqQ * headDim;
+    T const* const kBase = k + (b * shape.headsKV + hkv) * shape.seqK * headDim;
+    T const* const vBase = v + (b * shape.headsKV + hkv) * shape.seqK * valueDim;
+    int64_t const maskBase = b * mask.stride[0] + h * mask.stride[1];
+
+    for (int32_t e = tid; e < kTC_BQ * l.dp; e += kTHREADS)
+    {
+        int32_t const r = e / l.dp;
+        int32_t const c = e - r * l.dp;
+        int64_t const qi = q0 + r;
+        qs[r * l.ldq + c] = qi < shape.seqQ && c < headDim ? qBase[qi * headDim + c] : zero;
+    }
+    for (int32_t e = tid; e < kTC_BQ * l.dvp; e += kTHREADS)
+    {
+        int32_t const r = e / l.dvp;
+        os[r * l.ldo + (e - r * l.dvp)] = 0.F;
+    }
+    if (tid < kTC_BQ)
+    {
+        rowMax[tid] = negativeInfinity();
+        rowSum[tid] = 0.F;
+    }
+
+    int64_t const kEnd = params.causal && q0 + kTC_BQ < shape.seqK ? q0 + kTC_BQ : shape.seqK;
+    int32_t const warpRow = warp * kTC_ROWS_PER_WARP;
+    for (int64_t k0 = 0; k0 < kEnd; k0 += kTC_BK)
+    {
+        __syncthreads(); // every warp is done with the previous K and V tiles
+        if (params.kTransposed)
+        {
+            for (int32_t e = tid; e < kTC_BK * l.dp; e += kTHREADS)
+            {
+                int32_t const c = e / kTC_BK;
+                int32_t const r = e - c * kTC_BK;
+                int64_t const kj = k0 + r;
+                ks[r * l.ldq + c] = kj < shape.seqK && c < headDim ? kBase[c * shape.seqK + kj] : zero;
+            }
+        }
+        else
+        {
+            for (int32_t e = tid; e < kTC_BK * l.dp; e += kTHREADS)
+            {
+                int32_t const r = e / l.dp;
+                int32_t const c = e - r * l.dp;
+                int64_t const kj = k0 + r;
+                ks[r * l.ldq + c] = kj < shape.seqK && c < headDim ? kBase[kj * headDim + c] : zero;
+            }
+        }
+        for (int32_t e = tid; e < kTC_BK * l.dvp; e += kTHREADS)
+        {
+            int32_t const r = e / l.dvp;
+            int32_t const c = e - r * l.dvp;
+            int64_t const kj = k0 + r;
+            vs[r * l.ldv + c] = kj < shape.seqK && c < valueDim ? vBase[kj * valueDim + c] : zero;
+        }
+        __syncthreads();
+
+        // scores of this warp's 16 rows
+        for (int32_t n = 0; n < kTC_BK / kFRAGMENT; ++n)
+        {
+            wmma::fragment<wmma::accumulator, kFRAGMENT, kFRAGMENT, kFRAGMENT, float> acc;
+            wmma::fill_fragment(acc, 0.F);
+            for (int32_t kk = 0; kk < l.dp / kFRAGMENT; ++kk)
+            {
+                wmma::fragment<wmma::matrix_a, kFRAGMENT, kFRAGMENT, kFRAGMENT, T, wmma::row_major> a;
+                wmma::fragment<wmma::matrix_b, kFRAGMENT, kFRAGMENT, kFRAGMENT, T, wmma::col_major> bk;
+                wmma::load_matrix_sync(a, qs + warpRow * l.ldq + kk * kFRAGMENT, l.ldq);
+                wmma::load_matrix_sync(bk, ks + n * kFRAGMENT * l.ldq + kk * kFRAGMENT, l.ldq);
+                wmma::mma_sync(acc, a, bk, acc);
+            }
+            wmma::store_matrix_sync(ss + warpRow * l.lds + n * kFRAGMENT, acc, l.lds, wmma::mem_row_major);
+        }
+        __syncwarp();
+
+        // online softmax: two lanes per row, 32 keys each
+        {
+            int32_t const row = warpRow + lane / 2;
+            int32_t const c0 = (lane % 2) * (kTC_BK / 2);
+            int64_t const qi = q0 + row;
+            float* const srow = ss + row * l.lds;
+            float tileMax = negativeInfinity();
+            for (int32_t j = 0; j < kTC_BK / 2; ++j)
+            {
+                int32_t const c = c0 + j;
+                int64_t const kj = k0 + c;
+                float s = srow[c] * params.scale;
+                if (params.softcap > 0.F)
+                {
+                    s = params.softcap * tanhf(s / params.softcap);
+                }
+                if (kj >= shape.seqK)
+                {
+                    s = negativeInfinity();
+                }
+                else
+                {
+                    if (mask.kind != AttentionMaskKind::kNone && qi < shape.seqQ)
+                    {
+                        float const m = maskValue(mask, maskBase + qi * mask.stride[2] + kj * mask.stride[3]);
+                        s = mask.kind == AttentionMaskKind::kBool ? (m != 0.F ? s : params.maskFill) : s + m;
+                    }
+                    if (params.causal && kj > qi)
+                    {
+                        s = negativeInfinity();
+                    }
+                }
+                srow[c] = s;
+                tileMax = fmaxf(tileMax, s);
+            }
+            tileMax = fmaxf(tileMax, __shfl_xor_sync(kFULL_MASK, tileMax, 1));
+            float const oldMax = rowMax[row];
+            float const newMax = fmaxf(oldMax, tileMax);
+            bool const empty = newMax == negativeInfinity();
+            float sum = 0.F;
+            for (int32_t j = 0; j < kTC_BK / 2; ++j)
+            {
+                int32_t const c = c0 + j;
+                float const p = empty ? 0.F : expf(srow[c] - newMax);
+                sum += p;
+                float rest = p;
+#pragma unroll
+                for (int32_t term = 0; term < kSPLIT_TERMS; ++term)
+                {
+                    T const part = fromFloat<T>(rest);
+                    ps[(term * kTC_BQ + row) * l.ldp + c] = part;
+                    rest -= toFloat(part);
+                }
+            }
+            sum += __shfl_xor_sync(kFULL_MASK, sum, 1);
+            float const alpha = empty ? 1.F : expf(oldMax - newMax);
+            if (lane % 2 == 0)
+            {
+                rowMax[row] = newMax;
+                rowSum[row] = rowSum[row] * alpha + sum;
+            }
+            for (int32_t c = lane % 2; c < l.dvp; c += 2)
+            {
+                os[row * l.ldo + c] *= alpha;
+            }
+        }
+        __syncwarp();
+
+        // out += P V, P as the sum of its terms
+        for (int32_t n = 0; n < l.dvp / kFRAGMENT; ++n)
+        {
+            wmma::fragment<wmma::accumulator, kFRAGMENT, kFRAGMENT, kFRAGMENT, float> acc;
+            float* const tileOut = os + warpRow * l.ldo + n * kFRAGMENT;
+            wmma::load_matrix_sync(acc, tileOut, l.ldo, wmma::mem_row_major);
+            for (int32_t kk = 0; kk < kTC_BK / kFRAGMENT; ++kk)
+            {
+                wmma::fragment<wmma::matrix_b, kFRAGMENT, kFRAGMENT, kFRAGMENT, T, wmma::row_major> bv;
+                wmma::load_matrix_sync(bv, vs + kk * kFRAGMENT * l.ldv + n * kFRAGMENT, l.ldv);
+#pragma unroll
+                for (int32_t term = 0; term < kSPLIT_TERMS; ++term)
+                {
+                    wmma::fragment<wmma::matrix_a, kFRAGMENT, kFRAGMENT, kFRAGMENT, T, wmma::row_major> a;
+                    wmma::load_matrix_sync(a, ps + (term * kTC_BQ + warpRow) * l.ldp + kk * kFRAGMENT, l.ldp);
+                    wmma::mma_sync(acc, a, bv, acc);
+                }
+            }
+            wmma::store_matrix_sync(tileOut, acc, l.ldo, wmma::mem_row_major);
+        }
+        __syncwarp();
+    }
+    __syncthreads(); // also when no key tile ran: the statistics were set by other warps
+
+    T* const outBase = out + bh * shape.seqQ * valueDim;
+    for (int32_t e = lane; e < kTC_ROWS_PER_WARP * valueDim; e += kWARP)
+    {
+        int32_t const r = warpRow + e / valueDim;
+        int32_t const c = e % valueDim;
+        int64_t const qi = q0 + r;
+        if (qi < shape.seqQ)
+        {
+            float const sum = rowSum[r];
+            float const value = sum > 0.F ? os[r * l.ldo + c] / sum : (params.nanToZero ? 0.F : CUDART_NAN_F);
+            outBase[qi * valueDim + c] = fromFloat<T>(value);
+        }
+    }
+#endif
+}
+
+bool tensorCoresUsable() noexcept
+{
+    int32_t device = 0;
+    int32_t major = 0;
+    return cudaGetDevice(&device) == cudaSuccess
+        && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 8;
+}
+
+template <typename T>
+cudaError_t launchTensorCore(T const* q, T const* k, T const* v, AttentionMaskView const& mask, T* out,
+    AttentionShape const& shape, AttentionParams const& params, TensorCoreLayout const& layout, cudaStream_t stream)
+{
+    auto const kernel = attentionTensorCoreKernel<T>;
+    size_t const smemBytes = static_cast<size_t>(layout.bytes);
+    if (smemBytes > static_cast<size_t>(kDEFAULT_SMEM_BYTES))
+    {
+        cudaError_t const status
+            = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int32_t>(smemBytes));
+        if (status != cudaSuccess)
+        {
+            return status;
+        }
+    }
+    int64_t const qTiles = (shape.seqQ + kTC_BQ - 1) / kTC_BQ;
+    int64_t const blocks = qTiles * shape.batch * shape.headsQ;
+    if (blocks > kMAX_GRID_BLOCKS)
+    {
+        return cudaErrorInvalidConfiguration;
+    }
+    kernel<<<static_cast<uint32_t>(blocks), kTHREADS, smemBytes, stream>>>(
+        q, k, v, mask, out, shape, params, qTiles, layout);
+    return cudaGetLastError();
+}
+
 // ---- the kernels around the cuDNN path -----------------------------------------------------
 
 constexpr int32_t kTRANSPOSE_TILE{32};
@@ -530,6 +845,14 @@ cudaError_t launchAttention(T const* q, T const* k, T const* v, AttentionMaskVie
         return cudaSuccess;
     }
     int64_t const limit = maxSharedBytes();
+    if constexpr (!std::is_same_v<T, float>)
+    {
+        TensorCoreLayout const layout = tensorCoreLayout(shape.headDim, shape.valueDim, kSPLIT<T>);
+        if (layout.bytes <= limit && tensorCoresUsable())
+        {
+            return launchTensorCore<T>(q, k, v, mask, out, shape, params, layout, stream);
+        }
+    }
     int64_t const large = sharedFloats(32, 32, shape.headDim, shape.valueDim) * 4;
     if (large <= limit)
     {

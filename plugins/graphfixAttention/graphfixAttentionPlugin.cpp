@@ -606,6 +606,7 @@ void GraphfixAttentionPlugin::plan(AttentionProblem const& p)
     mUseCudnn = false;
     mDirectBias = false;
     std::string reason;
+    bool cudnnAttempted = false;
     if (mBackend == AttentionBackend::kPortable)
     {
         reason = std::string{kGRAPHFIX_ATTENTION_BACKEND_ENV} + "=portable";
@@ -655,6 +656,7 @@ void GraphfixAttentionPlugin::plan(AttentionProblem const& p)
         {
             mCudnn = std::make_unique<CudnnSdpa>();
         }
+        cudnnAttempted = true;
         if (mCudnn->prepare(c, reason))
         {
             int64_t const needed = mCudnn->workspaceSize(c);
@@ -688,7 +690,11 @@ void GraphfixAttentionPlugin::plan(AttentionProblem const& p)
     if (note != mPathNote)
     {
         mPathNote = note;
-        reportMessage(nvinfer1::ILogger::Severity::kVERBOSE, "onShapeChange", note.c_str());
+        // A shape the cuDNN path was meant for but a loaded cuDNN refused is worth a warning: the
+        // portable kernel is several times slower.
+        bool const refused = !mUseCudnn && cudnnAttempted && cudnnUnavailableReason().empty();
+        reportMessage(refused ? nvinfer1::ILogger::Severity::kWARNING : nvinfer1::ILogger::Severity::kVERBOSE,
+            "onShapeChange", note.c_str());
     }
 }
 

@@ -1,0 +1,342 @@
+"""GraphfixAttention in the plugin libraries, on the host: no GPU, no TensorRT, no cuDNN needed.
+
+The libraries are built as in test_plugin_host_harness.py (same build folder, CUDA architecture
+$GRAPHFIX_TEST_CUDA_ARCHS, default 75). The attention harness (plugins/tests/attentionHarness.cpp)
+loads a library the way TensorRT does and drives GraphfixAttention through TensorRT's plugin
+interfaces; these tests check what it reports against graphfix/plugin_spec.py's ATTENTION.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from graphfix.plugin_build import (
+    ATTENTION_HARNESS_NAME,
+    PluginLibraries,
+    build_plugin_harness,
+    build_plugins,
+)
+from graphfix.plugin_spec import ATTENTION, SOFTMAX
+
+REPO = Path(__file__).resolve().parents[1]
+FLOAT_TYPES = ("kFLOAT", "kHALF", "kBF16")
+LOADINGS = ("static", "dynamic")
+# Q, K, V and a key-padding mask of a small grouped-query attention.
+GQA = "float16:2,4,16,64;float16:2,2,16,64;float16:2,2,16,32;bool:2,1,1,16"
+SCALE = "scale:kFLOAT32:1:0.125"
+
+
+@dataclass(frozen=True)
+class Tools:
+    libraries: PluginLibraries
+    harness: Path
+
+    def library(self, loading: str) -> Path:
+        return self.libraries.static if loading == "static" else self.libraries.dynamic
+
+
+@pytest.fixture(scope="session")
+def tools() -> Tools:
+    archs = os.environ.get("GRAPHFIX_TEST_CUDA_ARCHS", "75")
+    build_dir = REPO / ".cache" / f"plugin-build-{archs.replace(';', '-')}"
+    libraries = build_plugins(build_dir=build_dir, cuda_archs=archs).libraries
+    harness = build_plugin_harness(build_dir=build_dir, target=ATTENTION_HARNESS_NAME)
+    return Tools(libraries=libraries, harness=harness)
+
+
+@dataclass(frozen=True)
+class HarnessRun:
+    report: dict
+    stderr: str
+
+    def errors(self, loading: str) -> list[str]:
+        """What the plugin reported as errors: through the logger, or on stderr without one."""
+        if loading == "static":
+            return [line for line in self.stderr.splitlines() if line.startswith("[E]")]
+        return [m["text"] for m in self.report["messages"] if m["severity"] <= 1]
+
+
+def run_harness(
+    tools: Tools, command: str, loading: str, *args: str, backend: str | None = None
+) -> HarnessRun:
+    env = dict(os.environ)
+    env.pop("GRAPHFIX_ATTENTION_BACKEND", None)
+    if backend is not None:
+        env["GRAPHFIX_ATTENTION_BACKEND"] = backend
+    done = subprocess.run(
+        [str(tools.harness), command, "--library", str(tools.library(loading))]
+        + ["--loading", loading, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 0, f"harness exited {done.returncode}: {done.stdout}{done.stderr}"
+    return HarnessRun(json.loads(done.stdout), done.stderr)
+
+
+def probe(
+    tools: Tools,
+    *fields: str,
+    inputs: str = GQA,
+    loading: str = "dynamic",
+    backend: str | None = None,
+) -> HarnessRun:
+    args = [arg for field in fields for arg in ("--field", field)]
+    return run_harness(tools, "probe", loading, *args, "--inputs", inputs, backend=backend)
+
+
+# ---- identity, registration, capabilities -------------------------------------------------------
+
+
+def _spec_fields() -> list[dict]:
+    return [
+        {"name": name, "type": kind, "length": 1, "values": None} for name, kind in ATTENTION.fields
+    ]
+
+
+@pytest.mark.parametrize("loading", LOADINGS)
+def test_library_offers_both_creators_and_attention_matches_spec(
+    tools: Tools, loading: str
+) -> None:
+    report = run_harness(tools, "describe", loading).report
+    creators = {c["name"]: c for c in report["creators"]}
+    assert set(creators) == {SOFTMAX.op_type, ATTENTION.op_type}
+    attention = creators[ATTENTION.op_type]
+    assert attention["interface"] == {"kind": "PLUGIN CREATOR_V3ONE", "major": 1, "minor": 0}
+    assert (attention["version"], attention["namespace"]) == (
+        ATTENTION.version,
+        ATTENTION.namespace,
+    )
+    assert attention["fields"] == _spec_fields()
+    plugin = report["plugin"]
+    assert (plugin["name"], plugin["version"], plugin["namespace"]) == (
+        ATTENTION.op_type,
+        ATTENTION.version,
+        ATTENTION.namespace,
+    )
+    assert plugin["capabilities"] == {
+        "core": {"kind": "PLUGIN_V3ONE_CORE", "major": 1, "minor": 0},
+        "build": {"kind": "PLUGIN_V3ONE_BUILD", "major": 1, "minor": 0},
+        "runtime": {"kind": "PLUGIN_V3ONE_RUNTIME", "major": 1, "minor": 0},
+    }
+    assert plugin["nb_outputs"] == 1
+
+
+# ---- build-time behaviour ------------------------------------------------------------------------
+
+
+def test_output_type_is_q_type_for_float_types_only(tools: Tools) -> None:
+    types = probe(tools, SCALE).report["output_types"]
+    for name, result in types.items():
+        if name in FLOAT_TYPES:
+            assert result == {"status": 0, "type": name}
+        else:
+            assert result["status"] != 0, name
+
+
+@pytest.mark.parametrize(
+    ("inputs", "expected"),
+    [
+        (GQA, [2, 4, 16, 32]),
+        ("float32:2,8,77,64;float32:2,8,300,64;float32:2,8,300,64", [2, 8, 77, 64]),
+        ("bfloat16:6,33,72;bfloat16:6,40,72;bfloat16:6,40,16;float32:40", [6, 33, 16]),
+        ("float16:1,32,1,128;float16:1,8,4096,128;float16:1,8,4096,128", [1, 32, 1, 128]),
+    ],
+)
+def test_output_shape_is_q_shape_with_v_head_dim(tools: Tools, inputs: str, expected) -> None:
+    report = probe(tools, SCALE, inputs=inputs).report
+    assert report["output_shapes"] == {"status": 0, "dims": expected, "builder_calls": 0}
+    assert report["configure"] == 0
+    assert report["on_shape_change"] == 0
+    assert [
+        m
+        for m in report["messages"]
+        if m["severity"] <= 1 and "getOutputDataTypes" not in m["text"]
+    ] == []
+
+
+def test_k_transposed_reads_t_from_the_last_dimension(tools: Tools) -> None:
+    inputs = "float16:2,4,16,64;float16:2,4,64,48;float16:2,4,48,64"
+    report = probe(tools, SCALE, "k_transposed:kINT32:1:1", inputs=inputs).report
+    assert (report["configure"], report["on_shape_change"]) == (0, 0)
+    note = [m["text"] for m in report["messages"] if "onShapeChange" in m["text"]]
+    assert "T=48" in note[-1] and "D=64" in note[-1]
+
+
+def test_supported_formats(tools: Tools) -> None:
+    formats = probe(tools, SCALE).report["formats"]
+    linear = lambda *types: [[t, "kLINEAR"] for t in types]  # noqa: E731
+    assert sorted(formats["0"]) == sorted(linear(*FLOAT_TYPES))
+    assert formats["1"] == linear("kHALF")
+    assert formats["2"] == linear("kHALF")
+    assert sorted(formats["3"]) == sorted(linear("kFLOAT", "kHALF", "kBOOL"))
+    assert formats["4"] == linear("kHALF")
+
+
+@pytest.mark.parametrize("loading", LOADINGS)
+def test_fields_survive_serialisation(tools: Tools, loading: str) -> None:
+    given = [
+        "scale:kFLOAT32:1:0.08838834764831845",
+        "k_transposed:kINT32:1:1",
+        "causal:kINT32:1:1",
+        "softcap:kFLOAT32:1:30",
+        "mask_fill:kFLOAT32:1:-10000",
+        "nan_to_zero:kINT32:1:1",
+    ]
+    inputs = "float32:2,4,16,64;float32:2,4,64,16;float32:2,4,16,64"
+    report = probe(tools, *given, inputs=inputs, loading=loading).report
+    serialised = report["serialized_fields"]
+    assert [(f["name"], f["type"], f["length"]) for f in serialised] == [
+        (name, kind, 1) for name, kind in ATTENTION.fields
+    ]
+    values = [f["values"][0] for f in serialised]
+    assert values[1:] == [1, 1, 30, -10000, 1]
+    assert math.isclose(values[0], 0.08838834764831845, rel_tol=1e-7)
+    for copy in ("deserialized_fields", "cloned_fields", "attached_fields"):
+        assert report[copy] == serialised
+
+
+def test_defaults_besides_scale(tools: Tools) -> None:
+    report = probe(tools, SCALE).report
+    values = {f["name"]: f["values"][0] for f in report["serialized_fields"]}
+    assert values == {
+        "scale": 0.125,
+        "k_transposed": 0,
+        "causal": 0,
+        "softcap": 0,
+        "mask_fill": "-inf",
+        "nan_to_zero": 0,
+    }
+
+
+# ---- the cuDNN path's workspace and backend choice -----------------------------------------------
+
+
+def test_workspace_only_where_the_cudnn_path_may_run(tools: Tools) -> None:
+    float32 = "float32:2,4,16,64;float32:2,2,16,64;float32:2,2,16,32;bool:2,1,1,16"
+    assert probe(tools, SCALE, inputs=float32).report["workspace_size"] == 0
+    assert probe(tools, SCALE, backend="portable").report["workspace_size"] == 0
+    assert probe(tools, SCALE, "softcap:kFLOAT32:1:20").report["workspace_size"] == 0
+    finite = probe(tools, SCALE, "mask_fill:kFLOAT32:1:-10000").report
+    assert finite["workspace_size"] == 0
+    assert probe(tools, SCALE).report["workspace_size"] >= 8 << 20
+
+
+def _cudnn_reason(report: dict) -> str | None:
+    notes = [m["text"] for m in report["messages"] if "onShapeChange" in m["text"]]
+    return None if notes[-1].endswith("cuDNN SDPA") else notes[-1]
+
+
+def test_without_cudnn_auto_warns_once_and_runs_the_portable_kernel(tools: Tools) -> None:
+    report = probe(tools, SCALE).report
+    reason = _cudnn_reason(report)
+    if reason is None:
+        pytest.skip("cuDNN can be loaded here")
+    warnings = [m["text"] for m in report["messages"] if m["severity"] == 2]
+    assert len(warnings) == 1
+    assert "the cuDNN path is unavailable" in warnings[0]
+    assert "portable kernel" in reason
+
+
+@pytest.mark.parametrize("loading", LOADINGS)
+def test_required_cudnn_that_is_missing_fails_plugin_creation(tools: Tools, loading: str) -> None:
+    if _cudnn_reason(probe(tools, SCALE).report) is None:
+        pytest.skip("cuDNN can be loaded here")
+    run = probe(tools, SCALE, loading=loading, backend="cudnn")
+    assert run.report["created"] is False
+    assert any(
+        "createPlugin" in e and "GRAPHFIX_ATTENTION_BACKEND=cudnn, but" in e
+        for e in run.errors(loading)
+    ), run.errors(loading)
+
+
+def test_unknown_backend_is_an_error(tools: Tools) -> None:
+    run = probe(tools, SCALE, backend="fastest")
+    assert run.report["created"] is False
+    assert any("allowed: auto (default), cudnn, portable" in e for e in run.errors("dynamic"))
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ((SCALE,), None),
+        ((SCALE, "softcap:kFLOAT32:1:50"), "softcap"),
+        ((SCALE, "mask_fill:kFLOAT32:1:-10000"), "a bool mask with a finite mask_fill"),
+    ],
+)
+def test_portable_backend_reason_is_reported(tools: Tools, fields, reason: str | None) -> None:
+    auto = _cudnn_reason(probe(tools, *fields).report)
+    if reason is not None:
+        assert reason in auto
+    forced = _cudnn_reason(probe(tools, *fields, backend="portable").report)
+    assert "GRAPHFIX_ATTENTION_BACKEND=portable" in forced
+
+
+# ---- bad fields and shapes give errors, not crashes ---------------------------------------------
+
+
+@pytest.mark.parametrize("loading", LOADINGS)
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ((), "the field 'scale' is missing"),
+        (("scale:kINT32:1:1",), "expected kFLOAT32"),
+        (("scale:kFLOAT64:1:0.1",), "expected kFLOAT32"),
+        ((SCALE, "causal:kFLOAT32:1:1"), "expected kINT32"),
+        (("scale:kFLOAT32:2:0.1,0.2",), "exactly one value"),
+        (("scale:kFLOAT32:1:null",), "no data"),
+        (("scale:kFLOAT32:1:inf",), "it must be finite"),
+        ((SCALE, "causal:kINT32:1:2"), "causal is 2"),
+        ((SCALE, "k_transposed:kINT32:1:-1"), "k_transposed is -1"),
+        ((SCALE, "nan_to_zero:kINT32:1:7"), "nan_to_zero is 7"),
+        ((SCALE, "softcap:kFLOAT32:1:-1"), "softcap is -1"),
+        ((SCALE, "mask_fill:kFLOAT32:1:nan"), "mask_fill is nan"),
+        ((SCALE, "mask_fill:kFLOAT32:1:inf"), "mask_fill is inf"),
+        ((SCALE, "axis:kINT32:1:-1"), "unknown field 'axis'"),
+    ],
+)
+def test_bad_field_is_an_error(tools: Tools, loading: str, fields, message: str) -> None:
+    run = probe(tools, *fields, loading=loading)
+    assert run.report["created"] is False
+    assert any(message in e and "createPlugin" in e for e in run.errors(loading)), run.errors(
+        loading
+    )
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        ("float16:2,6,16,64;float16:2,4,16,64;float16:2,4,16,64", "Hq must be a multiple of Hkv"),
+        ("float16:2,4,16,64;float16:2,4,16,32;float16:2,4,16,64", "K's head dimension"),
+        ("float16:2,4,16,64;float16:2,4,16,64;float16:2,4,17,64", "V's sequence dimension"),
+        ("float16:2,4,16,64;float16:3,4,16,64;float16:3,4,16,64", "K's batch dimension"),
+        ("float16:2,4,16,64;float16:2,4,16,64;float16:2,4,16,64;bool:3,1,1,16", "mask dimension 0"),
+        (
+            "float16:2,4,16,64;float16:2,4,16,64;float16:2,4,16,64;bool:2,4,16,15",
+            "mask dimension 3",
+        ),
+        ("float16:2,16,64;float16:2,16,64;float16:2,16,64;bool:2,1,16,16", "the mask has rank 4"),
+        ("float16:1,2,4,16,64;float16:1,2,4,16,64;float16:1,2,4,16,64", "Q has rank 5"),
+        ("float16:2,4,16,64;float32:2,4,16,64;float16:2,4,16,64", "Q, K and V must share one type"),
+        (
+            "float16:2,4,16,64;float16:2,4,16,64;float16:2,4,16,64;int32:2,1,1,16",
+            "the mask has type",
+        ),
+    ],
+)
+def test_bad_shapes_and_types_are_errors(tools: Tools, inputs: str, message: str) -> None:
+    report = probe(tools, SCALE, inputs=inputs).report
+    assert report["created"] is True
+    assert report["configure"] == -1
+    assert report["on_shape_change"] == -1
+    errors = [m["text"] for m in report["messages"] if m["severity"] <= 1]
+    assert any(message in e and "configurePlugin" in e for e in errors), errors
