@@ -110,28 +110,36 @@ def _cmd_fix(args: argparse.Namespace) -> int:
     out = Path(args.output)
     loaded = load_model(source, load_weights=False)
     check_output_path(loaded.model, out, source=loaded.path, overwrite=args.overwrite)
-    result = fix_attention(loaded.model, **api_kwargs(args, FIX_OPTIONS))
+    result = fix_attention(loaded, **api_kwargs(args, FIX_OPTIONS))
     report = result.report
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=2, default=str))
-    else:
-        print(report.summary())
+    lines = [report.summary()]
+    saved = None
     if report.rewritten == 0 and not args.always_write:
-        print(
+        lines.append(
             f"nothing to rewrite in {source}; wrote nothing (pass --always-write to write anyway)"
         )
-        return 0
-    saved = save_model(
-        result.model,
-        out,
-        source=loaded.path,
-        link_weights=args.link_weights,
-        overwrite=args.overwrite,
-    )
-    print(saved.describe())
-    if has_plugin_ops(result.model):
-        print("run it with TensorRT:")
-        print("  " + _trtexec_hint(saved.path))
+    else:
+        saved = save_model(
+            result.model,
+            out,
+            source=loaded.path,
+            link_weights=args.link_weights,
+            overwrite=args.overwrite,
+        )
+        lines.append(saved.describe())
+    trtexec = _trtexec_hint(saved.path) if saved and has_plugin_ops(result.model) else None
+    if trtexec:
+        lines += ["run it with TensorRT:", "  " + trtexec]
+    if args.json:
+        document = {
+            "report": report.to_dict(),
+            "saved": None if saved is None else str(saved.path),
+            "weights": None if saved is None else saved.weights,
+            "trtexec": trtexec,
+        }
+        print(json.dumps(document, indent=2, default=str))
+    else:
+        print("\n".join(lines))
     return 0
 
 

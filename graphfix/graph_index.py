@@ -62,13 +62,35 @@ class GraphIndex:
     def _infer_value_info(self) -> dict[str, onnx.ValueInfoProto]:
         infos: dict[str, onnx.ValueInfoProto] = {}
         try:
-            inferred = onnx.shape_inference.infer_shapes(self.model, strict_mode=False)
+            inferred = onnx.shape_inference.infer_shapes(self._inference_model(), strict_mode=False)
             graph = inferred.graph
         except Exception:  # shape inference is best effort; the matcher works without it
             graph = self.graph
         for vi in (*graph.value_info, *graph.input, *graph.output):
             infos[vi.name] = vi
         return infos
+
+    def _inference_model(self) -> onnx.ModelProto:
+        """The model, with small external initializers (shape tensors, scales) read in: shape
+        inference needs their values, and they cost nothing to read.  Weights stay on disk."""
+        small = [
+            t
+            for t in self.graph.initializer
+            if t.data_location == onnx.TensorProto.EXTERNAL
+            and not t.HasField("raw_data")
+            and int(np.prod(t.dims)) <= _MAX_FOLD_ELEMENTS
+        ]
+        if not small or self.base_dir is None:
+            return self.model
+        model = onnx.ModelProto()
+        model.CopyFrom(self.model)
+        names = {t.name for t in small}
+        for tensor in model.graph.initializer:
+            if tensor.name in names:
+                value = self._initializer_value(tensor)
+                if value is not None:
+                    tensor.CopyFrom(numpy_helper.from_array(value, tensor.name))
+        return model
 
     # --- types and shapes -------------------------------------------------------------------
     def elem_type(self, name: str) -> int | None:

@@ -109,14 +109,19 @@ def _external_info(tensor: onnx.TensorProto) -> dict[str, str]:
 
 
 def load_model(
-    model: onnx.ModelProto | str | os.PathLike[str], *, load_weights: bool = True
+    model: LoadedModel | onnx.ModelProto | str | os.PathLike[str], *, load_weights: bool = True
 ) -> LoadedModel:
-    """Load `model` (a ModelProto is passed through untouched) or raise ModelLoadError.
+    """Load `model` (a ModelProto or a LoadedModel is passed through untouched) or raise
+    ModelLoadError.
 
     With `load_weights=False` the graph is read without pulling external data into memory, which
     is how models over 2 GB are inspected and rewritten; the data files are still checked to exist
     and to hold every byte range the model references.
     """
+    if isinstance(model, LoadedModel):
+        if load_weights and not model.weights_loaded and model.path is not None:
+            return load_model(model.path, load_weights=True)
+        return model
     if isinstance(model, onnx.ModelProto):
         return LoadedModel(model=model, path=None, weights_loaded=True)
     if not isinstance(model, (str, os.PathLike)):

@@ -14,7 +14,7 @@ from graphfix.graph_edit import GraphEdit
 from graphfix.graph_index import GraphIndex
 from graphfix.match_types import AttentionMatch
 from graphfix.matcher import scan_graph
-from graphfix.model_io import load_model
+from graphfix.model_io import LoadedModel, load_model
 from graphfix.report import BlockOutcome, FixReport, FixResult
 from graphfix.strategies import get_strategy
 
@@ -22,7 +22,7 @@ Selector = int | str | re.Pattern[str]
 
 
 def fix_attention(
-    model: onnx.ModelProto | str | os.PathLike[str],
+    model: LoadedModel | onnx.ModelProto | str | os.PathLike[str],
     *,
     strategy: str | None = None,
     select: Sequence[Selector] | None = None,
@@ -30,7 +30,7 @@ def fix_attention(
 ) -> FixResult:
     """Rewrite attention chains in a copy of `model`; return it with a report.
 
-    `model` may be a path: its weights are then NOT loaded, and initializers keep their external
+    `model` may be a path (or a LoadedModel): its weights are then NOT loaded, and initializers keep their external
     data references (relative to the input's folder) — save it with `graphfix.save_model`.
     `select` picks blocks by index, exact Softmax node name, or regex (str or compiled) matched
     against the Softmax node name; None rewrites every block.

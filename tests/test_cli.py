@@ -156,3 +156,22 @@ def test_unsupported_opset_or_op_is_one_line_exit_1(tmp_path, capsys, mutate, me
     assert main(["inspect", str(path)]) == 1
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_fix_json_is_one_document(example, tmp_path, capsys):
+    out = tmp_path / "j.onnx"
+    assert main(["fix", str(example), "-o", str(out), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["report"]["rewritten"] == 2
+    assert document["saved"] == str(out) and document["weights"] == "embedded"
+    assert "trtexec" in document["trtexec"]
+
+
+def test_fix_reads_a_scale_stored_as_external_data(tmp_path, capsys):
+    src = tmp_path / "ext.onnx"
+    onnx.save(vit_example(), src, save_as_external_data=True, location="ext.data", size_threshold=0)
+    assert main(["inspect", str(src)]) == 0
+    assert "0.25 (sqrt_qk)" in capsys.readouterr().out
+    out = tmp_path / "ext.fixed.onnx"
+    assert main(["fix", str(src), "-o", str(out), "-s", "fused_plugin"]) == 0
+    assert "GraphfixAttention (scale 0.25" in capsys.readouterr().out
