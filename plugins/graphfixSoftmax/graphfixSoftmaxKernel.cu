@@ -48,6 +48,14 @@ constexpr uint32_t kFULL_MASK{0xffffffffU};
 template <typename T>
 constexpr int32_t kVECTOR_ELEMENTS = kCHUNK_BYTES / static_cast<int32_t>(sizeof(T));
 
+//! Whether the register kernels read a row's partial first and last chunks with whole 16-byte loads
+//! (masked afterwards) and write them in aligned pieces, rather than element by element. Only for
+//! 16-bit types: their 729-long rows were 15% slower than a copy with the element-wise path, while
+//! float32 rows already run at copy speed and the extra code costs their warp kernels 8 registers
+//! (notes/plugin_perf.md, run 6).
+template <typename T>
+constexpr bool kWHOLE_EDGE_CHUNKS = sizeof(T) < 4;
+
 __device__ __forceinline__ float toFloat(float x)
 {
     return x;
@@ -224,6 +232,34 @@ __device__ __forceinline__ void loadChunk(T const* p, float (&v)[kE])
     }
 }
 
+//! Rounds a chunk's kE values to T (round to nearest even) and packs them into a 16-byte word;
+//! 16-bit types convert pairs with one instruction (cvt.rn.{f16,bf16}x2.f32).
+template <typename T, int32_t kE>
+__device__ __forceinline__ uint4 packChunk(float const (&v)[kE])
+{
+    static_assert(kE * sizeof(T) == kCHUNK_BYTES, "a chunk is 16 bytes");
+    uint32_t w[4];
+#pragma unroll
+    for (int32_t i = 0; i < 4; ++i)
+    {
+        if constexpr (std::is_same_v<T, float>)
+        {
+            w[i] = __float_as_uint(v[i]);
+        }
+        else if constexpr (std::is_same_v<T, __half>)
+        {
+            __half2 const pair = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
+            w[i] = *reinterpret_cast<uint32_t const*>(&pair);
+        }
+        else
+        {
+            __nv_bfloat162 const pair = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+            w[i] = *reinterpret_cast<uint32_t const*>(&pair);
+        }
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 template <typename T, int32_t kE>
 __device__ __forceinline__ void storeChunk(T* p, float const (&v)[kE])
 {
@@ -233,13 +269,70 @@ __device__ __forceinline__ void storeChunk(T* p, float const (&v)[kE])
     }
     else
     {
-        alignas(kCHUNK_BYTES) T elements[kE];
-#pragma unroll
-        for (int32_t j = 0; j < kE; ++j)
+        *reinterpret_cast<uint4*>(p) = packChunk<T, kE>(v);
+    }
+}
+
+//! 32-bit word `index` (0..3) of a chunk, selected without indexing a register array.
+__device__ __forceinline__ uint32_t chunkWord(uint4 const& w, int32_t index)
+{
+    uint32_t const even = (index & 1) != 0 ? w.y : w.x;
+    uint32_t const odd = (index & 1) != 0 ? w.w : w.z;
+    return (index & 2) != 0 ? odd : even;
+}
+
+//! Stores bytes [a, b) of the chunk `w` to the 16-byte aligned address `base` (0 <= a < b <= 16,
+//! multiples of kELEMENT_BYTES, not the whole chunk) in naturally aligned pieces of 2, 4 and 8
+//! bytes: at most three when a or b is a chunk boundary, as for the first and last chunk of a
+//! misaligned row.
+template <int32_t kELEMENT_BYTES>
+__device__ __forceinline__ void storeChunkBytes(void* base, uint4 const& w, int32_t a, int32_t b)
+{
+    char* const p = static_cast<char*>(base);
+    auto const store2 = [&](int32_t at) {
+        uint32_t const word = chunkWord(w, at >> 2);
+        *reinterpret_cast<uint16_t*>(p + at) = static_cast<uint16_t>((at & 2) != 0 ? word >> 16 : word);
+    };
+    auto const store4 = [&](int32_t at) { *reinterpret_cast<uint32_t*>(p + at) = chunkWord(w, at >> 2); };
+    auto const store8 = [&](int32_t at) {
+        *reinterpret_cast<uint2*>(p + at) = (at & 8) != 0 ? make_uint2(w.z, w.w) : make_uint2(w.x, w.y);
+    };
+    // Up to the next 16-byte boundary: each piece aligns `a` to twice its size.
+    if constexpr (kELEMENT_BYTES < 4)
+    {
+        if ((a & 2) != 0 && a + 2 <= b)
         {
-            elements[j] = fromFloat<T>(v[j]);
+            store2(a);
+            a += 2;
         }
-        *reinterpret_cast<uint4*>(p) = *reinterpret_cast<uint4 const*>(elements);
+    }
+    if ((a & 4) != 0 && a + 4 <= b)
+    {
+        store4(a);
+        a += 4;
+    }
+    if ((a & 8) != 0 && a + 8 <= b)
+    {
+        store8(a);
+        a += 8;
+    }
+    // What is left starts aligned to the largest piece that fits in it.
+    if (a + 8 <= b)
+    {
+        store8(a);
+        a += 8;
+    }
+    if (a + 4 <= b)
+    {
+        store4(a);
+        a += 4;
+    }
+    if constexpr (kELEMENT_BYTES < 4)
+    {
+        if (a + 2 <= b)
+        {
+            store2(a);
+        }
     }
 }
 
@@ -270,19 +363,35 @@ __device__ __forceinline__ void loadRowChunks(T const* row, I n, int32_t lead, I
 
 //! Loads the same chunks as loadRowChunks as raw 16-byte words, so that a thread issues all its
 //! loads before the first conversion waits on one (measured: up to 25% faster than converting as
-//! each chunk arrives; notes/plugin_perf.md).
+//! each chunk arrives; notes/plugin_perf.md). A chunk that holds only part of the row is still read
+//! with one aligned 16-byte load when it lies inside the tensor [begin, end): its other elements
+//! belong to the neighbouring rows, and maskRowChunks sets them to -inf after conversion. Only the
+//! tensor's own first and last chunk, when the tensor is misaligned, are read element by element.
 template <typename T, int32_t kE, int32_t kK>
-__device__ __forceinline__ void loadRowRaw(
-    T const* row, int32_t n, int32_t lead, int32_t first, int32_t stride, uint4 (&raw)[kK])
+__device__ __forceinline__ void loadRowRaw(T const* row, int32_t n, int32_t lead, int32_t first, int32_t stride,
+    T const* begin, T const* end, uint4 (&raw)[kK])
 {
     static_assert(kE * sizeof(T) == kCHUNK_BYTES, "raw fragments hold 16-byte chunks");
 #pragma unroll
     for (int32_t k = 0; k < kK; ++k)
     {
         int32_t const start = (first + k * stride) * kE - lead;
-        if (start >= 0 && start + kE <= n)
+        T const* const chunk = row + start;
+        bool const overlaps = start < n && start + kE > 0;
+        if ((start >= 0 && start + kE <= n)
+            || (kWHOLE_EDGE_CHUNKS<T> && overlaps && chunk >= begin && chunk + kE <= end))
         {
-            raw[k] = __ldg(reinterpret_cast<uint4 const*>(row + start));
+            raw[k] = __ldg(reinterpret_cast<uint4 const*>(chunk));
+        }
+        else if (kWHOLE_EDGE_CHUNKS<T> && !overlaps)
+        {
+            alignas(kCHUNK_BYTES) T elements[kE];
+#pragma unroll
+            for (int32_t j = 0; j < kE; ++j)
+            {
+                elements[j] = fromFloat<T>(-INFINITY);
+            }
+            raw[k] = *reinterpret_cast<uint4 const*>(elements);
         }
         else
         {
@@ -330,7 +439,36 @@ __device__ __forceinline__ void convertRaw(uint4 const (&raw)[kK], float (&v)[kK
     }
 }
 
-//! Stores what loadRowChunks loaded, skipping elements outside the row.
+//! Sets the elements outside the row of the chunks that loadRowRaw read whole to -inf.
+template <typename T, int32_t kE, int32_t kK>
+__device__ __forceinline__ void maskRowChunks(
+    float (&v)[kK][kE], int32_t n, int32_t lead, int32_t first, int32_t stride)
+{
+    // Without kWHOLE_EDGE_CHUNKS, loadRowRaw already set the elements outside the row to -inf.
+    if constexpr (kWHOLE_EDGE_CHUNKS<T>)
+    {
+#pragma unroll
+        for (int32_t k = 0; k < kK; ++k)
+        {
+            int32_t const start = (first + k * stride) * kE - lead;
+            if (start < 0 || start + kE > n)
+            {
+#pragma unroll
+                for (int32_t j = 0; j < kE; ++j)
+                {
+                    // index < 0 or index >= n
+                    if (static_cast<uint32_t>(start + j) >= static_cast<uint32_t>(n))
+                    {
+                        v[k][j] = -INFINITY;
+                    }
+                }
+            }
+        }
+    }
+}
+
+//! Stores what loadRowChunks loaded, skipping elements outside the row: whole chunks with one
+//! 16-byte store, a chunk that holds part of the row in at most three aligned pieces.
 template <typename T, int32_t kE, int32_t kK, typename I>
 __device__ __forceinline__ void storeRowChunks(T* row, I n, int32_t lead, I first, I stride, float const (&v)[kK][kE])
 {
@@ -338,20 +476,37 @@ __device__ __forceinline__ void storeRowChunks(T* row, I n, int32_t lead, I firs
     for (int32_t k = 0; k < kK; ++k)
     {
         I const start = (first + k * stride) * kE - lead;
-        if (start >= 0 && start + kE <= n)
+        if constexpr (kE == 1 || !kWHOLE_EDGE_CHUNKS<T>)
         {
-            storeChunk<T, kE>(row + start, v[k]);
+            if (start >= 0 && start + kE <= n)
+            {
+                storeChunk<T, kE>(row + start, v[k]);
+            }
+            else
+            {
+#pragma unroll
+                for (int32_t j = 0; j < kE; ++j)
+                {
+                    I const index = start + j;
+                    if (index >= 0 && index < n)
+                    {
+                        row[index] = fromFloat<T>(v[k][j]);
+                    }
+                }
+            }
         }
         else
         {
-#pragma unroll
-            for (int32_t j = 0; j < kE; ++j)
+            uint4 const packed = packChunk<T, kE>(v[k]);
+            if (start >= 0 && start + kE <= n)
             {
-                I const index = start + j;
-                if (index >= 0 && index < n)
-                {
-                    row[index] = fromFloat<T>(v[k][j]);
-                }
+                *reinterpret_cast<uint4*>(row + start) = packed;
+            }
+            else if (start < n && start + kE > 0)
+            {
+                auto const a = static_cast<int32_t>(start < 0 ? -start : I{0}) * static_cast<int32_t>(sizeof(T));
+                auto const b = static_cast<int32_t>(n - start < kE ? n - start : I{kE}) * static_cast<int32_t>(sizeof(T));
+                storeChunkBytes<static_cast<int32_t>(sizeof(T))>(row + start, packed, a, b);
             }
         }
     }
@@ -478,7 +633,7 @@ __global__ void __launch_bounds__(kWARP_ROWS_THREADS)
         uint4 raw[kK];
         if (active)
         {
-            loadRowRaw<T, kE, kK>(rowIn, n, lead, lane, kLANES, raw);
+            loadRowRaw<T, kE, kK>(rowIn, n, lead, lane, kLANES, input, input + rows * n, raw);
         }
         else
         {
@@ -486,6 +641,7 @@ __global__ void __launch_bounds__(kWARP_ROWS_THREADS)
         }
         float v[kK][kE];
         convertRaw<T, kE, kK>(raw, v);
+        maskRowChunks<T, kE, kK>(v, n, lead, lane, kLANES);
         float const max = groupMax<kLANES>(fragmentMax(v));
         PartialSum sum{0.F, 0.F};
         fragmentExp<T>(v, max, sum);
@@ -516,9 +672,10 @@ __global__ void __launch_bounds__(kMAX_THREADS)
         T const* rowIn = input + row * n;
         int32_t const lead = chunkLead<T, kE>(rowIn);
         uint4 raw[kK];
-        loadRowRaw<T, kE, kK>(rowIn, n, lead, first, stride, raw);
+        loadRowRaw<T, kE, kK>(rowIn, n, lead, first, stride, input, input + rows * n, raw);
         float v[kK][kE];
         convertRaw<T, kE, kK>(raw, v);
+        maskRowChunks<T, kE, kK>(v, n, lead, first, stride);
         float const max = blockMax(fragmentMax(v), scratchMax);
         PartialSum sum{0.F, 0.F};
         fragmentExp<T>(v, max, sum);
