@@ -8,7 +8,6 @@ Public API::
     result = graphfix.fix_attention(model, strategy="plugin")  # model + report
 """
 
-from graphfix.draw import draw_attention_block, draw_before_after
 from graphfix.errors import (
     GraphfixError,
     ModelLoadError,
@@ -27,12 +26,31 @@ from graphfix.match_types import (
 )
 from graphfix.matcher import find_attention, scan_attention
 from graphfix.model_io import LoadedModel, SavedModel, load_model, save_model
-from graphfix.plot import error_heatmap_figure, error_histogram_figure, plot_report
 from graphfix.reference import with_reference_ops
 from graphfix.report import BlockOutcome, FixReport, FixResult
 from graphfix.rewrite import break_attention_fusion, fix_attention
 from graphfix.strategies import STRATEGIES
-from graphfix.validate import ValidationReport, ValidationUsageError, validate
+
+# Validation, drawing and plotting load on first use: `graphfix fix` starts without them.
+_LAZY = {
+    "validate": "graphfix.validate",
+    "ValidationReport": "graphfix.validate",
+    "ValidationUsageError": "graphfix.validate",
+    "draw_attention_block": "graphfix.draw",
+    "draw_before_after": "graphfix.draw",
+    "plot_report": "graphfix.plot",
+    "error_histogram_figure": "graphfix.plot",
+    "error_heatmap_figure": "graphfix.plot",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'graphfix' has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 
