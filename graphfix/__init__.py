@@ -30,12 +30,11 @@ from graphfix.reference import with_reference_ops
 from graphfix.report import BlockOutcome, FixReport, FixResult
 from graphfix.rewrite import break_attention_fusion, fix_attention
 from graphfix.strategies import STRATEGIES
+from graphfix.validate import ValidationReport, ValidationUsageError, validate
 
-# Validation, drawing and plotting load on first use: `graphfix fix` starts without them.
+# Drawing and plotting load on first use: `graphfix fix` starts without them.  (`validate` is
+# imported eagerly: it shares its name with its module, which a lazy attribute would shadow.)
 _LAZY = {
-    "validate": "graphfix.validate",
-    "ValidationReport": "graphfix.validate",
-    "ValidationUsageError": "graphfix.validate",
     "draw_attention_block": "graphfix.draw",
     "draw_before_after": "graphfix.draw",
     "plot_report": "graphfix.plot",
