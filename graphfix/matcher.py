@@ -57,9 +57,7 @@ class _ScoreChain:
     nodes: list[onnx.NodeProto] = field(default_factory=list)  # softmax input → QK, reversed
     mask_nodes: list[onnx.NodeProto] = field(default_factory=list)
     mask_inputs: list[str] = field(default_factory=list)
-    scale_factors: list[tuple[str, str, bool]] = field(
-        default_factory=list
-    )  # (tensor, op, main_is_lhs)
+    scale_factors: list[tuple[str, str]] = field(default_factory=list)  # (scalar, "Mul"|"Div")
     tanh: onnx.NodeProto | None = None
 
 
@@ -346,7 +344,7 @@ def _trace_binary(
                 t for t in others if not (op == "Where" and _is_scalar_constant(index, t))
             )
         elif op in ("Mul", "Div"):
-            chain.scale_factors.append((others[0], op, main == 0))
+            chain.scale_factors.append((others[0], op))
         elif op == "Sub":
             _require_max_subtract(index, node)
         chain.nodes.extend(trial.nodes)
@@ -450,7 +448,7 @@ def _scale(
     # A softcap's Div/Mul around its Tanh is the cap, not the scale (see _softcap).
     factors = [
         (t, op)
-        for t, op, _ in chain.scale_factors
+        for t, op in chain.scale_factors
         if chain.tanh is None or not _touches(index, chain.tanh, t)
     ]
     forms = [op.lower() for _, op in factors]
