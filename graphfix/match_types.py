@@ -44,9 +44,9 @@ class AttentionMatch:
     q: str  # tensor names as seen at the Q·Kᵀ node (after any √scale)
     k: str  # K before its transpose when a Transpose feeds the MatMul, else Kᵀ itself
     v: str
-    k_transposed_by: (
-        str  # "transpose" (a Transpose node), "layout" (MatMul input already Kᵀ), "einsum"
-    )
+    k_t: str  # Kᵀ as the Q·Kᵀ node reads it, less any scalar factor (the Einsum's K as is)
+    # "transpose" (a Transpose node), "layout" (MatMul input already Kᵀ), "einsum"
+    k_transposed_by: str
     scale: Scale
     mask_nodes: tuple[str, ...]  # Add / Where nodes that apply the mask, in graph order
     mask_inputs: tuple[str, ...]  # tensors carrying the mask (bias or boolean condition)

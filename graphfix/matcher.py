@@ -201,6 +201,7 @@ def _match_softmax(
         q=q,
         k=k,
         v=v,
+        k_t=k_t,
         k_transposed_by=k_transposed_by,
         scale=scale,
         mask_nodes=tuple(_display(n, index.position(n)) for n in mask_nodes),

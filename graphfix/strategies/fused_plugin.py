@@ -175,25 +175,18 @@ def _check_operands(
         plan.k, plan.k_transposed = match.k, False
     elif pv.op_type == "Einsum":
         raise _Unsupported("an Einsum P·V after a MatMul Q·Kᵀ")
-    elif match.k_transposed_by == "transpose" and _swaps_last_two(index, match.k, qk):
+    elif match.k_transposed_by == "transpose" and _swaps_last_two(index, match):
         plan.k, plan.k_transposed = match.k, False
     else:
-        k_t = _k_operand(index, qk)
-        if index.rank(k_t) not in (3, 4):
+        if index.rank(match.k_t) not in (3, 4):
             raise _Unsupported("Kᵀ is not 3-D or 4-D")
-        plan.k, plan.k_transposed = k_t, True
+        plan.k, plan.k_transposed = match.k_t, True
 
 
-def _k_operand(index: GraphIndex, qk: onnx.NodeProto) -> str:
-    """Kᵀ as it reaches Q·Kᵀ, less any scalar factor peeled off by the matcher."""
-    from graphfix.matcher import _operand_scale  # the matcher's own peeling, not a copy
-
-    return _operand_scale(index, qk.input[1])[0]
-
-
-def _swaps_last_two(index: GraphIndex, k: str, qk: onnx.NodeProto) -> bool:
-    k_t = _k_operand(index, qk)
-    node = index.producer_of(k_t)
+def _swaps_last_two(index: GraphIndex, match: AttentionMatch) -> bool:
+    """The Transpose between K and Q·Kᵀ swaps only the last two axes."""
+    node = index.producer_of(match.k_t)
+    k = match.k
     if node is None or node.op_type != "Transpose" or node.input[0] != k:
         return False
     perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
