@@ -21,45 +21,21 @@ Run on a GPU machine:  python -m pytest tests/test_attention_plugin_gpu.py -m gp
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import plugin_harness_support as support
 import pytest
 
-from graphfix.plugin_build import (
-    ATTENTION_HARNESS_NAME,
-    build_plugin_harness,
-    build_plugins,
-    cudnn_runtime_environment,
-)
+from graphfix.plugin_build import ATTENTION_HARNESS_NAME, cudnn_runtime_environment
 
 pytestmark = pytest.mark.gpu
 
-REPO = Path(__file__).resolve().parents[1]
 DTYPES = ("float32", "float16", "bfloat16")
 BACKENDS = ("portable", "auto")
 EPS = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 CUDNN_ATOL = {"float16": 2.0**-8, "bfloat16": 2.0**-5}
-
-
-def _gpu_compute_capability() -> str | None:
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    done = subprocess.run(
-        [smi, "--query-gpu=compute_cap", "--format=csv,noheader"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        return None
-    return lines[0].strip().replace(".", "")
 
 
 @dataclass(frozen=True)
@@ -157,12 +133,6 @@ CASES = (
 )
 
 
-def _to_bfloat16_bits(x: np.ndarray) -> np.ndarray:
-    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return rounded.astype(np.uint16)
-
-
 def _encode(x: np.ndarray, dtype: str) -> tuple[bytes, np.ndarray]:
     """The bytes of `x` in `dtype` and their exact value in float64."""
     if dtype == "bool":
@@ -173,7 +143,7 @@ def _encode(x: np.ndarray, dtype: str) -> tuple[bytes, np.ndarray]:
     if dtype == "float16":
         q = x.astype(np.float16)
         return q.tobytes(), q.astype(np.float64)
-    bits = _to_bfloat16_bits(x)
+    bits = support.to_bfloat16_bits(x)
     return bits.tobytes(), (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
 
@@ -258,13 +228,7 @@ class Outcome:
 
 @pytest.fixture(scope="session")
 def gpu_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, str], Outcome]:
-    capability = _gpu_compute_capability()
-    if capability is None:
-        pytest.skip("no NVIDIA GPU (nvidia-smi lists none)")
-    archs = os.environ.get("GRAPHFIX_TEST_CUDA_ARCHS", capability)
-    build_dir = REPO / ".cache" / f"plugin-build-{archs.replace(';', '-')}"
-    libraries = build_plugins(build_dir=build_dir, cuda_archs=archs).libraries
-    harness = build_plugin_harness(build_dir=build_dir, target=ATTENTION_HARNESS_NAME)
+    tools = support.gpu_tools(ATTENTION_HARNESS_NAME)
 
     work = tmp_path_factory.mktemp("attention-cases")
     rng = np.random.default_rng(20251129)
@@ -308,12 +272,12 @@ def gpu_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, st
     outcomes = {}
     env = cudnn_runtime_environment()
     for backend in BACKENDS:
-        done = subprocess.run(
-            [str(harness), "run", "--library", str(libraries.dynamic), "--loading", "dynamic"]
-            + ["--manifest", str(manifest)],
-            capture_output=True,
-            text=True,
-            check=False,
+        done = support.run_harness_process(
+            tools,
+            "run",
+            "dynamic",
+            "--manifest",
+            str(manifest),
             env={**env, "GRAPHFIX_ATTENTION_BACKEND": backend},
         )
         assert done.returncode == 0, done.stdout + done.stderr

@@ -11,21 +11,15 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
+import plugin_harness_support as support
 import pytest
+from plugin_harness_support import Tools
 
-from graphfix.plugin_build import (
-    ATTENTION_HARNESS_NAME,
-    PluginLibraries,
-    build_plugin_harness,
-    build_plugins,
-)
+from graphfix.plugin_build import ATTENTION_HARNESS_NAME
 from graphfix.plugin_spec import ATTENTION, SOFTMAX
 
-REPO = Path(__file__).resolve().parents[1]
 FLOAT_TYPES = ("kFLOAT", "kHALF", "kBF16")
 LOADINGS = ("static", "dynamic")
 # Q, K, V and a key-padding mask of a small grouped-query attention.
@@ -33,22 +27,9 @@ GQA = "float16:2,4,16,64;float16:2,2,16,64;float16:2,2,16,32;bool:2,1,1,16"
 SCALE = "scale:kFLOAT32:1:0.125"
 
 
-@dataclass(frozen=True)
-class Tools:
-    libraries: PluginLibraries
-    harness: Path
-
-    def library(self, loading: str) -> Path:
-        return self.libraries.static if loading == "static" else self.libraries.dynamic
-
-
 @pytest.fixture(scope="session")
 def tools() -> Tools:
-    archs = os.environ.get("GRAPHFIX_TEST_CUDA_ARCHS", "75")
-    build_dir = REPO / ".cache" / f"plugin-build-{archs.replace(';', '-')}"
-    libraries = build_plugins(build_dir=build_dir, cuda_archs=archs).libraries
-    harness = build_plugin_harness(build_dir=build_dir, target=ATTENTION_HARNESS_NAME)
-    return Tools(libraries=libraries, harness=harness)
+    return support.host_tools(ATTENTION_HARNESS_NAME)
 
 
 @dataclass(frozen=True)
@@ -70,15 +51,7 @@ def run_harness(
     env.pop("GRAPHFIX_ATTENTION_BACKEND", None)
     if backend is not None:
         env["GRAPHFIX_ATTENTION_BACKEND"] = backend
-    done = subprocess.run(
-        [str(tools.harness), command, "--library", str(tools.library(loading))]
-        + ["--loading", loading, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=env,
-    )
+    done = support.run_harness_process(tools, command, loading, *args, timeout=120, env=env)
     assert done.returncode == 0, f"harness exited {done.returncode}: {done.stdout}{done.stderr}"
     return HarnessRun(json.loads(done.stdout), done.stderr)
 

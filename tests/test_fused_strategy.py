@@ -99,7 +99,9 @@ def test_two_additive_biases_are_summed():
     softmax = next(n for n in model.graph.node if n.op_type == "Softmax")
     softmax.input[0] = "biased"
     position = list(model.graph.node).index(softmax)
-    model.graph.node.insert(position, helper.make_node("Add", ["masked", "bias"], ["biased"], name="bias_add"))
+    model.graph.node.insert(
+        position, helper.make_node("Add", ["masked", "bias"], ["biased"], name="bias_add")
+    )
     fixed = graphfix.break_attention_fusion(model, strategy="fused_plugin")
     (node,) = _attention_nodes(fixed)
     summed = next(n for n in fixed.graph.node if n.output[0] == node.input[3])

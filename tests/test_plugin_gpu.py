@@ -15,39 +15,17 @@ Run on a GPU machine:  python -m pytest tests/test_plugin_gpu.py -m gpu -q
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
+import plugin_harness_support as support
 import pytest
-
-from graphfix.plugin_build import build_plugin_harness, build_plugins
 
 pytestmark = pytest.mark.gpu
 
-REPO = Path(__file__).resolve().parents[1]
 DTYPES = ("float32", "float16", "bfloat16")
 # (mantissa bits, minimum normal exponent) of each output format
 FORMATS = {"float32": (23, -126), "float16": (10, -14), "bfloat16": (7, -126)}
-
-
-def _gpu_compute_capability() -> str | None:
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    done = subprocess.run(
-        [smi, "--query-gpu=compute_cap", "--format=csv,noheader"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        return None
-    return lines[0].strip().replace(".", "")
 
 
 @dataclass(frozen=True)
@@ -98,13 +76,6 @@ CASES = (
 )
 
 
-def _to_bfloat16_bits(x: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bit patterns, rounding to nearest even (inputs hold no NaN)."""
-    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return rounded.astype(np.uint16)
-
-
 def _from_bfloat16_bits(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
@@ -133,7 +104,7 @@ def _encode(x: np.ndarray, dtype: str) -> tuple[bytes, np.ndarray]:
     if dtype == "float16":
         q = x.astype(np.float16)
         return q.tobytes(), q.astype(np.float64)
-    bits = _to_bfloat16_bits(x.astype(np.float32))
+    bits = support.to_bfloat16_bits(x.astype(np.float32))
     return bits.tobytes(), _from_bfloat16_bits(bits).astype(np.float64)
 
 
@@ -192,13 +163,7 @@ class Outcome:
 
 @pytest.fixture(scope="session")
 def gpu_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Outcome]:
-    capability = _gpu_compute_capability()
-    if capability is None:
-        pytest.skip("no NVIDIA GPU (nvidia-smi lists none)")
-    archs = os.environ.get("GRAPHFIX_TEST_CUDA_ARCHS", capability)
-    build_dir = REPO / ".cache" / f"plugin-build-{archs.replace(';', '-')}"
-    libraries = build_plugins(build_dir=build_dir, cuda_archs=archs).libraries
-    harness = build_plugin_harness(build_dir=build_dir)
+    tools = support.gpu_tools()
 
     work = tmp_path_factory.mktemp("gpu-cases")
     rng = np.random.default_rng(20251129)
@@ -217,13 +182,7 @@ def gpu_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, st
             pending.append((case, dtype, exact, stem.with_suffix(".out")))
     manifest = work / "manifest.txt"
     manifest.write_text("\n".join(lines) + "\n")
-    done = subprocess.run(
-        [str(harness), "run", "--library", str(libraries.dynamic), "--loading", "dynamic"]
-        + ["--manifest", str(manifest)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    done = support.run_harness_process(tools, "run", "dynamic", "--manifest", str(manifest))
     assert done.returncode == 0, done.stdout + done.stderr
     results = json.loads(done.stdout)
     assert results["errors"] == []

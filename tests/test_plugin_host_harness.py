@@ -19,17 +19,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import plugin_harness_support as support
 import pytest
+from plugin_harness_support import Tools
 
 from graphfix import plugin_build
 from graphfix.errors import PluginBuildError
-from graphfix.plugin_build import (
-    PluginLibraries,
-    build_plugin_harness,
-    build_plugins,
-    find_plugin_libraries,
-    trtexec_command,
-)
+from graphfix.plugin_build import find_plugin_libraries, trtexec_command
 from graphfix.plugin_spec import SOFTMAX
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,21 +33,9 @@ SUPPORTED_TYPES = ("kFLOAT", "kHALF", "kBF16")
 LOADINGS = ("static", "dynamic")
 
 
-@dataclass(frozen=True)
-class Tools:
-    libraries: PluginLibraries
-    harness: Path
-
-    def library(self, loading: str) -> Path:
-        return self.libraries.static if loading == "static" else self.libraries.dynamic
-
-
 @pytest.fixture(scope="session")
 def tools() -> Tools:
-    archs = os.environ.get("GRAPHFIX_TEST_CUDA_ARCHS", "75")
-    build_dir = REPO / ".cache" / f"plugin-build-{archs.replace(';', '-')}"
-    libraries = build_plugins(build_dir=build_dir, cuda_archs=archs).libraries
-    return Tools(libraries=libraries, harness=build_plugin_harness(build_dir=build_dir))
+    return support.host_tools()
 
 
 @dataclass(frozen=True)
@@ -61,14 +45,7 @@ class HarnessRun:
 
 
 def run_harness(tools: Tools, command: str, loading: str, *args: str) -> HarnessRun:
-    done = subprocess.run(
-        [str(tools.harness), command, "--library", str(tools.library(loading))]
-        + ["--loading", loading, *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = support.run_harness_process(tools, command, loading, *args, timeout=60)
     assert done.returncode == 0, f"harness exited {done.returncode}: {done.stdout}{done.stderr}"
     return HarnessRun(json.loads(done.stdout), done.stderr)
 

@@ -20,6 +20,7 @@
  * executable exports a recording registry under that name, as libnvinfer does); `dynamic` dlopens
  * it and calls its exported setLoggerFinder and getCreators, as IPluginRegistry::loadLibrary does.
  */
+#include "harnessCommon.h"
 #include "harnessDoubles.h"
 
 #include <cuda_bf16.h>
@@ -59,16 +60,12 @@ extern "C" __attribute__((visibility("default"))) nvinfer1::IPluginRegistry* get
     return &gRegistry;
 }
 
-namespace
+namespace graphfix
+{
+namespace harness
 {
 
-class HarnessError : public std::runtime_error
-{
-public:
-    using std::runtime_error::runtime_error;
-};
-
-// ---- JSON ----------------------------------------------------------------------------------
+// ---- JSON: the parts this harness writes its own way ---------------------------------------
 
 std::string quote(std::string const& s)
 {
@@ -97,31 +94,6 @@ std::string quote(std::string const& s)
     return out + "\"";
 }
 
-std::string object(std::vector<std::pair<std::string, std::string>> const& members)
-{
-    std::string out = "{";
-    for (size_t i = 0; i < members.size(); ++i)
-    {
-        out += (i == 0 ? "" : ", ") + quote(members[i].first) + ": " + members[i].second;
-    }
-    return out + "}";
-}
-
-std::string array(std::vector<std::string> const& items)
-{
-    std::string out = "[";
-    for (size_t i = 0; i < items.size(); ++i)
-    {
-        out += (i == 0 ? "" : ", ") + items[i];
-    }
-    return out + "]";
-}
-
-std::string boolean(bool value)
-{
-    return value ? "true" : "false";
-}
-
 template <typename T>
 std::string number(T value)
 {
@@ -129,69 +101,6 @@ std::string number(T value)
     s.precision(9);
     s << value;
     return s.str();
-}
-
-std::string errorsJson()
-{
-    std::vector<std::string> items;
-    for (auto const& e : gLoggerFinder.logger.errors)
-    {
-        items.push_back(quote(e));
-    }
-    return array(items);
-}
-
-// ---- TensorRT enum names -----------------------------------------------------------------------
-
-char const* const kDATA_TYPE_NAMES[]
-    = {"kFLOAT", "kHALF", "kINT8", "kINT32", "kBOOL", "kUINT8", "kFP8", "kBF16", "kINT64", "kINT4", "kFP4", "kE8M0"};
-char const* const kFORMAT_NAMES[] = {"kLINEAR", "kCHW2", "kHWC8", "kCHW4", "kCHW16", "kCHW32", "kDHWC8", "kCDHW32",
-    "kHWC", "kDLA_LINEAR", "kDLA_HWC4", "kHWC16", "kDHWC"};
-char const* const kFIELD_TYPE_NAMES[] = {"kFLOAT16", "kFLOAT32", "kFLOAT64", "kINT8", "kINT16", "kINT32", "kCHAR",
-    "kDIMS", "kUNKNOWN", "kBF16", "kINT64", "kFP8", "kINT4", "kFP4"};
-
-template <size_t N>
-std::string enumName(char const* const (&names)[N], int32_t value)
-{
-    return value >= 0 && static_cast<size_t>(value) < N ? names[value] : "#" + std::to_string(value);
-}
-
-std::string dataTypeName(DataType t)
-{
-    return enumName(kDATA_TYPE_NAMES, static_cast<int32_t>(t));
-}
-
-std::string formatName(TensorFormat f)
-{
-    return enumName(kFORMAT_NAMES, static_cast<int32_t>(f));
-}
-
-std::string fieldTypeName(PluginFieldType t)
-{
-    return enumName(kFIELD_TYPE_NAMES, static_cast<int32_t>(t));
-}
-
-PluginFieldType fieldTypeFromName(std::string const& name)
-{
-    for (size_t i = 0; i < sizeof(kFIELD_TYPE_NAMES) / sizeof(kFIELD_TYPE_NAMES[0]); ++i)
-    {
-        if (name == kFIELD_TYPE_NAMES[i])
-        {
-            return static_cast<PluginFieldType>(i);
-        }
-    }
-    throw HarnessError("unknown field type " + name);
-}
-
-std::string interfaceJson(nvinfer1::IVersionedInterface const* versioned)
-{
-    if (versioned == nullptr)
-    {
-        return "null";
-    }
-    nvinfer1::InterfaceInfo const info = versioned->getInterfaceInfo();
-    return object({{"kind", quote(info.kind == nullptr ? "" : info.kind)}, {"major", number(info.major)},
-        {"minor", number(info.minor)}});
 }
 
 std::string fieldsJson(nvinfer1::PluginFieldCollection const* fc)
@@ -219,73 +128,27 @@ std::string fieldsJson(nvinfer1::PluginFieldCollection const* fc)
     return array(items);
 }
 
+} // namespace harness
+} // namespace graphfix
+
+namespace
+{
+
+using namespace graphfix::harness;
+
+// ---- JSON ----------------------------------------------------------------------------------
+
+std::string errorsJson()
+{
+    std::vector<std::string> items;
+    for (auto const& e : gLoggerFinder.logger.errors)
+    {
+        items.push_back(quote(e));
+    }
+    return array(items);
+}
+
 // ---- arguments --------------------------------------------------------------------------------
-
-struct Arguments
-{
-    std::string command;
-    std::map<std::string, std::string> options;
-    std::vector<std::string> fields;
-
-    std::string get(std::string const& key) const
-    {
-        auto const it = options.find(key);
-        if (it == options.end())
-        {
-            throw HarnessError("missing --" + key);
-        }
-        return it->second;
-    }
-    std::string get(std::string const& key, std::string const& fallback) const
-    {
-        auto const it = options.find(key);
-        return it == options.end() ? fallback : it->second;
-    }
-};
-
-Arguments parseArguments(int argc, char** argv)
-{
-    if (argc < 2)
-    {
-        throw HarnessError("usage: graphfix_plugin_harness describe|probe|run|bench --library PATH --loading MODE ...");
-    }
-    Arguments args;
-    args.command = argv[1];
-    for (int i = 2; i < argc; ++i)
-    {
-        std::string const key = argv[i];
-        if (key.rfind("--", 0) != 0 || i + 1 >= argc)
-        {
-            throw HarnessError("expected --key value, got " + key);
-        }
-        std::string const value = argv[++i];
-        if (key == "--field")
-        {
-            args.fields.push_back(value);
-        }
-        else
-        {
-            args.options[key.substr(2)] = value;
-        }
-    }
-    return args;
-}
-
-std::vector<std::string> split(std::string const& text, char separator)
-{
-    std::vector<std::string> parts;
-    std::string part;
-    std::istringstream stream(text);
-    while (std::getline(stream, part, separator))
-    {
-        parts.push_back(part);
-    }
-    if (!text.empty() && text.back() == separator)
-    {
-        parts.emplace_back();
-    }
-    return parts;
-}
 
 nvinfer1::Dims parseDims(std::string const& text)
 {
@@ -360,9 +223,6 @@ struct FieldStorage
 
 // ---- loading ----------------------------------------------------------------------------------
 
-using GetCreatorsFn = nvinfer1::IPluginCreatorInterface* const* (*) (int32_t&);
-using SetLoggerFinderFn = void (*)(nvinfer1::ILoggerFinder*);
-
 struct LoadedLibrary
 {
     std::string loading;
@@ -422,38 +282,8 @@ LoadedLibrary loadLibrary(Arguments const& args)
 
 nvinfer1::IPluginCreatorV3One* softmaxCreator(LoadedLibrary const& lib)
 {
-    for (auto* creator : lib.creators)
-    {
-        if (creator != nullptr && std::strcmp(creator->getInterfaceInfo().kind, "PLUGIN CREATOR_V3ONE") == 0)
-        {
-            auto* v3 = static_cast<nvinfer1::IPluginCreatorV3One*>(creator);
-            if (std::strcmp(v3->getPluginName(), "GraphfixSoftmax") == 0)
-            {
-                return v3;
-            }
-        }
-    }
-    throw HarnessError("no IPluginCreatorV3One named GraphfixSoftmax was found");
+    return findCreator(lib.creators, "GraphfixSoftmax");
 }
-
-struct Capabilities
-{
-    nvinfer1::IPluginV3OneCore* core;
-    nvinfer1::IPluginV3OneBuild* build;
-    nvinfer1::IPluginV3OneRuntime* runtime;
-};
-
-Capabilities capabilities(nvinfer1::IPluginV3* plugin)
-{
-    return Capabilities{
-        static_cast<nvinfer1::IPluginV3OneCore*>(plugin->getCapabilityInterface(nvinfer1::PluginCapabilityType::kCORE)),
-        static_cast<nvinfer1::IPluginV3OneBuild*>(
-            plugin->getCapabilityInterface(nvinfer1::PluginCapabilityType::kBUILD)),
-        static_cast<nvinfer1::IPluginV3OneRuntime*>(
-            plugin->getCapabilityInterface(nvinfer1::PluginCapabilityType::kRUNTIME))};
-}
-
-using PluginPtr = std::unique_ptr<nvinfer1::IPluginV3>;
 
 PluginPtr createWithAxis(nvinfer1::IPluginCreatorV3One* creator, int32_t axis, nvinfer1::TensorRTPhase phase)
 {
@@ -463,20 +293,6 @@ PluginPtr createWithAxis(nvinfer1::IPluginCreatorV3One* creator, int32_t axis, n
 }
 
 // ---- describe ---------------------------------------------------------------------------------
-
-std::string creatorJson(nvinfer1::IPluginCreatorInterface* creator)
-{
-    std::vector<std::pair<std::string, std::string>> members{{"interface", interfaceJson(creator)}};
-    if (std::strcmp(creator->getInterfaceInfo().kind, "PLUGIN CREATOR_V3ONE") == 0)
-    {
-        auto* v3 = static_cast<nvinfer1::IPluginCreatorV3One*>(creator);
-        members.emplace_back("name", quote(v3->getPluginName()));
-        members.emplace_back("version", quote(v3->getPluginVersion()));
-        members.emplace_back("namespace", quote(v3->getPluginNamespace()));
-        members.emplace_back("fields", fieldsJson(v3->getFieldNames()));
-    }
-    return object(members);
-}
 
 int describe(Arguments const& args)
 {
@@ -494,40 +310,16 @@ int describe(Arguments const& args)
     }
     nvinfer1::IPluginCreatorV3One* const creator = softmaxCreator(lib);
     PluginPtr const plugin = createWithAxis(creator, -1, nvinfer1::TensorRTPhase::kBUILD);
-    std::string pluginJson = "null";
-    if (plugin)
-    {
-        Capabilities const caps = capabilities(plugin.get());
-        pluginJson = object({{"interface", interfaceJson(plugin.get())}, {"name", quote(caps.core->getPluginName())},
-            {"version", quote(caps.core->getPluginVersion())}, {"namespace", quote(caps.core->getPluginNamespace())},
-            {"capabilities",
-                object({{"core", interfaceJson(caps.core)}, {"build", interfaceJson(caps.build)},
-                    {"runtime", interfaceJson(caps.runtime)}})},
-            {"nb_outputs", number(caps.build->getNbOutputs())}});
-    }
     std::printf("%s\n",
         object({{"loading", quote(lib.loading)}, {"registrations", array(registrations)},
                    {"creators", array(creators)}, {"exports_get_creators", boolean(lib.exportsGetCreators)},
-                   {"exports_set_logger_finder", boolean(lib.exportsSetLoggerFinder)}, {"plugin", pluginJson},
-                   {"errors", errorsJson()}})
+                   {"exports_set_logger_finder", boolean(lib.exportsSetLoggerFinder)},
+                   {"plugin", pluginJson(plugin.get())}, {"errors", errorsJson()}})
             .c_str());
     return 0;
 }
 
 // ---- probe ------------------------------------------------------------------------------------
-
-nvinfer1::DynamicPluginTensorDesc dynamicDesc(nvinfer1::Dims const& dims, DataType type, TensorFormat format)
-{
-    nvinfer1::DynamicPluginTensorDesc desc{};
-    desc.desc.dims = dims;
-    desc.desc.type = type;
-    desc.desc.format = format;
-    desc.desc.scale = -1.F;
-    desc.min = dims;
-    desc.max = dims;
-    desc.opt = dims;
-    return desc;
-}
 
 std::string outputTypesJson(nvinfer1::IPluginV3OneBuild* build)
 {
@@ -610,15 +402,6 @@ std::string formatsJson(nvinfer1::IPluginV3OneBuild* build, nvinfer1::Dims const
     return array(accepted);
 }
 
-std::string serialisedFieldsOf(nvinfer1::IPluginV3* plugin)
-{
-    if (plugin == nullptr)
-    {
-        return "null";
-    }
-    return fieldsJson(capabilities(plugin).runtime->getFieldsToSerialize());
-}
-
 int probe(Arguments const& args)
 {
     LoadedLibrary const lib = loadLibrary(args);
@@ -646,14 +429,7 @@ int probe(Arguments const& args)
         members.emplace_back("configure", object(configure));
         members.emplace_back("on_shape_change", object(shapeChange));
 
-        nvinfer1::PluginFieldCollection const* const serialised = caps.runtime->getFieldsToSerialize();
-        members.emplace_back("serialized_fields", fieldsJson(serialised));
-        PluginPtr const deserialised(creator->createPlugin("probe", serialised, nvinfer1::TensorRTPhase::kRUNTIME));
-        members.emplace_back("deserialized_fields", serialisedFieldsOf(deserialised.get()));
-        PluginPtr const cloned(plugin->clone());
-        members.emplace_back("cloned_fields", serialisedFieldsOf(cloned.get()));
-        PluginPtr const attached(caps.runtime->attachToContext(nullptr));
-        members.emplace_back("attached_fields", serialisedFieldsOf(attached.get()));
+        appendRoundTrip(members, creator, plugin.get());
     }
     members.emplace_back("errors", errorsJson());
     std::printf("%s\n", object(members).c_str());
@@ -661,14 +437,6 @@ int probe(Arguments const& args)
 }
 
 // ---- device runs --------------------------------------------------------------------------------
-
-void checkCuda(cudaError_t status, char const* what)
-{
-    if (status != cudaSuccess)
-    {
-        throw HarnessError(std::string{what} + ": " + cudaGetErrorString(status));
-    }
-}
 
 char* deviceAlloc(size_t bytes)
 {
@@ -699,24 +467,6 @@ size_t elementSize(DataType type)
     return type == DataType::kFLOAT ? 4 : 2;
 }
 
-int64_t volume(nvinfer1::Dims const& dims)
-{
-    int64_t n = 1;
-    for (int32_t i = 0; i < dims.nbDims; ++i)
-    {
-        n *= dims.d[i];
-    }
-    return n;
-}
-
-nvinfer1::Dims dynamicDims(int32_t rank)
-{
-    nvinfer1::Dims dims{};
-    dims.nbDims = rank;
-    std::fill(dims.d, dims.d + rank, int64_t{-1});
-    return dims;
-}
-
 //! A runtime plugin made as TensorRT makes one: build-phase plugin, configurePlugin with dynamic
 //! dimensions, getFieldsToSerialize, createPlugin in the runtime phase, attachToContext.
 PluginPtr runtimePlugin(nvinfer1::IPluginCreatorV3One* creator, int32_t axis, int32_t rank, DataType type)
@@ -726,7 +476,7 @@ PluginPtr runtimePlugin(nvinfer1::IPluginCreatorV3One* creator, int32_t axis, in
     {
         throw HarnessError("createPlugin failed for axis " + std::to_string(axis));
     }
-    auto const desc = dynamicDesc(dynamicDims(rank), type, TensorFormat::kLINEAR);
+    auto const desc = dynamicDesc(unknownDims(rank), type, TensorFormat::kLINEAR);
     if (capabilities(built.get()).build->configurePlugin(&desc, 1, &desc, 1) != 0)
     {
         throw HarnessError("configurePlugin failed");
@@ -763,8 +513,6 @@ int32_t enqueueOnce(nvinfer1::IPluginV3* plugin, nvinfer1::Dims const& dims, Dat
     return runtime->enqueue(&desc, &desc, inputs, outputs, nullptr, stream);
 }
 
-constexpr size_t kGUARD_BYTES{256};
-constexpr int kPOISON{0x7B};
 
 int run(Arguments const& args)
 {
@@ -964,7 +712,8 @@ int main(int argc, char** argv)
 {
     try
     {
-        Arguments const args = parseArguments(argc, argv);
+        Arguments const args = parseArguments(
+            argc, argv, "usage: graphfix_plugin_harness describe|probe|run|bench --library PATH --loading MODE ...");
         if (args.command == "describe")
         {
             return describe(args);

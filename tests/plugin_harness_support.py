@@ -1,0 +1,95 @@
+"""What the plugin harness tests share: finding the GPU, building the libraries and a harness.
+
+Used by test_plugin_host_harness.py, test_attention_plugin_host.py (host, no GPU) and
+test_plugin_gpu.py, test_attention_plugin_gpu.py (GPU). The libraries are built in
+<repo>/.cache/plugin-build-<archs>; the harnesses are plugins/tests/pluginHarness.cpp
+(`target` None) and plugins/tests/attentionHarness.cpp (ATTENTION_HARNESS_NAME).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from graphfix.plugin_build import PluginLibraries, build_plugin_harness, build_plugins
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Tools:
+    libraries: PluginLibraries
+    harness: Path
+
+    def library(self, loading: str) -> Path:
+        return self.libraries.static if loading == "static" else self.libraries.dynamic
+
+
+def build_tools(archs: str, target: str | None = None) -> Tools:
+    """The plugin libraries for CUDA architectures `archs` and the harness `target`."""
+    build_dir = REPO / ".cache" / f"plugin-build-{archs.replace(';', '-')}"
+    libraries = build_plugins(build_dir=build_dir, cuda_archs=archs).libraries
+    harness = build_plugin_harness(build_dir=build_dir, target=target)
+    return Tools(libraries=libraries, harness=harness)
+
+
+def host_tools(target: str | None = None) -> Tools:
+    """For the host tests: architectures $GRAPHFIX_TEST_CUDA_ARCHS, default 75."""
+    return build_tools(os.environ.get("GRAPHFIX_TEST_CUDA_ARCHS", "75"), target)
+
+
+def gpu_compute_capability() -> str | None:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    done = subprocess.run(
+        [smi, "--query-gpu=compute_cap", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        return None
+    return lines[0].strip().replace(".", "")
+
+
+def gpu_tools(target: str | None = None) -> Tools:
+    """For the GPU tests: skips without a GPU; architectures $GRAPHFIX_TEST_CUDA_ARCHS, else the GPU's."""
+    capability = gpu_compute_capability()
+    if capability is None:
+        pytest.skip("no NVIDIA GPU (nvidia-smi lists none)")
+    return build_tools(os.environ.get("GRAPHFIX_TEST_CUDA_ARCHS", capability), target)
+
+
+def run_harness_process(
+    tools: Tools,
+    command: str,
+    loading: str,
+    *args: str,
+    timeout: float | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """`harness COMMAND --library L --loading LOADING ARGS...`, its output captured as text."""
+    return subprocess.run(
+        [str(tools.harness), command, "--library", str(tools.library(loading))]
+        + ["--loading", loading, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env,
+    )
+
+
+def to_bfloat16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns, rounding to nearest even (inputs hold no NaN)."""
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
