@@ -187,41 +187,45 @@ def _kernel_lens_include_dir() -> Path:
 
 def fetch_tensorrt_headers() -> Path:
     """Extracts TensorRT's headers from the `kernel-lens` wheel into the cache; returns the folder."""
-    include_dir = _kernel_lens_include_dir()
-    if (include_dir / _HEADER).is_file():
+    return _fetch_wheel_headers(
+        KERNEL_LENS_REQUIREMENT,
+        prefix=_KERNEL_LENS_HEADER_PREFIX,
+        include_dir=_kernel_lens_include_dir(),
+        header=_HEADER,
+        missing="TensorRT headers were not found",
+        remedy="set TENSORRT_ROOT to a TensorRT install that has include/NvInferRuntime.h",
+    )
+
+
+def _fetch_wheel_headers(
+    requirement: str, *, prefix: str, include_dir: Path, header: str, missing: str, remedy: str
+) -> Path:
+    """`pip download` one wheel and extract its headers under `prefix` into `include_dir`
+    (keeping their relative paths); the folder appears only once it is complete."""
+    if (include_dir / header).is_file():
         return include_dir
     with tempfile.TemporaryDirectory() as download:
-        command = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--dest",
-            download,
-            KERNEL_LENS_REQUIREMENT,
-        ]
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+        command += ["--dest", download, requirement]
         completed = subprocess.run(command, capture_output=True, text=True, check=False)
         wheels = list(Path(download).glob("*.whl"))
         if completed.returncode != 0 or not wheels:
             raise PluginBuildError(
-                f"TensorRT headers were not found and `{shlex.join(command[2:])}` failed "
-                f"({completed.stderr.strip()[-300:]}); set TENSORRT_ROOT to a TensorRT install "
-                "that has include/NvInferRuntime.h"
+                f"{missing}, and `{shlex.join(command[2:])}` failed "
+                f"({completed.stderr.strip()[-300:]}); {remedy}"
             )
         staging = include_dir.with_name(include_dir.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         with zipfile.ZipFile(wheels[0]) as wheel:
             for member in wheel.namelist():
-                if member.startswith(_KERNEL_LENS_HEADER_PREFIX) and member.endswith(".h"):
-                    (staging / Path(member).name).write_bytes(wheel.read(member))
-    if not (staging / _HEADER).is_file():
-        raise PluginBuildError(
-            f"{KERNEL_LENS_REQUIREMENT} holds no {_KERNEL_LENS_HEADER_PREFIX}{_HEADER}; "
-            "set TENSORRT_ROOT to a TensorRT install instead"
-        )
+                if member.startswith(prefix) and member.endswith((".h", ".hpp")):
+                    target = staging / member[len(prefix) :]
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(wheel.read(member))
+    if not (staging / header).is_file():
+        shutil.rmtree(staging, ignore_errors=True)
+        raise PluginBuildError(f"{requirement} holds no {prefix}{header}; {remedy}")
     shutil.rmtree(include_dir, ignore_errors=True)
     staging.rename(include_dir)
     return include_dir
@@ -274,36 +278,14 @@ def _cudnn_frontend_include_dir() -> Path:
 
 def fetch_cudnn_frontend_headers() -> Path:
     """Extracts the cuDNN frontend's headers from its wheel into the cache; returns the folder."""
-    include_dir = _cudnn_frontend_include_dir()
-    if (include_dir / _CUDNN_FRONTEND_HEADER).is_file():
-        return include_dir
-    with tempfile.TemporaryDirectory() as download:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
-        command += ["--dest", download, CUDNN_FRONTEND_REQUIREMENT]
-        completed = subprocess.run(command, capture_output=True, text=True, check=False)
-        wheels = list(Path(download).glob("*.whl"))
-        if completed.returncode != 0 or not wheels:
-            raise PluginBuildError(
-                f"cudnn.h was found but the cuDNN frontend headers were not, and "
-                f"`{shlex.join(command[2:])}` failed ({completed.stderr.strip()[-300:]}); set "
-                "GRAPHFIX_CUDNN_FRONTEND_INCLUDE_DIR to a folder holding cudnn_frontend.h"
-            )
-        staging = include_dir.with_name(include_dir.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            for member in wheel.namelist():
-                if member.startswith("include/") and member.endswith((".h", ".hpp")):
-                    target = staging / member[len("include/") :]
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_bytes(wheel.read(member))
-    if not (staging / _CUDNN_FRONTEND_HEADER).is_file():
-        raise PluginBuildError(
-            f"{CUDNN_FRONTEND_REQUIREMENT} holds no include/{_CUDNN_FRONTEND_HEADER}; set "
-            "GRAPHFIX_CUDNN_FRONTEND_INCLUDE_DIR to a folder holding it"
-        )
-    shutil.rmtree(include_dir, ignore_errors=True)
-    staging.rename(include_dir)
-    return include_dir
+    return _fetch_wheel_headers(
+        CUDNN_FRONTEND_REQUIREMENT,
+        prefix="include/",
+        include_dir=_cudnn_frontend_include_dir(),
+        header=_CUDNN_FRONTEND_HEADER,
+        missing="cudnn.h was found but the cuDNN frontend headers were not",
+        remedy="set GRAPHFIX_CUDNN_FRONTEND_INCLUDE_DIR to a folder holding cudnn_frontend.h",
+    )
 
 
 def find_cudnn_headers(*, allow_download: bool | None = None) -> CudnnHeaders | None:
