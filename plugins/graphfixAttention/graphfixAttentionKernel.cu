@@ -17,6 +17,8 @@
  */
 #include "graphfixAttentionKernel.h"
 
+#include "../common/cudaConversions.cuh"
+
 #include <math_constants.h>
 #include <mma.h>
 
@@ -37,41 +39,8 @@ constexpr uint32_t kFULL_MASK{0xffffffffU};
 constexpr int32_t kDEFAULT_SMEM_BYTES{48 * 1024};
 constexpr int64_t kMAX_GRID_BLOCKS{int64_t{1} << 30};
 
-__device__ __forceinline__ float toFloat(float x)
-{
-    return x;
-}
-
-__device__ __forceinline__ float toFloat(__half x)
-{
-    return __half2float(x);
-}
-
-__device__ __forceinline__ float toFloat(__nv_bfloat16 x)
-{
-    return __bfloat162float(x);
-}
-
-template <typename T>
-__device__ __forceinline__ T fromFloat(float x);
-
-template <>
-__device__ __forceinline__ float fromFloat<float>(float x)
-{
-    return x;
-}
-
-template <>
-__device__ __forceinline__ __half fromFloat<__half>(float x)
-{
-    return __float2half_rn(x);
-}
-
-template <>
-__device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float x)
-{
-    return __float2bfloat16_rn(x);
-}
+using conversions::fromFloat;
+using conversions::toFloat;
 
 __device__ __forceinline__ float negativeInfinity()
 {

@@ -20,6 +20,8 @@
  */
 #include "graphfixSoftmaxKernel.h"
 
+#include "../common/cudaConversions.cuh"
+
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
@@ -56,41 +58,8 @@ constexpr int32_t kVECTOR_ELEMENTS = kCHUNK_BYTES / static_cast<int32_t>(sizeof(
 template <typename T>
 constexpr bool kWHOLE_EDGE_CHUNKS = sizeof(T) < 4;
 
-__device__ __forceinline__ float toFloat(float x)
-{
-    return x;
-}
-
-__device__ __forceinline__ float toFloat(__half x)
-{
-    return __half2float(x);
-}
-
-__device__ __forceinline__ float toFloat(__nv_bfloat16 x)
-{
-    return __bfloat162float(x);
-}
-
-template <typename T>
-__device__ __forceinline__ T fromFloat(float x);
-
-template <>
-__device__ __forceinline__ float fromFloat<float>(float x)
-{
-    return x;
-}
-
-template <>
-__device__ __forceinline__ __half fromFloat<__half>(float x)
-{
-    return __float2half_rn(x);
-}
-
-template <>
-__device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float x)
-{
-    return __float2bfloat16_rn(x);
-}
+using conversions::fromFloat;
+using conversions::toFloat;
 
 //! A float32 sum carried with its rounding error (only for float32 outputs).
 struct PartialSum
