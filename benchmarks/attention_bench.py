@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from graphfix.plugin_build import (  # noqa: E402
+from graphfix.plugins.build import (  # noqa: E402
     ATTENTION_HARNESS_NAME,
     build_plugin_harness,
     build_plugins,

@@ -293,12 +293,12 @@ def _unlink(*paths: Path) -> Callable[[], None]:
 
 _API_FIX = (
     "import sys; from graphfix.model_io import load_model, save_model; "
-    "from graphfix.rewrite import fix_attention; "
+    "from graphfix.attention.rewrite import fix_attention; "
     "loaded = load_model(sys.argv[1], load_weights=False); result = fix_attention(loaded.model); "
     "print(result.report.summary()); "
     "print(save_model(result.model, sys.argv[2], source=loaded.path).describe())"
 )
-_API_IMPORTS = "import graphfix.model_io, graphfix.rewrite"
+_API_IMPORTS = "import graphfix.model_io, graphfix.attention.rewrite"
 _ROUND_TRIP = (
     "import sys, onnx; m = onnx.load(sys.argv[1]); "
     "onnx.save(m, sys.argv[2], save_as_external_data=True, location='model.onnx.data')"
@@ -321,7 +321,7 @@ def startup_argv(*, driver: str) -> tuple[str, ...]:
 
 def _cli() -> tuple[str, ...]:
     script = Path(sys.executable).with_name("graphfix")
-    return (str(script),) if script.exists() else (sys.executable, "-m", "graphfix.cli")
+    return (str(script),) if script.exists() else (sys.executable, "-m", "graphfix")
 
 
 def run_benchmark(

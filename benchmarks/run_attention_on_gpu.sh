@@ -5,7 +5,7 @@
 #   bash benchmarks/run_attention_on_gpu.sh
 #
 # Headers, for a machine without internet: TensorRT's in .cache/tensorrt-headers/include (else
-# $TENSORRT_ROOT or what graphfix.plugin_build finds or fetches); cuDNN's in
+# $TENSORRT_ROOT or what graphfix.plugins.build finds or fetches); cuDNN's in
 # .cache/cudnn-headers/cudnn-*/include and the cuDNN frontend's in
 # .cache/cudnn-headers/frontend-*/include (else an installed nvidia-cudnn wheel's and the frontend
 # wheel, fetched). cuDNN itself is loaded at run time from the installed nvidia-cudnn wheel.
@@ -32,7 +32,7 @@ status=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 
 $PY - <<PYEOF 2>&1 | tee "$OUT/attention_build.log" || status=1
-from graphfix.plugin_build import ATTENTION_HARNESS_NAME, build_plugins, build_plugin_harness
+from graphfix.plugins.build import ATTENTION_HARNESS_NAME, build_plugins, build_plugin_harness
 b = build_plugins(build_dir="$BUILD", cuda_archs="$ARCH")
 print(b)
 print(build_plugin_harness(build_dir="$BUILD", target=ATTENTION_HARNESS_NAME))

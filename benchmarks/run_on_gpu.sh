@@ -5,7 +5,7 @@
 #   bash benchmarks/run_on_gpu.sh
 #
 # TensorRT headers: $TENSORRT_ROOT, else .cache/tensorrt-headers/ (copy the extracted headers there
-# on a machine without internet), else whatever graphfix.plugin_build finds or fetches.
+# on a machine without internet), else whatever graphfix.plugins.build finds or fetches.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/out}
@@ -23,7 +23,7 @@ status=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 
 $PY - <<EOF 2>&1 | tee "$OUT/build.log" || status=1
-from graphfix.plugin_build import build_plugins, build_plugin_harness
+from graphfix.plugins.build import build_plugins, build_plugin_harness
 b = build_plugins(build_dir="$BUILD", cuda_archs="$ARCH")
 print(b)
 print(build_plugin_harness(build_dir="$BUILD"))

@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from graphfix.plugin_build import build_plugin_harness, build_plugins  # noqa: E402
+from graphfix.plugins.build import build_plugin_harness, build_plugins  # noqa: E402
 
 SHAPES = (
     (2, 10, 4096, 4096),

@@ -8,6 +8,18 @@ Public API::
     result = graphfix.fix_attention(model, strategy="plugin")  # model + report
 """
 
+from graphfix.attention.match_types import (
+    AttentionKind,
+    AttentionMatch,
+    AttentionOpNode,
+    AttentionScan,
+    Scale,
+    SkippedSoftmax,
+)
+from graphfix.attention.matcher import find_attention, scan_attention
+from graphfix.attention.report import BlockOutcome, FixReport, FixResult
+from graphfix.attention.rewrite import break_attention_fusion, fix_attention
+from graphfix.attention.strategies import STRATEGIES
 from graphfix.errors import (
     GraphfixError,
     ModelLoadError,
@@ -16,30 +28,17 @@ from graphfix.errors import (
     SelectionError,
     UnsupportedModelError,
 )
-from graphfix.match_types import (
-    AttentionKind,
-    AttentionMatch,
-    AttentionOpNode,
-    AttentionScan,
-    Scale,
-    SkippedSoftmax,
-)
-from graphfix.matcher import find_attention, scan_attention
 from graphfix.model_io import LoadedModel, SavedModel, load_model, save_model
-from graphfix.reference import with_reference_ops
-from graphfix.report import BlockOutcome, FixReport, FixResult
-from graphfix.rewrite import break_attention_fusion, fix_attention
-from graphfix.strategies import STRATEGIES
-from graphfix.validate import ValidationReport, ValidationUsageError, validate
+from graphfix.plugins.reference import with_reference_ops
+from graphfix.validation.validate import ValidationReport, ValidationUsageError, validate
 
-# Drawing and plotting load on first use: `graphfix fix` starts without them.  (`validate` is
-# imported eagerly: it shares its name with its module, which a lazy attribute would shadow.)
+# Drawing and plotting load on first use: `graphfix fix` starts without them.
 _LAZY = {
-    "draw_attention_block": "graphfix.draw",
-    "draw_before_after": "graphfix.draw",
-    "plot_report": "graphfix.plot",
-    "error_histogram_figure": "graphfix.plot",
-    "error_heatmap_figure": "graphfix.plot",
+    "draw_attention_block": "graphfix.attention.draw",
+    "draw_before_after": "graphfix.attention.draw",
+    "plot_report": "graphfix.validation.plot",
+    "error_histogram_figure": "graphfix.validation.plot",
+    "error_heatmap_figure": "graphfix.validation.plot",
 }
 
 

@@ -14,13 +14,14 @@ from pathlib import Path
 
 import onnx
 
+from graphfix.attention.matcher import scan_attention
+from graphfix.attention.report import FixReport
+from graphfix.attention.rewrite import fix_attention
+from graphfix.attention.table import match_table
 from graphfix.errors import OutputPathError
 from graphfix.examples import vit_example
-from graphfix.matcher import scan_attention
 from graphfix.model_io import save_model
-from graphfix.report import FixReport
-from graphfix.rewrite import fix_attention
-from graphfix.validate import ValidationReport, validate
+from graphfix.validation.validate import ValidationReport, validate
 
 EXAMPLE_NAME = "vit_example.onnx"
 FIXED_NAME = "vit_example.fixed.onnx"
@@ -54,7 +55,6 @@ def run_demo(directory: str | os.PathLike[str], *, overwrite: bool | None = None
 
 def demo_text(result: DemoResult, *, trtexec: str) -> str:
     """What the demo prints: the table, the fix, the verdict, and the next commands."""
-    from graphfix.cli import match_table  # the same table `graphfix inspect` prints
 
     scan = scan_attention(result.original)
     q = shlex.quote

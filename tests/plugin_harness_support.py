@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from graphfix.plugin_build import PluginLibraries, build_plugin_harness, build_plugins
+from graphfix.plugins.build import PluginLibraries, build_plugin_harness, build_plugins
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import graphfix
-from graphfix.plugin_spec import PLUGIN_DOMAIN
+from graphfix.plugins.spec import PLUGIN_DOMAIN
 
 B, H, S, T, D = 2, 3, 5, 7, 8
 

@@ -28,7 +28,7 @@ import numpy as np
 import plugin_harness_support as support
 import pytest
 
-from graphfix.plugin_build import ATTENTION_HARNESS_NAME, cudnn_runtime_environment
+from graphfix.plugins.build import ATTENTION_HARNESS_NAME, cudnn_runtime_environment
 
 pytestmark = pytest.mark.gpu
 

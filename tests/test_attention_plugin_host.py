@@ -3,7 +3,7 @@
 The libraries are built as in test_plugin_host_harness.py (same build folder, CUDA architecture
 $GRAPHFIX_TEST_CUDA_ARCHS, default 75). The attention harness (plugins/tests/attentionHarness.cpp)
 loads a library the way TensorRT does and drives GraphfixAttention through TensorRT's plugin
-interfaces; these tests check what it reports against graphfix/plugin_spec.py's ATTENTION.
+interfaces; these tests check what it reports against graphfix/plugins/spec.py's ATTENTION.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import plugin_harness_support as support
 import pytest
 from plugin_harness_support import Tools
 
-from graphfix.plugin_build import ATTENTION_HARNESS_NAME
-from graphfix.plugin_spec import ATTENTION, SOFTMAX
+from graphfix.plugins.build import ATTENTION_HARNESS_NAME
+from graphfix.plugins.spec import ATTENTION, SOFTMAX
 
 FLOAT_TYPES = ("kFLOAT", "kHALF", "kBF16")
 LOADINGS = ("static", "dynamic")

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from graphfix.compare import (
+from graphfix.validation.compare import (
     DEFAULT_TOLERANCES,
     HistogramBin,
     Tolerance,
@@ -16,7 +16,7 @@ from graphfix.compare import (
     format_comparison,
     text_histogram,
 )
-from graphfix.inputs import ValidationUsageError
+from graphfix.validation.inputs import ValidationUsageError
 
 STRICT = Tolerance(atol=1e-6, rtol=1e-6)
 

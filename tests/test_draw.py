@@ -1,4 +1,4 @@
-"""graphfix.draw: which nodes one attention block's picture holds, how they are marked, PNGs."""
+"""graphfix.attention.draw: which nodes one attention block's picture holds, how they are marked, PNGs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from graphs import Variant, attention_model, non_attention_models
 
 import graphfix
-from graphfix.draw import draw_attention_block, draw_before_after
+from graphfix.attention.draw import draw_attention_block, draw_before_after
 
 pytest.importorskip("matplotlib")
 
@@ -154,7 +154,7 @@ def test_fixed_model_that_is_not_a_rewrite_of_the_original() -> None:
 
 def test_no_pyplot_and_no_display_needed(tmp_path: Path) -> None:
     code = (
-        "import sys, graphfix.draw as d\n"
+        "import sys, graphfix.attention.draw as d\n"
         "assert 'matplotlib' not in sys.modules, 'imported matplotlib on import'\n"
         "sys.path.insert(0, 'tests')\n"
         "from graphs import Variant, attention_model\n"

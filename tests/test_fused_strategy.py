@@ -12,7 +12,7 @@ from graphs import D, Variant, attention_model, feeds_for
 from onnx import helper
 
 import graphfix
-from graphfix.plugin_spec import ATTENTION, PLUGIN_DOMAIN
+from graphfix.plugins.spec import ATTENTION, PLUGIN_DOMAIN
 
 
 def _attention_nodes(model):

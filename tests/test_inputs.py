@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from graphfix.inputs import (
+from graphfix.validation.inputs import (
     InputSpec,
     ValidationUsageError,
     ValueRange,

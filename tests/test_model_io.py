@@ -17,7 +17,7 @@ import graphfix
 from graphfix import model_io
 from graphfix.errors import GraphfixError, ModelLoadError, OutputPathError
 from graphfix.model_io import load_model, save_model
-from graphfix.plugin_spec import SOFTMAX
+from graphfix.plugins.spec import SOFTMAX
 
 
 def save_external(

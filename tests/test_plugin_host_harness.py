@@ -1,7 +1,7 @@
 """The plugin libraries on the host, without a GPU and without TensorRT.
 
 The libraries are built once per session (CUDA architecture $GRAPHFIX_TEST_CUDA_ARCHS, default
-75, to keep CI's build short) with the TensorRT headers graphfix.plugin_build finds or fetches.
+75, to keep CI's build short) with the TensorRT headers graphfix.plugins.build finds or fetches.
 The host harness (plugins/tests/pluginHarness.cpp) loads each library the way TensorRT does and
 drives the plugin through TensorRT's interfaces; these tests check what it reports against
 graphfix's plugin spec and DESIGN.md. No TensorRT is involved: the harness stands in for the
@@ -23,10 +23,10 @@ import plugin_harness_support as support
 import pytest
 from plugin_harness_support import Tools
 
-from graphfix import plugin_build
 from graphfix.errors import PluginBuildError
-from graphfix.plugin_build import find_plugin_libraries, trtexec_command
-from graphfix.plugin_spec import SOFTMAX
+from graphfix.plugins import build as plugin_build
+from graphfix.plugins.build import find_plugin_libraries, trtexec_command
+from graphfix.plugins.spec import SOFTMAX
 
 REPO = Path(__file__).resolve().parents[1]
 SUPPORTED_TYPES = ("kFLOAT", "kHALF", "kBF16")
@@ -342,7 +342,7 @@ def test_non_editable_install_ships_the_sources(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "from graphfix.plugin_build import plugin_source_dir as p; print(p())",
+            "from graphfix.plugins.build import plugin_source_dir as p; print(p())",
         ],
         capture_output=True,
         text=True,

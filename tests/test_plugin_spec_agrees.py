@@ -1,4 +1,4 @@
-"""The C++ plugin spells its identity as graphfix/plugin_spec.py does (no build needed).
+"""The C++ plugin spells its identity as graphfix/plugins/spec.py does (no build needed).
 
 The built libraries are checked against the same spec at run time by test_plugin_host_harness.py.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from graphfix.plugin_spec import ATTENTION, SOFTMAX
+from graphfix.plugins.spec import ATTENTION, SOFTMAX
 
 PLUGIN_DIR = Path(__file__).resolve().parents[1] / "plugins" / "graphfixSoftmax"
 

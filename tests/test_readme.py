@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 import graphfix
-from graphfix.plugin_build import DYNAMIC_LIBRARY_NAME, STATIC_LIBRARY_NAME
+from graphfix.plugins.build import DYNAMIC_LIBRARY_NAME, STATIC_LIBRARY_NAME
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"

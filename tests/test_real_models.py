@@ -21,7 +21,7 @@ import onnxruntime as ort
 import pytest
 
 import graphfix
-from graphfix.plugin_spec import PLUGIN_DOMAIN, SOFTMAX
+from graphfix.plugins.spec import PLUGIN_DOMAIN, SOFTMAX
 
 SEED = 2
 

@@ -12,7 +12,7 @@ import pytest
 from test_real_models import SEED, TOLERANCE, _params, _run
 
 import graphfix
-from graphfix.plugin_spec import ATTENTION, SOFTMAX
+from graphfix.plugins.spec import ATTENTION, SOFTMAX
 
 # Entry name → blocks expected to fall back, and the reason's key words.  Everything else fuses.
 FALLBACKS: dict[str, tuple[int, str]] = {

@@ -11,7 +11,7 @@ import pytest
 from graphs import Variant, attention_model, feeds_for, non_attention_models
 
 import graphfix
-from graphfix.plugin_spec import PLUGIN_DOMAIN
+from graphfix.plugins.spec import PLUGIN_DOMAIN
 
 F16 = onnx.TensorProto.FLOAT16
 VARIANTS = {

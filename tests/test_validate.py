@@ -16,15 +16,15 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphfix
-from graphfix.backends import BackendError
-from graphfix.backends.tensorrt_backend import (
+from graphfix.validation.backends import BackendError
+from graphfix.validation.backends.tensorrt_backend import (
     FusionProof,
     classify_blocks,
     engine_options,
     parse_engine_layers,
     tensorrt_status,
 )
-from graphfix.validate import ValidationUsageError, validate
+from graphfix.validation.validate import ValidationUsageError, validate
 
 torch = pytest.importorskip("torch", reason="exporting the test models needs torch")
 nn, F = torch.nn, torch.nn.functional
@@ -240,7 +240,7 @@ def test_float16_conversion_has_nonzero_but_bounded_error(which, request, tmp_pa
 def test_npz_inputs_match_generated_ones(vit, tmp_path):
     original, fixed = vit
     generated = validate(original, fixed, backend="onnxruntime", shapes={"x": (1, 4, 32)}, seed=7)
-    x = graphfix.inputs.make_inputs(
+    x = graphfix.validation.inputs.make_inputs(
         onnx.load(str(original)), shapes={"x": (1, 4, 32)}, seed=7
     ).feeds["x"]
     np.savez(tmp_path / "x.npz", x=x)
@@ -326,7 +326,7 @@ def test_report_json_and_summary(bert, tmp_path):
 
 def test_plots_are_written(bert, tmp_path):
     pytest.importorskip("matplotlib", reason="plots need matplotlib")
-    from graphfix.plot import plot_report
+    from graphfix.validation.plot import plot_report
 
     original, fixed = bert
     broken = tmp_path / "broken.onnx"

@@ -10,9 +10,9 @@ import pytest
 from onnx import TensorProto, helper
 
 import graphfix
-from graphfix.backends.tensorrt_backend import tensorrt_status
 from graphfix.cli import main
 from graphfix.examples import vit_example
+from graphfix.validation.backends.tensorrt_backend import tensorrt_status
 
 
 @pytest.fixture(scope="module")

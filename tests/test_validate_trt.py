@@ -12,8 +12,8 @@ import pytest
 import graphfix
 from graphfix.errors import PluginBuildError
 from graphfix.examples import vit_example
-from graphfix.inputs import ValidationUsageError
-from graphfix.validate import validate
+from graphfix.validation.inputs import ValidationUsageError
+from graphfix.validation.validate import validate
 
 pytestmark = [pytest.mark.trt, pytest.mark.gpu]
 trt = pytest.importorskip("tensorrt", reason="TensorRT's Python package is not importable here")
@@ -32,7 +32,7 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def plugin_library():
-    from graphfix.plugin_build import find_plugin_libraries
+    from graphfix.plugins.build import find_plugin_libraries
 
     try:
         return find_plugin_libraries().static

@@ -2,7 +2,7 @@
  * SPDX-License-Identifier: Apache-2.0
  *
  * GraphfixAttention: the whole attention chain MatMul(Q,Kᵀ) → scale → softcap → mask → Softmax →
- * MatMul(·,V) as one accurate fused node (graphfix/plugin_spec.py, ATTENTION, is the contract):
+ * MatMul(·,V) as one accurate fused node (graphfix/plugins/spec.py, ATTENTION, is the contract):
  * float32 scores, softmax statistics and accumulation for float32, float16 and bfloat16 I/O.
  * IPluginV3 with the V3One core, build and runtime capabilities, and its IPluginCreatorV3One.
  *
@@ -33,7 +33,7 @@ namespace graphfix
 namespace plugin
 {
 
-// The one place the C++ side spells the plugin's identity. graphfix/plugin_spec.py (ATTENTION)
+// The one place the C++ side spells the plugin's identity. graphfix/plugins/spec.py (ATTENTION)
 // spells it for Python; tests/test_plugin_spec_agrees.py checks that the two agree.
 constexpr char const* kGRAPHFIX_ATTENTION_PLUGIN_NAME{"GraphfixAttention"};
 constexpr char const* kGRAPHFIX_ATTENTION_PLUGIN_VERSION{"1"};

@@ -18,7 +18,7 @@ namespace graphfix
 namespace plugin
 {
 
-// The one place the C++ side spells the plugin's identity. graphfix/plugin_spec.py spells it for
+// The one place the C++ side spells the plugin's identity. graphfix/plugins/spec.py spells it for
 // Python; tests/test_plugin_spec_agrees.py checks that the two agree.
 constexpr char const* kGRAPHFIX_SOFTMAX_PLUGIN_NAME{"GraphfixSoftmax"};
 constexpr char const* kGRAPHFIX_SOFTMAX_PLUGIN_VERSION{"1"};

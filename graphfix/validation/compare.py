@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphfix.inputs import ValidationUsageError
+from graphfix.validation.inputs import ValidationUsageError
 
 _EPSILON = 2.220446049250313e-16
 _MAX_DECADES = 10

@@ -8,15 +8,15 @@ from collections.abc import Sequence
 
 import onnx
 
-from graphfix.attention_op import decompose_attention_ops as _decompose
+from graphfix.attention.attention_op import decompose_attention_ops as _decompose
+from graphfix.attention.match_types import AttentionMatch
+from graphfix.attention.matcher import scan_graph
+from graphfix.attention.report import BlockOutcome, FixReport, FixResult
+from graphfix.attention.strategies import get_strategy
 from graphfix.errors import SelectionError
-from graphfix.graph_edit import GraphEdit
-from graphfix.graph_index import GraphIndex
-from graphfix.match_types import AttentionMatch
-from graphfix.matcher import scan_graph
+from graphfix.graph.edit import GraphEdit
+from graphfix.graph.index import GraphIndex
 from graphfix.model_io import LoadedModel, load_model
-from graphfix.report import BlockOutcome, FixReport, FixResult
-from graphfix.strategies import get_strategy
 
 Selector = int | str | re.Pattern[str]
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from graphfix.attention.strategies.base import Outcome, Strategy
+from graphfix.attention.strategies.fp32_island import Fp32IslandStrategy
+from graphfix.attention.strategies.fused_plugin import FusedPluginStrategy
+from graphfix.attention.strategies.mark_output import MarkOutputStrategy
+from graphfix.attention.strategies.max_subtract import MaxSubtractStrategy
+from graphfix.attention.strategies.plugin import PluginStrategy
 from graphfix.errors import GraphfixError
-from graphfix.strategies.base import Outcome, Strategy
-from graphfix.strategies.fp32_island import Fp32IslandStrategy
-from graphfix.strategies.fused_plugin import FusedPluginStrategy
-from graphfix.strategies.mark_output import MarkOutputStrategy
-from graphfix.strategies.max_subtract import MaxSubtractStrategy
-from graphfix.strategies.plugin import PluginStrategy
 
 STRATEGIES: dict[str, Strategy] = {
     s.name: s

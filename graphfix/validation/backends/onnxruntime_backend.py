@@ -1,6 +1,6 @@
 """onnxruntime on the CPU: the reference side, and a candidate that runs anywhere.
 
-graphfix plugin nodes are lowered to standard ONNX ops (`graphfix.reference`) when present, so a
+graphfix plugin nodes are lowered to standard ONNX ops (`graphfix.plugins.reference`) when present, so a
 rewritten model runs here exactly as its plugin specifies.  Graph optimisations stay at the
 basic (semantics-preserving) level, so the reference is the model as written.
 """
@@ -16,11 +16,11 @@ import onnx
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
-from graphfix.backends import BackendError
-from graphfix.inputs import cast_feeds, input_specs
 from graphfix.model_io import LoadedModel
-from graphfix.plugin_spec import PLUGIN_DOMAIN
-from graphfix.reference import with_reference_ops
+from graphfix.plugins.reference import with_reference_ops
+from graphfix.plugins.spec import PLUGIN_DOMAIN
+from graphfix.validation.backends import BackendError
+from graphfix.validation.inputs import cast_feeds, input_specs
 
 _ORT_ERRORS = (
     ort_state.Fail,

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import onnx
 
-from graphfix.graph_edit import GraphEdit
-from graphfix.match_types import AttentionMatch
-from graphfix.strategies.base import Outcome
+from graphfix.attention.match_types import AttentionMatch
+from graphfix.attention.strategies.base import Outcome
+from graphfix.graph.edit import GraphEdit
 
 _LOW_PRECISION = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 

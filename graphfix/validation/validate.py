@@ -17,8 +17,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from graphfix.backends import BackendError, Runner
-from graphfix.backends.tensorrt_backend import (
+from graphfix.attention.matcher import find_attention
+from graphfix.model_io import LoadedModel, load_model
+from graphfix.plugins.spec import PLUGIN_DOMAIN
+from graphfix.validation.backends import BackendError, Runner
+from graphfix.validation.backends.tensorrt_backend import (
     PRECISIONS,
     FusionProof,
     TensorRTRunner,
@@ -29,14 +32,14 @@ from graphfix.backends.tensorrt_backend import (
     require_tensorrt,
     tensorrt_status,
 )
-from graphfix.compare import (
+from graphfix.validation.compare import (
     DEFAULT_TOLERANCES,
     OutputComparison,
     Tolerance,
     compare_output,
     format_comparison,
 )
-from graphfix.inputs import (
+from graphfix.validation.inputs import (
     InputSource,
     ValidationUsageError,
     ValueRange,
@@ -44,9 +47,6 @@ from graphfix.inputs import (
     input_specs,
     make_inputs,
 )
-from graphfix.matcher import find_attention
-from graphfix.model_io import LoadedModel, load_model
-from graphfix.plugin_spec import PLUGIN_DOMAIN
 
 BACKENDS = ("tensorrt", "onnxruntime")
 ModelArg = onnx.ModelProto | str | os.PathLike[str]
@@ -151,7 +151,7 @@ def validate(
     `plugins`: library paths to load; None finds graphfix's built library when the candidate has
     plugin nodes.  `inputs`: an .npz path or arrays by name; otherwise seeded random data shaped by
     `shapes` (needed for dynamic dimensions) and drawn from `ranges`.  `atol`/`rtol` default by the
-    candidate's lowest precision (`graphfix.compare.DEFAULT_TOLERANCES`); `quantile` checks that
+    candidate's lowest precision (`graphfix.validation.compare.DEFAULT_TOLERANCES`); `quantile` checks that
     quantile of the errors instead of every element.
     """
     if backend is not None and backend not in BACKENDS:
@@ -182,7 +182,9 @@ def validate(
     tolerance, origin = _tolerance(atol, rtol, quantile, lowest)
     shapes_fed = {name: tuple(array.shape) for name, array in data.feeds.items()}
 
-    from graphfix.backends.onnxruntime_backend import OnnxRuntimeRunner  # imports onnxruntime
+    from graphfix.validation.backends.onnxruntime_backend import (
+        OnnxRuntimeRunner,  # imports onnxruntime
+    )
 
     reference_runner = OnnxRuntimeRunner(reference, label=ref_name)
     candidate_runner: Runner

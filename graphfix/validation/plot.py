@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from graphfix.compare import OutputComparison
 from graphfix.errors import GraphfixError
-from graphfix.inputs import ValidationUsageError
+from graphfix.validation.compare import OutputComparison
+from graphfix.validation.inputs import ValidationUsageError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from graphfix.validate import ValidationReport
+    from graphfix.validation.validate import ValidationReport
 
 _MAX_CELLS = 512  # heat map rows/columns beyond this are max-pooled, so a hot spot stays visible
 

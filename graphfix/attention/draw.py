@@ -8,7 +8,7 @@ the tensors that entered the original chain. So inserted nodes, plugin nodes and
 replaced by one node all draw the same way.
 
 The layered top-down layout is computed here (longest path, barycentre ordering, bends for long
-edges), so no graphviz is needed. Like `graphfix.plot`, only matplotlib's object API is used (no
+edges), so no graphviz is needed. Like `graphfix.validation.plot`, only matplotlib's object API is used (no
 pyplot, no backend switch): figures render in notebooks and save anywhere without a display.
 """
 
@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING
 
 import onnx
 
+from graphfix.attention.match_types import AttentionMatch
+from graphfix.attention.matcher import scan_attention
 from graphfix.errors import GraphfixError, SelectionError, UnsupportedModelError
-from graphfix.match_types import AttentionMatch
-from graphfix.matcher import scan_attention
 from graphfix.model_io import load_model
-from graphfix.plugin_spec import PLUGIN_DOMAIN
-from graphfix.reference import with_reference_ops
+from graphfix.plugins.reference import with_reference_ops
+from graphfix.plugins.spec import PLUGIN_DOMAIN
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

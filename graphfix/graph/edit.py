@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import onnx
 
-from graphfix.graph_index import GraphIndex
+from graphfix.graph.index import GraphIndex
 
 
 class GraphEdit:

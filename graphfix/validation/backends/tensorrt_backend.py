@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from graphfix.backends import BackendError
 from graphfix.errors import PluginBuildError
-from graphfix.inputs import ValidationUsageError, cast_feeds, input_specs
 from graphfix.model_io import LoadedModel, external_data_files
-from graphfix.plugin_spec import PLUGIN_DOMAIN
+from graphfix.plugins.spec import PLUGIN_DOMAIN
+from graphfix.validation.backends import BackendError
+from graphfix.validation.inputs import ValidationUsageError, cast_feeds, input_specs
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 _NAME_MARKERS = ("foreignnode", "myelin", "_gemm_mha_", "fmha")
@@ -116,10 +116,10 @@ def default_engine_cache() -> Path:
 def default_plugin_libraries() -> tuple[Path, ...]:
     """graphfix's built plugin library that registers itself on load (what LoadPlugins takes)."""
     try:
-        from graphfix.plugin_build import find_plugin_libraries
+        from graphfix.plugins.build import find_plugin_libraries
     except ImportError as exc:
         raise PluginBuildError(
-            f"graphfix.plugin_build is not available ({exc}); pass the plugin library explicitly "
+            f"graphfix.plugins.build is not available ({exc}); pass the plugin library explicitly "
             "(plugins=[path] or --plugins PATH)"
         ) from exc
     return (find_plugin_libraries().static,)

@@ -10,9 +10,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from graphfix.graph_edit import GraphEdit
-from graphfix.match_types import AttentionMatch
-from graphfix.strategies.base import Outcome
+from graphfix.attention.match_types import AttentionMatch
+from graphfix.attention.strategies.base import Outcome
+from graphfix.graph.edit import GraphEdit
 
 
 class MaxSubtractStrategy:

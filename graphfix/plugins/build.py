@@ -1,6 +1,6 @@
 """Build, locate and load the TensorRT plugin library that GraphfixSoftmax nodes run on.
 
-The C++ sources ship inside the package (`graphfix/_plugin_src`, a link to the repository's
+The C++ sources ship inside the package (`graphfix/plugins/_plugin_src`, a link to the repository's
 `plugins/` folder, copied as package data by a non-editable install). One CMake build makes two
 libraries from them (DESIGN.md, "Loading the plugin library"):
 
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graphfix.errors import PluginBuildError
-from graphfix.plugin_spec import SOFTMAX
+from graphfix.plugins.spec import SOFTMAX
 
 STATIC_LIBRARY_NAME = "libgraphfix_plugins.so"
 DYNAMIC_LIBRARY_NAME = "libgraphfix_plugins_dynamic.so"

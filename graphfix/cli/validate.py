@@ -10,10 +10,10 @@ import argparse
 import json
 from collections.abc import Sequence
 
-from graphfix.backends.tensorrt_backend import PRECISIONS
-from graphfix.cli_options import Option, add_options, api_kwargs
-from graphfix.inputs import ValidationUsageError, ValueRange, parse_range, parse_shape
-from graphfix.validate import BACKENDS, validate
+from graphfix.cli.options import Option, add_options, api_kwargs
+from graphfix.validation.backends.tensorrt_backend import PRECISIONS
+from graphfix.validation.inputs import ValidationUsageError, ValueRange, parse_range, parse_shape
+from graphfix.validation.validate import BACKENDS, validate
 
 
 def _by_name(entries: Sequence[str], parse, flag: str) -> dict:
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     report = validate(args.original, args.fixed, **api_kwargs(args, VALIDATE_OPTIONS))
     plots = ()
     if args.plot:
-        from graphfix.plot import plot_report
+        from graphfix.validation.plot import plot_report
 
         plots = plot_report(report, args.plot)
     if args.json:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from graphfix.graph_edit import GraphEdit
-from graphfix.match_types import AttentionMatch
+from graphfix.attention.match_types import AttentionMatch
+from graphfix.graph.edit import GraphEdit
 
 
 @dataclass(frozen=True)

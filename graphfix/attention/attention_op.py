@@ -13,8 +13,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphfix.errors import UnsupportedModelError
-from graphfix.graph_edit import GraphEdit
-from graphfix.graph_index import GraphIndex
+from graphfix.graph.edit import GraphEdit
+from graphfix.graph.index import GraphIndex
 
 
 def decompose_attention_ops(model: onnx.ModelProto) -> int:

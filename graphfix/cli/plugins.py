@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from graphfix.plugin_build import (
+from graphfix.plugins.build import (
     PluginLibraries,
     build_plugins,
     find_plugin_libraries,

@@ -12,8 +12,8 @@ import onnx
 from onnx import numpy_helper
 
 from graphfix.errors import UnsupportedModelError
-from graphfix.graph_index import GraphIndex
-from graphfix.plugin_spec import ATTENTION, PLUGIN_DOMAIN, SOFTMAX
+from graphfix.graph.index import GraphIndex
+from graphfix.plugins.spec import ATTENTION, PLUGIN_DOMAIN, SOFTMAX
 
 
 def _lower_softmax(index: GraphIndex, node: onnx.NodeProto) -> list[onnx.NodeProto]:

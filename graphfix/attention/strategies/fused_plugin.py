@@ -14,17 +14,17 @@ import math
 import numpy as np
 import onnx
 
-from graphfix.graph_edit import GraphEdit
-from graphfix.graph_index import GraphIndex
-from graphfix.match_types import AttentionMatch
-from graphfix.plugin_spec import (
+from graphfix.attention.match_types import AttentionMatch
+from graphfix.attention.strategies.base import Outcome
+from graphfix.attention.strategies.plugin import PluginStrategy
+from graphfix.graph.edit import GraphEdit
+from graphfix.graph.index import GraphIndex
+from graphfix.plugins.spec import (
     ATTENTION,
     PLUGIN_ELEMENT_TYPES,
     ensure_plugin_opset,
     make_attention_node,
 )
-from graphfix.strategies.base import Outcome
-from graphfix.strategies.plugin import PluginStrategy
 
 _SCALE_OPS = {"Mul", "Div"}
 _TRANSPARENT_AFTER = {"Cast", "Dropout", "Identity"}

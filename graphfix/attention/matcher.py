@@ -24,9 +24,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from graphfix.errors import UnsupportedModelError
-from graphfix.graph_index import GraphIndex, dtype_name
-from graphfix.match_types import (
+from graphfix.attention.match_types import (
     AttentionKind,
     AttentionMatch,
     AttentionOpNode,
@@ -34,6 +32,8 @@ from graphfix.match_types import (
     Scale,
     SkippedSoftmax,
 )
+from graphfix.errors import UnsupportedModelError
+from graphfix.graph.index import GraphIndex, dtype_name
 from graphfix.model_io import load_model
 
 _MAX_SCORE_HOPS = 14

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from graphfix.graph_edit import GraphEdit
-from graphfix.match_types import AttentionMatch
-from graphfix.plugin_spec import (
+from graphfix.attention.match_types import AttentionMatch
+from graphfix.attention.strategies.base import Outcome
+from graphfix.graph.edit import GraphEdit
+from graphfix.plugins.spec import (
     PLUGIN_ELEMENT_TYPES,
     SOFTMAX,
     ensure_plugin_opset,
     make_softmax_node,
 )
-from graphfix.strategies.base import Outcome
 
 
 class PluginStrategy:

@@ -8,15 +8,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from graphfix import cli_plugins, cli_validate
-from graphfix.cli_options import Option, add_options, api_kwargs
+from graphfix.attention.matcher import scan_attention
+from graphfix.attention.rewrite import fix_attention
+from graphfix.attention.strategies import DEFAULT_STRATEGY, STRATEGIES
+from graphfix.attention.table import match_table
+from graphfix.cli import plugins as cli_plugins
+from graphfix.cli import validate as cli_validate
+from graphfix.cli.options import Option, add_options, api_kwargs
 from graphfix.errors import GraphfixError, UsageError
-from graphfix.match_types import AttentionMatch
-from graphfix.matcher import scan_attention
 from graphfix.model_io import check_output_path, load_model, save_model
-from graphfix.reference import has_plugin_ops
-from graphfix.rewrite import fix_attention
-from graphfix.strategies import DEFAULT_STRATEGY, STRATEGIES
+from graphfix.plugins.reference import has_plugin_ops
 
 
 def _parse_select(text: str) -> list[int | str]:
@@ -71,40 +72,6 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def match_table(matches: Sequence[AttentionMatch]) -> str:
-    header = ("#", "softmax", "kind", "heads", "q_len", "kv_len", "scale", "mask", "dtype")
-    rows = [header]
-    for m in matches:
-        scale = (
-            "none"
-            if m.scale.form == "none"
-            else (
-                f"{m.scale.value:.6g} ({m.scale.form})"
-                if m.scale.value is not None
-                else f"computed ({m.scale.form})"
-            )
-        )
-        mask = "/".join(dict.fromkeys(n.split("/")[-1] for n in m.mask_nodes)) or "-"
-        rows.append(
-            (
-                str(m.index),
-                m.softmax or f"#{m.softmax_position}",
-                m.kind.value,
-                *("?" if x is None else str(x) for x in (m.heads, m.q_len, m.kv_len)),
-                scale,
-                mask if len(mask) < 40 else mask[:37] + "...",
-                m.dtype + (" (fp32 island)" if m.cast_island else ""),
-            )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def _cmd_fix(args: argparse.Namespace) -> int:
     source = Path(args.model)
     out = Path(args.output)
@@ -145,7 +112,7 @@ def _cmd_fix(args: argparse.Namespace) -> int:
 
 def _trtexec_hint(model: Path) -> str:
     """The trtexec line; when the plugin is not built yet, with the build step in front."""
-    from graphfix import plugin_build
+    from graphfix.plugins import build as plugin_build
 
     try:
         return plugin_build.trtexec_command(model)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from graphfix.match_types import AttentionMatch, AttentionOpNode, SkippedSoftmax
+from graphfix.attention.match_types import AttentionMatch, AttentionOpNode, SkippedSoftmax
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""Finding attention chains and rewriting them: matcher, match records, strategies, reports."""

@@ -1,0 +1,41 @@
+"""The attention-block table that `graphfix inspect` and `graphfix demo` print."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from graphfix.attention.match_types import AttentionMatch
+
+
+def match_table(matches: Sequence[AttentionMatch]) -> str:
+    header = ("#", "softmax", "kind", "heads", "q_len", "kv_len", "scale", "mask", "dtype")
+    rows = [header]
+    for m in matches:
+        scale = (
+            "none"
+            if m.scale.form == "none"
+            else (
+                f"{m.scale.value:.6g} ({m.scale.form})"
+                if m.scale.value is not None
+                else f"computed ({m.scale.form})"
+            )
+        )
+        mask = "/".join(dict.fromkeys(n.split("/")[-1] for n in m.mask_nodes)) or "-"
+        rows.append(
+            (
+                str(m.index),
+                m.softmax or f"#{m.softmax_position}",
+                m.kind.value,
+                *("?" if x is None else str(x) for x in (m.heads, m.q_len, m.kv_len)),
+                scale,
+                mask if len(mask) < 40 else mask[:37] + "...",
+                m.dtype + (" (fp32 island)" if m.cast_island else ""),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

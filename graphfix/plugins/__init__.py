@@ -1,0 +1,1 @@
+"""The TensorRT plugins seen from Python: their node contracts, build, and reference lowering."""

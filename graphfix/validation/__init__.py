@@ -1,0 +1,1 @@
+"""Validation: inputs, running backends (onnxruntime, TensorRT), comparison statistics, plots."""
