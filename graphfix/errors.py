@@ -1,14 +1,27 @@
-"""The one exception root for problems the user can fix."""
+"""The one exception root for problems the user can fix, and the exit code each one means.
+
+Exit codes (DESIGN.md, every command): 0 success; 1 the check ran and failed (a `CheckFailed`);
+2 the user's input or options are wrong; 3 the environment cannot do it (a runtime or TensorRT
+missing or unable to load the model, a build failed).  The CLI prints one line, no traceback.
+"""
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 
 class GraphfixError(Exception):
     """A problem with the user's input or environment that the user can fix.
 
-    The CLI prints the message on one line and exits with code 1 (2 for usage errors) without a
-    traceback.  Messages say what failed, the actual value, what was expected and what to do next.
+    Messages say what failed, the actual value, what was expected and what to do next.
+    `exit_code` is what the CLI exits with when this error reaches it.
     """
+
+    exit_code: ClassVar[int] = 2
+
+
+class UsageError(GraphfixError):
+    """The command line or its inputs contradict each other (exit code 2)."""
 
 
 class ModelLoadError(GraphfixError):
@@ -24,12 +37,20 @@ class OutputPathError(GraphfixError):
 
 
 class SelectionError(GraphfixError):
-    """A `select` entry matches no attention block."""
+    """A selector (`--select`, `--keep`, …) is empty or matches nothing in the model."""
 
 
-class PluginBuildError(GraphfixError):
+class EnvironmentProblem(GraphfixError):
+    """The environment cannot do it: a runtime, TensorRT or a build tool is missing or fails (exit 3)."""
+
+    exit_code: ClassVar[int] = 3
+
+
+class PluginBuildError(EnvironmentProblem):
     """The TensorRT plugin library cannot be built or found (missing nvcc, headers, ...)."""
 
 
-class UsageError(GraphfixError):
-    """The command line or its inputs contradict each other; the CLI exits with code 2."""
+class CheckFailed(GraphfixError):
+    """A check ran and failed: validation mismatch, divergence not repaired, lint findings (exit 1)."""
+
+    exit_code: ClassVar[int] = 1

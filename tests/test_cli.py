@@ -92,11 +92,11 @@ def test_no_attention_writes_nothing(tmp_path, capsys):
         ),
     ],
 )
-def test_bad_input_is_one_line_and_exit_1(tmp_path, capsys, setup, message):
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, setup, message):
     path = tmp_path / "in.onnx"
     setup(path)
     out = tmp_path / "o.onnx"
-    assert main(["fix", str(path), "-o", str(out)]) == 1
+    assert main(["fix", str(path), "-o", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("graphfix: error: ") and message in err
     assert len(err.strip().splitlines()) == 1
@@ -109,13 +109,13 @@ def test_missing_external_data(tmp_path, capsys):
         vit_example(), path, save_as_external_data=True, location="ext.data", size_threshold=0
     )
     (tmp_path / "ext.data").unlink()
-    assert main(["inspect", str(path)]) == 1
+    assert main(["inspect", str(path)]) == 2
     assert "ext.data" in capsys.readouterr().err
 
 
 def test_output_equal_to_input_is_refused(example, capsys):
     before = example.read_bytes()
-    assert main(["fix", str(example), "-o", str(example)]) == 1
+    assert main(["fix", str(example), "-o", str(example)]) == 2
     assert "--overwrite" in capsys.readouterr().err
     assert example.read_bytes() == before
     assert main(["fix", str(example), "-o", str(example), "--overwrite"]) == 0
@@ -148,12 +148,12 @@ def test_attention_op_needs_decompose_flag(tmp_path, capsys):
         ),
     ],
 )
-def test_unsupported_opset_or_op_is_one_line_exit_1(tmp_path, capsys, mutate, message):
+def test_unsupported_opset_or_op_is_one_line_exit_2(tmp_path, capsys, mutate, message):
     model = vit_example()
     mutate(model)
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
-    assert main(["inspect", str(path)]) == 1
+    assert main(["inspect", str(path)]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
 

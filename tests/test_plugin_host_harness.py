@@ -273,7 +273,7 @@ def test_cli_plugins_path_prints_the_libraries(tools: Tools, capsys) -> None:
 def test_cli_plugins_path_without_a_build_says_what_to_run(tmp_path: Path, capsys) -> None:
     from graphfix.cli import main
 
-    assert main(["plugins", "path", "--build-dir", str(tmp_path)]) == 1
+    assert main(["plugins", "path", "--build-dir", str(tmp_path)]) == 3
     assert "run `graphfix plugins build`" in capsys.readouterr().err
 
 

@@ -160,27 +160,27 @@ def test_mismatched_models_exit_2(models, dynamic, capsys):
     assert code == 2 and "the two models take different inputs" in err
 
 
-def test_model_onnxruntime_cannot_run_exits_1(dynamic, tmp_path, capsys):
+def test_model_onnxruntime_cannot_run_exits_3(dynamic, tmp_path, capsys):
     odd = onnx.load(dynamic)
     odd.graph.node[0].op_type = "NoSuchOp"
     onnx.save(odd, tmp_path / "odd.onnx")
     code, _, err = _run(capsys, dynamic, tmp_path / "odd.onnx", "--shape", "tokens:1x2x8")
-    assert code == 1
+    assert code == 3
     assert "onnxruntime cannot load" in err and "NoSuchOp" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
-def test_missing_model_file_exits_1(dynamic, tmp_path, capsys):
+def test_missing_model_file_exits_2(dynamic, tmp_path, capsys):
     code, _, err = _run(capsys, dynamic, tmp_path / "nope.onnx")
-    assert code == 1 and "model file not found" in err
+    assert code == 2 and "model file not found" in err
 
 
 @pytest.mark.skipif(
     tensorrt_status().available, reason="checks the message where TensorRT is absent"
 )
-def test_tensorrt_requested_without_tensorrt_exits_1(models, capsys):
+def test_tensorrt_requested_without_tensorrt_exits_3(models, capsys):
     code, _, err = _run(capsys, models["original"], models["fixed"], "--backend", "tensorrt")
-    assert code == 1 and "the TensorRT backend needs TensorRT (import tensorrt failed" in err
+    assert code == 3 and "the TensorRT backend needs TensorRT (import tensorrt failed" in err
 
 
 def test_argparse_usage_exits_2(capsys):

@@ -15,7 +15,7 @@ from graphfix.attention.table import match_table
 from graphfix.cli import plugins as cli_plugins
 from graphfix.cli import validate as cli_validate
 from graphfix.cli.options import Option, add_options, api_kwargs
-from graphfix.errors import GraphfixError, UsageError
+from graphfix.errors import GraphfixError
 from graphfix.model_io import check_output_path, load_model, save_model
 from graphfix.plugins.reference import has_plugin_ops
 
@@ -195,12 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except UsageError as exc:
-        print(f"graphfix: error: {exc}", file=sys.stderr)
-        return 2
     except GraphfixError as exc:
         print(f"graphfix: error: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code
     except BrokenPipeError:  # `graphfix inspect … | head`
         sys.stderr.close()
         return 0

@@ -11,11 +11,11 @@ from typing import Protocol
 
 import numpy as np
 
-from graphfix.errors import GraphfixError
+from graphfix.errors import EnvironmentProblem
 
 
-class BackendError(GraphfixError):
-    """A backend cannot load, build or run a model (the CLI exits with code 1)."""
+class BackendError(EnvironmentProblem):
+    """A backend cannot load, build or run a model (the CLI exits with code 3)."""
 
 
 class Runner(Protocol):
