@@ -40,7 +40,7 @@ def _match(index: GraphIndex, norm: onnx.NodeProto) -> NormCandidate | None:
     problems: list[str] = []
     shape = index.shape(x)
     channels = shape[1] if shape is not None and len(shape) >= 3 else None
-    groups = _groups(index, split, norm, problems)
+    groups = _groups(index, split, norm, shape, problems)
     if not isinstance(channels, int) and shape is not None and len(shape) >= 3 and groups and groups > 1:
         channels = _channels_from_scale(index, merge.output[0], len(shape))
     if not isinstance(channels, int):
@@ -95,11 +95,15 @@ def _match(index: GraphIndex, norm: onnx.NodeProto) -> NormCandidate | None:
 
 
 def _groups(
-    index: GraphIndex, split: onnx.NodeProto, norm: onnx.NodeProto, problems: list[str]
+    index: GraphIndex,
+    split: onnx.NodeProto,
+    norm: onnx.NodeProto,
+    shape: tuple[int | str | None, ...] | None,
+    problems: list[str],
 ) -> int | None:
     """G, when the Reshape makes [N, G, -1] and InstanceNormalization's affine is the identity."""
     target = index.constant_value(split.input[1])
-    if target is None or target.shape != (3,) or int(target[2]) != -1 or int(target[1]) <= 0:
+    if target is None or target.shape != (3,) or not _splits_groups([int(t) for t in target], shape):
         problems.append(f"{split.name or 'Reshape'} does not reshape to [N, groups, -1]")
         return None
     groups = int(target[1])
@@ -111,6 +115,17 @@ def _groups(
     elif not (np.all(ones == 1) and np.all(zeros == 0)):
         problems.append(f"{norm.name or 'InstanceNormalization'} scales or shifts each group")
     return groups
+
+
+def _splits_groups(target: list[int], shape: tuple[int | str | None, ...] | None) -> bool:
+    """True when Reshape(x, target) is [N, G, C·spatial/G] (N as 0, or as x's static batch)."""
+    batch, groups, rest = target
+    if groups <= 0 or shape is None or len(shape) < 3:
+        return False
+    static = all(isinstance(d, int) for d in shape)
+    batch_ok = batch == 0 or batch == shape[0] or (batch == -1 and static and rest != -1)
+    rest_ok = rest == -1 or (static and rest * groups == int(np.prod(shape[1:])))
+    return batch_ok and rest_ok
 
 
 def _channels_from_scale(index: GraphIndex, merged: str, rank: int) -> int | None:

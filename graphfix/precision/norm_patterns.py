@@ -33,6 +33,7 @@ _FLOAT_TYPES = {
     onnx.TensorProto.BFLOAT16,
     onnx.TensorProto.DOUBLE,
 }
+_WIDE = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
@@ -57,7 +58,8 @@ def _match(index: GraphIndex, variance: onnx.NodeProto) -> NormCandidate | None:
         centred, exponent = square.input[0], 2.0
     else:
         return None
-    add_eps = _sole(index, variance.output[0], "Add")
+    adds = [u for u in index.consumers_of(variance.output[0]) if u.op_type == "Add"]
+    add_eps = adds[0] if len(adds) == 1 else None
     if add_eps is None:
         return None
     tail = _normalising_tail(index, add_eps.output[0], centred)
@@ -90,12 +92,14 @@ def _match(index: GraphIndex, variance: onnx.NodeProto) -> NormCandidate | None:
     computes_in = index.elem_type(end)
     cast_back = _sole(index, end, "Cast")
     back_to = _attr(cast_back, "to") if cast_back is not None else None
-    if cast_d is not None and back_to == x_type and _attr(cast_d, "to") == _FLOAT:
+    if cast_d is not None and back_to == x_type and _attr(cast_d, "to") in _WIDE:
         nodes.append(cast_back)
         end = cast_back.output[0]
+        wide = dtype_name(_attr(cast_d, "to"))
         if x_type != _FLOAT:
             notes.append(
-                f"the mean and x − mean are computed in float32 (were {dtype_name(x_type)})"
+                f"the mean and x − mean are computed in float32 (were {dtype_name(x_type)}), "
+                f"the variance in float32 (was {wide})"
             )
     elif cast_d is None and up_cast is not None and back_to == index.elem_type(up_cast.input[0]):
         nodes.append(cast_back)
