@@ -167,7 +167,9 @@ def _rms_norms() -> Exportable:
     return Exportable(Net().eval(), (torch.randn(2, 4, HIDDEN),), ("x",))
 
 
-def _entry(factory: Any, exporter: str, opset: int, expected: Expected, library: str | None = None) -> CorpusEntry:
+def _entry(
+    factory: Any, exporter: str, opset: int, expected: Expected, library: str | None = None
+) -> CorpusEntry:
     return CorpusEntry(factory.__name__.lstrip("_"), factory, exporter, opset, expected, library)  # type: ignore[arg-type]
 
 
@@ -184,8 +186,16 @@ NORM_CORPUS: tuple[CorpusEntry, ...] = (
     _entry(_group_norms, "dynamo", 18, NONE),
     _entry(_rms_norms, "dynamo", 18, NONE),
     _entry(mc._bert_eager, "legacy", LEGACY_DECOMPOSED, Expected(self_attention=2), "transformers"),
-    _entry(mc._gpt2_eager, "legacy", LEGACY_DECOMPOSED, Expected(causal_attention=2), "transformers"),
-    _entry(mc._clip_text_eager, "legacy", LEGACY_DECOMPOSED, Expected(causal_attention=2), "transformers"),
+    _entry(
+        mc._gpt2_eager, "legacy", LEGACY_DECOMPOSED, Expected(causal_attention=2), "transformers"
+    ),
+    _entry(
+        mc._clip_text_eager,
+        "legacy",
+        LEGACY_DECOMPOSED,
+        Expected(causal_attention=2),
+        "transformers",
+    ),
     _entry(
         mc._whisper_eager,
         "legacy",
@@ -193,8 +203,16 @@ NORM_CORPUS: tuple[CorpusEntry, ...] = (
         Expected(self_attention=1, causal_attention=1, cross_attention=1),
         "transformers",
     ),
-    _entry(mc._timm_vit_tiny_eager, "legacy", LEGACY_DECOMPOSED, Expected(self_attention=2), "timm"),
-    _entry(mc._open_clip_text, "legacy", LEGACY_DECOMPOSED, Expected(causal_attention=2), "open_clip_torch"),
+    _entry(
+        mc._timm_vit_tiny_eager, "legacy", LEGACY_DECOMPOSED, Expected(self_attention=2), "timm"
+    ),
+    _entry(
+        mc._open_clip_text,
+        "legacy",
+        LEGACY_DECOMPOSED,
+        Expected(causal_attention=2),
+        "open_clip_torch",
+    ),
     _entry(
         mc._unet_eager,
         "legacy",

@@ -150,7 +150,11 @@ def group_norm_graph(
     nodes = [
         helper.make_node("Reshape", ["x", "split"], ["grouped"], name="split"),
         helper.make_node(
-            "InstanceNormalization", ["grouped", "in_scale", "in_bias"], ["normed"], name="inorm", epsilon=1e-5
+            "InstanceNormalization",
+            ["grouped", "in_scale", "in_bias"],
+            ["normed"],
+            name="inorm",
+            epsilon=1e-5,
         ),
     ]
     if static_merge:
@@ -161,8 +165,16 @@ def group_norm_graph(
     out = "merged"
     if affine:
         shape = gamma_shape or (channels, 1, 1)
-        inits.append(numpy_helper.from_array((1 + 0.2 * rng.standard_normal(shape)).astype(np.float32), "gamma"))
-        inits.append(numpy_helper.from_array((0.2 * rng.standard_normal((channels, 1, 1))).astype(np.float32), "beta"))
+        inits.append(
+            numpy_helper.from_array(
+                (1 + 0.2 * rng.standard_normal(shape)).astype(np.float32), "gamma"
+            )
+        )
+        inits.append(
+            numpy_helper.from_array(
+                (0.2 * rng.standard_normal((channels, 1, 1))).astype(np.float32), "beta"
+            )
+        )
         nodes.append(helper.make_node("Mul", ["merged", "gamma"], ["scaled"], name="scale"))
         nodes.append(helper.make_node("Add", ["scaled", "beta"], ["y"], name="shift"))
         out = "y"
@@ -182,7 +194,9 @@ def run(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> list[np.ndarray]
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
     return session.run(None, feed)
 
 

@@ -79,7 +79,9 @@ def expected_norms(factory_name: str) -> dict[NormKind, int]:
     hooks = []
     for sub in exportable.module.modules():
         kind = _kind(sub)
-        if kind is not None and not any(_kind(inner) for inner in sub.modules() if inner is not sub):
+        if kind is not None and not any(
+            _kind(inner) for inner in sub.modules() if inner is not sub
+        ):
             hooks.append(sub.register_forward_hook(lambda *_, kind=kind: counts.update([kind])))
     try:
         with torch.no_grad():
@@ -92,15 +94,23 @@ def expected_norms(factory_name: str) -> dict[NormKind, int]:
 
 
 @pytest.mark.parametrize("entry", _entries())
-def test_finds_every_norm_of_the_module(entry: model_corpus.CorpusEntry, corpus_dir: Path, torchvision_ops) -> None:
+def test_finds_every_norm_of_the_module(
+    entry: model_corpus.CorpusEntry, corpus_dir: Path, torchvision_ops
+) -> None:
     pytest.importorskip("torch")
     path = model_corpus.model_path(entry, cache_dir=corpus_dir)
     report = graphfix.fuse_norms(path).report
     found = {kind: report.found(kind) for kind in NormKind}
     assert found == expected_norms(f"_{entry.model}"), report.summary()
-    reasons = [u.reason for u in report.unfused if not u.reason.startswith(f"opset {report.opset_after} model:")]
+    reasons = [
+        u.reason
+        for u in report.unfused
+        if not u.reason.startswith(f"opset {report.opset_after} model:")
+    ]
     wanted = KEPT.get(entry.name, [])
-    assert len(reasons) == len(wanted) and all(w in r for w, r in zip(wanted, reasons, strict=True)), reasons
+    assert len(reasons) == len(wanted) and all(
+        w in r for w, r in zip(wanted, reasons, strict=True)
+    ), reasons
 
 
 def _with_norms() -> list:
@@ -130,11 +140,15 @@ def test_fused_model_computes_the_same(entry: model_corpus.CorpusEntry, corpus_d
     feed = model_corpus.random_feed(original, np.random.default_rng(SEED))
     for got, want in zip(run(result.model, feed), run(original, feed), strict=True):
         atol, rtol = TOLERANCE[want.dtype.type]
-        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), atol=atol, rtol=rtol)
+        np.testing.assert_allclose(
+            got.astype(np.float64), want.astype(np.float64), atol=atol, rtol=rtol
+        )
 
 
 @pytest.mark.parametrize("entry", [p for p in _entries() if p.values[0].model in _NO_NORMS])
-def test_models_without_norms_come_back_unchanged(entry: model_corpus.CorpusEntry, corpus_dir: Path) -> None:
+def test_models_without_norms_come_back_unchanged(
+    entry: model_corpus.CorpusEntry, corpus_dir: Path
+) -> None:
     original = onnx.load(str(model_corpus.model_path(entry, cache_dir=corpus_dir)))
     result = graphfix.fuse_norms(original)
     assert result.report.found() == 0

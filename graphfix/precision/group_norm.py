@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 
 from graphfix.graph.index import GraphIndex
-from graphfix.precision.norm_patterns import _check_private, _other, _sole
+from graphfix.precision.norm_chain import check_private, other_input, sole_consumer
 from graphfix.precision.norm_types import Affine, NormCandidate, NormKind
 
 
@@ -32,7 +32,7 @@ def find_group_norms(index: GraphIndex) -> list[NormCandidate]:
 
 def _match(index: GraphIndex, norm: onnx.NodeProto) -> NormCandidate | None:
     split = index.producer_of(norm.input[0])
-    merge = _sole(index, norm.output[0], "Reshape")
+    merge = sole_consumer(index, norm.output[0], "Reshape")
     if split is None or split.op_type != "Reshape" or merge is None:
         return None
     x = split.input[0]
@@ -41,7 +41,13 @@ def _match(index: GraphIndex, norm: onnx.NodeProto) -> NormCandidate | None:
     shape = index.shape(x)
     channels = shape[1] if shape is not None and len(shape) >= 3 else None
     groups = _groups(index, split, norm, shape, problems)
-    if not isinstance(channels, int) and shape is not None and len(shape) >= 3 and groups and groups > 1:
+    if (
+        not isinstance(channels, int)
+        and shape is not None
+        and len(shape) >= 3
+        and groups
+        and groups > 1
+    ):
         channels = _channels_from_scale(index, merge.output[0], len(shape))
     if not isinstance(channels, int):
         problems.append(f"the channel count of {x} is not static")
@@ -64,19 +70,19 @@ def _match(index: GraphIndex, norm: onnx.NodeProto) -> NormCandidate | None:
 
     end = merge.output[0]
     scale = bias = None
-    mul = _sole(index, end, "Mul")
+    mul = sole_consumer(index, end, "Mul")
     if mul is not None and isinstance(channels, int):
-        scale = _per_channel(index, _other(mul, end), len(shape), channels)
+        scale = _per_channel(index, other_input(mul, end), len(shape), channels)
         if scale is not None:
             nodes.append(mul)
             end = mul.output[0]
-            add = _sole(index, end, "Add")
+            add = sole_consumer(index, end, "Add")
             if add is not None:
-                bias = _per_channel(index, _other(add, end), len(shape), channels)
+                bias = _per_channel(index, other_input(add, end), len(shape), channels)
                 if bias is not None:
                     nodes.append(add)
                     end = add.output[0]
-    _check_private(index, nodes, end, problems)
+    check_private(index, nodes, end, problems)
     epsilon = next((a.f for a in norm.attribute if a.name == "epsilon"), 1e-5)
     return NormCandidate(
         kind=NormKind.GROUP_NORM,
@@ -103,7 +109,11 @@ def _groups(
 ) -> int | None:
     """G, when the Reshape makes [N, G, -1] and InstanceNormalization's affine is the identity."""
     target = index.constant_value(split.input[1])
-    if target is None or target.shape != (3,) or not _splits_groups([int(t) for t in target], shape):
+    if (
+        target is None
+        or target.shape != (3,)
+        or not _splits_groups([int(t) for t in target], shape)
+    ):
         problems.append(f"{split.name or 'Reshape'} does not reshape to [N, groups, -1]")
         return None
     groups = int(target[1])
@@ -131,8 +141,8 @@ def _splits_groups(target: list[int], shape: tuple[int | str | None, ...] | None
 def _channels_from_scale(index: GraphIndex, merged: str, rank: int) -> int | None:
     """C read off the γ that scales the merged tensor, when shape inference lost x's dims: with
     more than one group, x's channel dim cannot be 1, so a [C, 1, …] γ that runs fixes it at C."""
-    mul = _sole(index, merged, "Mul")
-    value = None if mul is None else index.constant_value(_other(mul, merged))
+    mul = sole_consumer(index, merged, "Mul")
+    value = None if mul is None else index.constant_value(other_input(mul, merged))
     if value is None or value.ndim > rank:
         return None
     padded = (1,) * (rank - value.ndim) + value.shape

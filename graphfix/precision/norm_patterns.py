@@ -24,6 +24,13 @@ import numpy as np
 import onnx
 
 from graphfix.graph.index import GraphIndex, dtype_name
+from graphfix.precision.norm_chain import (
+    check_private,
+    int_attr,
+    other_input,
+    scalar_constant,
+    sole_consumer,
+)
 from graphfix.precision.norm_types import Affine, NormCandidate, NormKind
 
 _FLOAT = onnx.TensorProto.FLOAT
@@ -53,7 +60,7 @@ def _match(index: GraphIndex, variance: onnx.NodeProto) -> NormCandidate | None:
     if square is None or square.domain not in _DEFAULT_DOMAINS:
         return None
     if square.op_type == "Pow":
-        centred, exponent = square.input[0], _scalar(index, square.input[1])
+        centred, exponent = square.input[0], scalar_constant(index, square.input[1])
     elif square.op_type == "Mul" and square.input[0] == square.input[1]:
         centred, exponent = square.input[0], 2.0
     else:
@@ -71,7 +78,7 @@ def _match(index: GraphIndex, variance: onnx.NodeProto) -> NormCandidate | None:
     if exponent != 2.0:
         problems.append(f"{square.name or square.op_type} raises to {exponent}, not 2")
     eps_input = next(i for i in add_eps.input if i != variance.output[0])
-    epsilon = _scalar(index, eps_input)
+    epsilon = scalar_constant(index, eps_input)
     if epsilon is None or not np.isfinite(epsilon):
         problems.append(f"ε ({eps_input}) is not a finite scalar constant")
         epsilon = 0.0
@@ -90,12 +97,12 @@ def _match(index: GraphIndex, variance: onnx.NodeProto) -> NormCandidate | None:
     fused_input = x
     up_cast = _up_cast(index, x)
     computes_in = index.elem_type(end)
-    cast_back = _sole(index, end, "Cast")
-    back_to = _attr(cast_back, "to") if cast_back is not None else None
-    if cast_d is not None and back_to == x_type and _attr(cast_d, "to") in _WIDE:
+    cast_back = sole_consumer(index, end, "Cast")
+    back_to = int_attr(cast_back, "to") if cast_back is not None else None
+    if cast_d is not None and back_to == x_type and int_attr(cast_d, "to") in _WIDE:
         nodes.append(cast_back)
         end = cast_back.output[0]
-        wide = dtype_name(_attr(cast_d, "to"))
+        wide = dtype_name(int_attr(cast_d, "to"))
         if x_type != _FLOAT:
             notes.append(
                 f"the mean and x − mean are computed in float32 (were {dtype_name(x_type)}), "
@@ -119,15 +126,15 @@ def _match(index: GraphIndex, variance: onnx.NodeProto) -> NormCandidate | None:
     shape = index.shape(fused_input) or index.shape(x)
     normalized = _normalized_shape(shape, axis)
     scale = bias = None
-    mul = _sole(index, end, "Mul")
+    mul = sole_consumer(index, end, "Mul")
     if mul is not None and normalized is not None:
-        scale = _affine(index, _other(mul, end), shape, axis)
+        scale = _affine(index, other_input(mul, end), shape, axis)
         if scale is not None:
             nodes.append(mul)
             end = mul.output[0]
-            add = _sole(index, end, "Add") if kind is NormKind.LAYER_NORM else None
+            add = sole_consumer(index, end, "Add") if kind is NormKind.LAYER_NORM else None
             if add is not None:
-                bias = _affine(index, _other(add, end), shape, axis)
+                bias = _affine(index, other_input(add, end), shape, axis)
                 if bias is not None:
                     nodes.append(add)
                     end = add.output[0]
@@ -137,7 +144,7 @@ def _match(index: GraphIndex, variance: onnx.NodeProto) -> NormCandidate | None:
             f"{kind.op_type} needs a scale of that shape"
         )
 
-    _check_private(index, nodes, end, problems)
+    check_private(index, nodes, end, problems)
     return NormCandidate(
         kind=kind,
         input=fused_input,
@@ -160,7 +167,7 @@ def _normalising_tail(
 ) -> list[onnx.NodeProto] | None:
     """The nodes from `with_eps` (variance + ε) to `centred` divided by its square root."""
     for node in index.consumers_of(with_eps):
-        if node.op_type == "Pow" and _scalar(index, node.input[1]) == -0.5:
+        if node.op_type == "Pow" and scalar_constant(index, node.input[1]) == -0.5:
             mul = _mul_of(index, node.output[0], centred)
             if mul is not None:
                 return [node, mul]
@@ -173,7 +180,7 @@ def _normalising_tail(
             inverse = user.op_type == "Reciprocal" or (
                 user.op_type == "Div"
                 and user.input[1] == root
-                and _scalar(index, user.input[0]) == 1.0
+                and scalar_constant(index, user.input[0]) == 1.0
             )
             if inverse:
                 mul = _mul_of(index, user.output[0], centred)
@@ -214,7 +221,7 @@ def _check_axes(
     rank = index.rank(x)
     found = []
     for node in reductions:
-        if _attr(node, "keepdims", 1) != 1:
+        if int_attr(node, "keepdims", 1) != 1:
             problems.append(f"{node.name or 'ReduceMean'} drops the reduced axes (keepdims=0)")
             return None
         axes = _reduce_axes(index, node)
@@ -251,7 +258,7 @@ def _reduce_axes(index: GraphIndex, node: onnx.NodeProto) -> tuple[int, ...] | N
 def _up_cast(index: GraphIndex, x: str) -> onnx.NodeProto | None:
     """The Cast that widens x to float32 from a float type, if x is made by one."""
     cast = index.producer_of(x)
-    if cast is None or cast.op_type != "Cast" or _attr(cast, "to") != _FLOAT:
+    if cast is None or cast.op_type != "Cast" or int_attr(cast, "to") != _FLOAT:
         return None
     source = index.elem_type(cast.input[0])
     return cast if source in (_FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16) else None
@@ -298,54 +305,8 @@ def _affine(
     return Affine(value=np.ascontiguousarray(np.broadcast_to(kept, normalized)))
 
 
-def _check_private(
-    index: GraphIndex, nodes: list[onnx.NodeProto], end: str, problems: list[str]
-) -> None:
-    """Every tensor made inside the chain is read only inside it."""
-    inside = {id(n) for n in nodes}
-    for node in nodes:
-        for out in node.output:
-            if out == end or not out:
-                continue
-            if out in index.graph_outputs:
-                problems.append(f"intermediate {out} is a graph output")
-                return
-            for user in index.consumers_of(out):
-                if id(user) not in inside:
-                    problems.append(f"intermediate {out} also feeds {user.name or user.op_type}")
-                    return
-
-
 def _mul_of(index: GraphIndex, factor: str, centred: str) -> onnx.NodeProto | None:
     for user in index.consumers_of(factor):
         if user.op_type == "Mul" and sorted(user.input) == sorted([factor, centred]):
             return user
     return None
-
-
-def _sole(index: GraphIndex, tensor: str, op_type: str) -> onnx.NodeProto | None:
-    """The one consumer of `tensor` when it is an `op_type` and `tensor` is not a graph output."""
-    users = index.consumers_of(tensor)
-    if len(users) != 1 or tensor in index.graph_outputs:
-        return None
-    user = users[0]
-    return user if user.op_type == op_type and user.domain in _DEFAULT_DOMAINS else None
-
-
-def _other(node: onnx.NodeProto, tensor: str) -> str:
-    a, b = node.input
-    return b if a == tensor else a
-
-
-def _scalar(index: GraphIndex, name: str) -> float | None:
-    value = index.constant_value(name)
-    if value is None or value.size != 1 or value.dtype.kind not in "fiu":
-        return None
-    return float(value.reshape(()))
-
-
-def _attr(node: onnx.NodeProto, name: str, default: int | None = None) -> int | None:
-    for attr in node.attribute:
-        if attr.name == name:
-            return attr.i
-    return default

@@ -74,7 +74,7 @@ def upgrade_opset(model: onnx.ModelProto, target: int) -> OpsetUpgrade:
     upgraded.ir_version = max(upgraded.ir_version, needed)
     try:
         onnx.checker.check_model(upgraded)
-    except onnx.checker.ValidationError as exc:
+    except (onnx.checker.ValidationError, ValueError) as exc:  # ValueError: over 2 GB in memory
         first = str(exc).strip().splitlines()[0]
         return OpsetUpgrade(None, f"the model fails onnx.checker at opset {target}: {first}")
     return OpsetUpgrade(upgraded)
