@@ -117,7 +117,8 @@ class NormFusionReport:
                 f"  fused {f.kind.value} → {f.op_type} {f.node}: {len(f.replaced)} nodes{extra}"
             )
         for u in self.unfused:
-            lines.append(f"  kept  {u.kind.value} {u.output}: {u.reason}")
+            where = u.nodes[-1] if u.nodes else u.output
+            lines.append(f"  kept  {u.kind.value} {where} ({len(u.nodes)} nodes): {u.reason}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
