@@ -137,6 +137,7 @@ def group_norm_graph(
     instance_scale: float = 1.0,
     gamma_shape: tuple[int, ...] | None = None,
     static_merge: bool = False,
+    allowzero: int = 0,
 ) -> onnx.ModelProto:
     """torch's GroupNorm export over x: [2, 8, 4, 4]."""
     rng = np.random.default_rng(2)
@@ -148,7 +149,7 @@ def group_norm_graph(
         numpy_helper.from_array(np.zeros(groups, dtype=np.float32), "in_bias"),
     ]
     nodes = [
-        helper.make_node("Reshape", ["x", "split"], ["grouped"], name="split"),
+        helper.make_node("Reshape", ["x", "split"], ["grouped"], name="split", allowzero=allowzero),
         helper.make_node(
             "InstanceNormalization",
             ["grouped", "in_scale", "in_bias"],

@@ -190,6 +190,7 @@ NEAR_MISSES = {
     "axes-differ": (NormGraph(var_axes=(-2, -1)), "different axes"),
     "cube-not-square": (NormGraph(exponent=3.0), "not 2"),
     "epsilon-not-scalar": (NormGraph(eps_shape=(8,)), "not a finite scalar"),
+    "epsilon-adds-dims": (NormGraph(eps_shape=(1, 1, 1, 1)), "has 4 dims, more than x"),
     "mean-minus-x": (NormGraph(sub_reversed=True), "mean − x"),
     "keepdims-0": (NormGraph(keepdims=0, x_shape=(8, 8)), "keepdims=0"),
     "mean-is-an-output": (NormGraph(expose="mean"), "graph output"),
@@ -267,8 +268,9 @@ def test_group_norm_below_opset_21_is_kept() -> None:
     [
         ({"instance_scale": 2.0}, "scales or shifts each group"),
         ({"split": (16, -1, 1)}, "does not reshape to [N, groups, -1]"),
+        ({"allowzero": 1}, "allowzero=1"),
     ],
-    ids=["instance-norm-affine", "not-grouped-by-batch"],
+    ids=["instance-norm-affine", "not-grouped-by-batch", "allowzero"],
 )
 def test_group_norm_near_misses_are_kept(kwargs: dict, reason: str) -> None:
     model = group_norm_graph(**kwargs)
@@ -300,6 +302,20 @@ def test_group_norm_18_blocks_an_upgrade_past_21() -> None:
     assert result.report.opset_after == 18
     assert "GroupNormalization" in result.report.opset_note
     assert [e.op_type for e in result.report.existing] == ["GroupNormalization"]
+
+
+def test_external_weights_stay_on_disk(tmp_path) -> None:
+    """A path whose weights are external data: read without loading them, saved referencing them."""
+    model = NormGraph(kind="rms", opset=23, gemma=True, inverse="reciprocal").build()
+    source = tmp_path / "model.onnx"
+    on_disk = onnx.ModelProto()
+    on_disk.CopyFrom(model)  # onnx.save turns the tensors it writes out into references
+    onnx.save(on_disk, source, save_as_external_data=True, location="w.data", size_threshold=0)
+    result = graphfix.fuse_norms(source)
+    assert len(result.report.fused) == 1
+    out = tmp_path / "fused.onnx"
+    graphfix.save_model(result.model, out, source=source)
+    _assert_same_outputs(model, onnx.load(str(out)))
 
 
 # --- report ----------------------------------------------------------------------------------

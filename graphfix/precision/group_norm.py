@@ -116,6 +116,9 @@ def _groups(
     ):
         problems.append(f"{split.name or 'Reshape'} does not reshape to [N, groups, -1]")
         return None
+    if int(target[0]) == 0 and any(a.name == "allowzero" and a.i for a in split.attribute):
+        problems.append(f"{split.name or 'Reshape'} has allowzero=1: its 0 is a zero-sized dim")
+        return None
     groups = int(target[1])
     ones, zeros = (index.constant_value(i) for i in norm.input[1:3])
     if ones is None or zeros is None or ones.shape != (groups,) or zeros.shape != (groups,):

@@ -89,39 +89,39 @@ def _match(index: GraphIndex, variance: onnx.NodeProto) -> NormCandidate | None:
 
     reductions = [variance, *centring[:1]] if kind is NormKind.LAYER_NORM else [variance]
     axis = _check_axes(index, reductions, x, problems)
+    _check_constant_ranks(index, core, x, problems)
     x_type = index.elem_type(x) or 0
     if x_type and x_type not in _FLOAT_TYPES:
         problems.append(f"{x} is {dtype_name(x_type)}, not a float type")
 
-    end = tail[-1].output[0]
-    fused_input = x
-    up_cast = _up_cast(index, x)
-    computes_in = index.elem_type(end)
+    end, fused_input = tail[-1].output[0], x
     cast_back = sole_consumer(index, end, "Cast")
     back_to = int_attr(cast_back, "to") if cast_back is not None else None
-    if cast_d is not None and back_to == x_type and int_attr(cast_d, "to") in _WIDE:
-        nodes.append(cast_back)
-        end = cast_back.output[0]
-        wide = dtype_name(int_attr(cast_d, "to"))
-        if x_type != _FLOAT:
-            notes.append(
-                f"the mean and x − mean are computed in float32 (were {dtype_name(x_type)}), "
-                f"the variance in float32 (was {wide})"
+    up_cast = _up_cast(index, x)
+    if cast_d is not None:
+        if back_to != x_type or int_attr(cast_d, "to") not in _WIDE:
+            problems.append(
+                f"x − mean is Cast to float32 and the result is not Cast back to {dtype_name(x_type)}"
             )
-    elif cast_d is None and up_cast is not None and back_to == index.elem_type(up_cast.input[0]):
+        else:
+            nodes.append(cast_back)
+            end = cast_back.output[0]
+            if x_type != _FLOAT:
+                notes.append(
+                    f"the mean and x − mean are computed in float32 (were {dtype_name(x_type)}), "
+                    f"the variance in float32 (was {dtype_name(int_attr(cast_d, 'to'))})"
+                )
+    elif (
+        up_cast is not None and back_to is not None and back_to == index.elem_type(up_cast.input[0])
+    ):
         nodes.append(cast_back)
         end = cast_back.output[0]
-        fused_input = up_cast.input[0]
-        x_type = back_to
+        fused_input, x_type = up_cast.input[0], back_to
         inside = {id(n) for n in nodes}
         if x not in index.graph_outputs and all(id(c) in inside for c in index.consumers_of(x)):
             nodes.insert(0, up_cast)
-    elif cast_d is not None:
-        problems.append(
-            f"x − mean is Cast to float32 and the result is not Cast back to {dtype_name(x_type)}"
-        )
-    elif computes_in in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16):
-        notes.append(f"computes in float32 (was {dtype_name(computes_in)})")
+    elif index.elem_type(end) in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16):
+        notes.append(f"computes in float32 (was {dtype_name(index.elem_type(end))})")
 
     shape = index.shape(fused_input) or index.shape(x)
     normalized = _normalized_shape(shape, axis)
@@ -243,6 +243,21 @@ def _check_axes(
         problems.append(f"normalises axes {axes}, not the last {len(axes)} axes of {x}")
         return None
     return axes[0]
+
+
+def _check_constant_ranks(
+    index: GraphIndex, core: list[onnx.NodeProto], x: str, problems: list[str]
+) -> None:
+    """ε, the exponent and the 1 of 1/√· must not have more dims than x: they would broadcast
+    the chain's result to a higher rank than the fused node's."""
+    rank = index.rank(x)
+    limit = 1 if rank is None else rank
+    for node in core:
+        for name in node.input[1:] if node.op_type != "Div" else node.input:
+            value = index.constant_value(name) if name else None
+            if value is not None and value.size == 1 and value.ndim > limit:
+                problems.append(f"constant {name} has {value.ndim} dims, more than {x}")
+                return
 
 
 def _reduce_axes(index: GraphIndex, node: onnx.NodeProto) -> tuple[int, ...] | None:
