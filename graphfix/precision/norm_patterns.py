@@ -20,6 +20,8 @@ returned with `problem` set, so the report can say why it was kept.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 import onnx
 
@@ -55,6 +57,20 @@ def find_reduce_norms(index: GraphIndex) -> list[NormCandidate]:
     return found
 
 
+@dataclass
+class _Chain:
+    """A chain being matched, grown outward from its variance ReduceMean."""
+
+    nodes: list[onnx.NodeProto]
+    end: str
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def grow(self, node: onnx.NodeProto) -> None:
+        self.nodes.append(node)
+        self.end = node.output[0]
+
+
 def _match(index: GraphIndex, variance: onnx.NodeProto) -> NormCandidate | None:
     square = index.producer_of(variance.input[0])
     if square is None or square.domain not in _DEFAULT_DOMAINS:
@@ -66,100 +82,108 @@ def _match(index: GraphIndex, variance: onnx.NodeProto) -> NormCandidate | None:
     else:
         return None
     adds = [u for u in index.consumers_of(variance.output[0]) if u.op_type == "Add"]
-    add_eps = adds[0] if len(adds) == 1 else None
-    if add_eps is None:
-        return None
-    tail = _normalising_tail(index, add_eps.output[0], centred)
+    tail = _normalising_tail(index, adds[0].output[0], centred) if len(adds) == 1 else None
     if tail is None:
         return None
 
-    problems: list[str] = []
-    notes: list[str] = []
+    add_eps = adds[0]
+    core = [square, variance, add_eps, *tail]
+    chain = _Chain(nodes=list(core), end=tail[-1].output[0])
     if exponent != 2.0:
-        problems.append(f"{square.name or square.op_type} raises to {exponent}, not 2")
+        chain.problems.append(f"{square.name or square.op_type} raises to {exponent}, not 2")
     eps_input = next(i for i in add_eps.input if i != variance.output[0])
     epsilon = scalar_constant(index, eps_input)
     if epsilon is None or not np.isfinite(epsilon):
-        problems.append(f"ε ({eps_input}) is not a finite scalar constant")
+        chain.problems.append(f"ε ({eps_input}) is not a finite scalar constant")
         epsilon = 0.0
-
-    core = [square, variance, add_eps, *tail]
-    kind, x, centring, cast_d = _centring(index, centred, problems)
-    nodes = [*centring, *core]
-
+    kind, x, centring, cast_d = _centring(index, centred, chain.problems)
+    chain.nodes[:0] = centring
     reductions = [variance, *centring[:1]] if kind is NormKind.LAYER_NORM else [variance]
-    axis = _check_axes(index, reductions, x, problems)
-    _check_constant_ranks(index, core, x, problems)
+    axis = _check_axes(index, reductions, x, chain.problems)
+    _check_constant_ranks(index, core, x, chain.problems)
     x_type = index.elem_type(x) or 0
     if x_type and x_type not in _FLOAT_TYPES:
-        problems.append(f"{x} is {dtype_name(x_type)}, not a float type")
+        chain.problems.append(f"{x} is {dtype_name(x_type)}, not a float type")
 
-    end, fused_input = tail[-1].output[0], x
-    cast_back = sole_consumer(index, end, "Cast")
-    back_to = int_attr(cast_back, "to") if cast_back is not None else None
-    up_cast = _up_cast(index, x)
-    if cast_d is not None:
-        if back_to != x_type or int_attr(cast_d, "to") not in _WIDE:
-            problems.append(
-                f"x − mean is Cast to float32 and the result is not Cast back to {dtype_name(x_type)}"
-            )
-        else:
-            nodes.append(cast_back)
-            end = cast_back.output[0]
-            if x_type != _FLOAT:
-                notes.append(
-                    f"the mean and x − mean are computed in float32 (were {dtype_name(x_type)}), "
-                    f"the variance in float32 (was {dtype_name(int_attr(cast_d, 'to'))})"
-                )
-    elif (
-        up_cast is not None and back_to is not None and back_to == index.elem_type(up_cast.input[0])
-    ):
-        nodes.append(cast_back)
-        end = cast_back.output[0]
-        fused_input, x_type = up_cast.input[0], back_to
-        inside = {id(n) for n in nodes}
-        if x not in index.graph_outputs and all(id(c) in inside for c in index.consumers_of(x)):
-            nodes.insert(0, up_cast)
-    elif index.elem_type(end) in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16):
-        notes.append(f"computes in float32 (was {dtype_name(index.elem_type(end))})")
-
+    fused_input, x_type = _absorb_casts(index, chain, x, x_type, cast_d)
     shape = index.shape(fused_input) or index.shape(x)
     normalized = _normalized_shape(shape, axis)
-    scale = bias = None
-    mul = sole_consumer(index, end, "Mul")
-    if mul is not None and normalized is not None:
-        scale = _affine(index, other_input(mul, end), shape, axis)
-        if scale is not None:
-            nodes.append(mul)
-            end = mul.output[0]
-            add = sole_consumer(index, end, "Add") if kind is NormKind.LAYER_NORM else None
-            if add is not None:
-                bias = _affine(index, other_input(add, end), shape, axis)
-                if bias is not None:
-                    nodes.append(add)
-                    end = add.output[0]
-    if scale is None and normalized is None and not problems:
-        problems.append(
+    scale, bias = _absorb_affine(index, chain, kind, shape, axis)
+    if scale is None and normalized is None and not chain.problems:
+        chain.problems.append(
             f"the normalised dims of {fused_input} are not static, and "
             f"{kind.op_type} needs a scale of that shape"
         )
-
-    check_private(index, nodes, end, problems)
+    check_private(index, chain.nodes, chain.end, chain.problems)
     return NormCandidate(
         kind=kind,
         input=fused_input,
-        output=end,
-        positions=tuple(index.position(n) for n in nodes),
-        node_names=tuple(n.name for n in nodes),
+        output=chain.end,
+        positions=tuple(index.position(n) for n in chain.nodes),
+        node_names=tuple(n.name for n in chain.nodes),
         epsilon=float(epsilon),
         axis=axis,
         scale=scale,
         bias=bias,
         dtype=x_type,
         normalized_shape=normalized,
-        problem=problems[0] if problems else None,
-        notes=tuple(notes),
+        problem=chain.problems[0] if chain.problems else None,
+        notes=tuple(chain.notes),
     )
+
+
+def _absorb_casts(
+    index: GraphIndex, chain: _Chain, x: str, x_type: int, cast_d: onnx.NodeProto | None
+) -> tuple[str, int]:
+    """Take in the Cast back after the normalisation when the chain computes in a wider type
+    than its input: the fused op (stash_type float32) does the same.  Returns the fused node's
+    input and its element type."""
+    cast_back = sole_consumer(index, chain.end, "Cast")
+    back_to = int_attr(cast_back, "to") if cast_back is not None else None
+    up_cast = _up_cast(index, x)
+    if cast_d is not None:  # torch's legacy float16 LayerNorm: x − mean Cast to a wider type
+        if back_to != x_type or int_attr(cast_d, "to") not in _WIDE:
+            chain.problems.append(
+                f"x − mean is Cast to float32 and the result is not Cast back to {dtype_name(x_type)}"
+            )
+            return x, x_type
+        chain.grow(cast_back)
+        if x_type != _FLOAT:
+            chain.notes.append(
+                f"the mean and x − mean are computed in float32 (were {dtype_name(x_type)}), "
+                f"the variance in float32 (was {dtype_name(int_attr(cast_d, 'to'))})"
+            )
+        return x, x_type
+    if up_cast is not None and back_to is not None and back_to == index.elem_type(up_cast.input[0]):
+        chain.grow(cast_back)
+        inside = {id(n) for n in chain.nodes}
+        if x not in index.graph_outputs and all(id(c) in inside for c in index.consumers_of(x)):
+            chain.nodes.insert(0, up_cast)
+        return up_cast.input[0], back_to
+    computes_in = index.elem_type(chain.end)
+    if computes_in in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16):
+        chain.notes.append(f"computes in float32 (was {dtype_name(computes_in)})")
+    return x, x_type
+
+
+def _absorb_affine(
+    index: GraphIndex,
+    chain: _Chain,
+    kind: NormKind,
+    shape: tuple[int | str | None, ...] | None,
+    axis: int | None,
+) -> tuple[Affine | None, Affine | None]:
+    """Take in the Mul by γ and (LayerNorm) the Add of β that follow, when they qualify."""
+    mul = sole_consumer(index, chain.end, "Mul")
+    scale = None if mul is None else _affine(index, other_input(mul, chain.end), shape, axis)
+    if scale is None:
+        return None, None
+    chain.grow(mul)
+    add = sole_consumer(index, chain.end, "Add") if kind is NormKind.LAYER_NORM else None
+    bias = None if add is None else _affine(index, other_input(add, chain.end), shape, axis)
+    if bias is not None:
+        chain.grow(add)
+    return scale, bias
 
 
 def _normalising_tail(
