@@ -30,6 +30,7 @@ from graphfix.errors import (
 )
 from graphfix.model_io import LoadedModel, SavedModel, load_model, save_model
 from graphfix.plugins.reference import with_reference_ops
+from graphfix.precision.norm_types import NormKind
 from graphfix.precision.norms import NormFusionReport, NormFusionResult, fuse_norms
 from graphfix.validation.validate import ValidationReport, ValidationUsageError, validate
 
@@ -67,6 +68,7 @@ __all__ = [
     "ModelLoadError",
     "NormFusionReport",
     "NormFusionResult",
+    "NormKind",
     "OutputPathError",
     "PluginBuildError",
     "SavedModel",
