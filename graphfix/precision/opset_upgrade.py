@@ -72,11 +72,9 @@ def upgrade_opset(model: onnx.ModelProto, target: int) -> OpsetUpgrade:
             entry.version = target
     needed = helper.find_min_ir_version_for([helper.make_opsetid("", target)], ignore_unknown=True)
     upgraded.ir_version = max(upgraded.ir_version, needed)
-    try:
-        onnx.checker.check_model(upgraded)
-    except (onnx.checker.ValidationError, ValueError) as exc:  # ValueError: over 2 GB in memory
-        first = str(exc).strip().splitlines()[0]
-        return OpsetUpgrade(None, f"the model fails onnx.checker at opset {target}: {first}")
+    problem = _invalid_node(upgraded)
+    if problem is not None:
+        return OpsetUpgrade(None, f"a node fails onnx.checker at opset {target}: {problem}")
     return OpsetUpgrade(upgraded)
 
 
@@ -116,6 +114,27 @@ def _change(op_type: str, current: int, target: int) -> str | None:
     for name, attr in new.attributes.items():
         if name not in old.attributes and attr.required:
             return f"new required attribute {name!r}"
+    return None
+
+
+def _invalid_node(model: onnx.ModelProto) -> str | None:
+    """The first default-domain node the checker refuses at the model's opsets.  Nodes are
+    checked one by one, not the whole model: that would read external data from the current
+    folder.  If/Loop/Scan are not checked themselves; the nodes of their bodies are."""
+    context = onnx.checker.C.CheckerContext()
+    context.ir_version = model.ir_version
+    context.opset_imports = {o.domain: o.version for o in model.opset_import}
+    for graph in _graphs(model.graph):
+        for node in graph.node:
+            if node.domain not in _DEFAULT_DOMAINS or any(
+                a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                for a in node.attribute
+            ):
+                continue
+            try:
+                onnx.checker.check_node(node, context)
+            except onnx.checker.ValidationError as exc:
+                return f"{node.name or node.op_type}: {str(exc).strip().splitlines()[0]}"
     return None
 
 
