@@ -25,6 +25,7 @@ from graphfix.errors import GraphfixError, UsageError
 from graphfix.graph.index import GraphIndex
 from graphfix.model_io import LoadedModel, load_model
 from graphfix.precision import policy, weights
+from graphfix.precision.census import precision_census
 from graphfix.precision.islands import FLOAT, Forced, Plan, Planner, islands_of
 from graphfix.precision.policy import Reason
 from graphfix.precision.report import (
@@ -310,7 +311,7 @@ class _Rewrite:
         del graph.node[:]
         graph.node.extend(new_nodes)
         self._retype_values(storage_low)
-        self._drop_identity_casts()
+        self._drop_identity_casts(storage_low)
 
     def _storage(self) -> dict[str, bool]:
         """Float tensor → stored in the target type (True) or float32 (False)."""
@@ -501,12 +502,13 @@ class _Rewrite:
                 ):
                     vi.type.tensor_type.elem_type = self.target
 
-    def _drop_identity_casts(self) -> None:
+    def _drop_identity_casts(self, storage_low: dict[str, bool]) -> None:
         """Original Casts that now cast a tensor to its own type (float32 → float32 became
         target → target) are removed; their consumers read the input directly."""
         graph = self.model.graph
         types = {vi.name: vi.type.tensor_type.elem_type for vi in (*graph.input, *graph.value_info)}
         types.update({t.name: t.data_type for t in graph.initializer})
+        types.update({n: self.target if low else FLOAT for n, low in storage_low.items()})
         outputs = {o.name for o in graph.output}
         replace: dict[str, str] = {}
         kept: list[onnx.NodeProto] = []
@@ -705,7 +707,7 @@ def _report(
                 casts_out=sum(not c.up and c.producer in members for c in rewrite.casts),
             )
         )
-    compute = [p for p in plan.float_nodes if policy.is_compute(before.op_types[p])]
+    census = precision_census(rewrite.model)
     return PrecisionReport(
         to=rewrite.to,
         keep_io_types=rewrite.keep_io_types,
@@ -714,8 +716,8 @@ def _report(
             OutOfRange(name, value, weights.LIMITS[rewrite.to], before.consumers[name])
             for name, value in out_of_range.items()
         ),
-        compute_nodes=len(compute),
-        compute_nodes_low=sum(rewrite.is_low(p) for p in compute),
+        compute_nodes=census.compute - census.untyped,
+        compute_nodes_low=census.compute - census.untyped - census.float32,
         casts_added=len(rewrite.casts),
         initializers_converted=len(rewrite.low_initializers),
         initializers_duplicated=rewrite.duplicated,

@@ -51,8 +51,8 @@ class PrecisionReport:
     keep_io_types: bool
     islands: tuple[Island, ...]
     out_of_range: tuple[OutOfRange, ...]
-    compute_nodes: int  # float nodes that do arithmetic (policy.is_compute)
-    compute_nodes_low: int  # of those, how many run in the target type
+    compute_nodes: int  # nodes doing float arithmetic in the result (graphfix.precision.census)
+    compute_nodes_low: int  # of those, how many run in a 16-bit type
     casts_added: int  # every Cast the conversion inserted (islands, graph inputs and outputs)
     initializers_converted: int
     initializers_duplicated: int  # used in both precisions: a target-type copy was added
