@@ -126,9 +126,9 @@ class Planner:
         return reasons
 
     def norm_statistics(self) -> dict[int, str]:
-        """Decomposed LayerNorm/RMSNorm statistics: the mean, the square, the mean of squares,
-        + eps, Sqrt and Reciprocal (float16 sums of squares overflow).  `x - mean` and the
-        normalising multiply stay low: their values are in range."""
+        """Decomposed LayerNorm/RMSNorm statistics: the mean, x - mean, the square, the mean of
+        squares, + eps and Sqrt (float16 sums of squares overflow).  The normalising Div/Mul
+        stays low: its operands are in range."""
         found: dict[int, str] = {}
         index = self.index
         for position, node in enumerate(self.graph.node):
@@ -143,7 +143,7 @@ class Planner:
             if centred is not None and centred.op_type == "Sub" and len(centred.input) == 2:
                 mean = index.producer_of(centred.input[1])
                 if mean is not None and mean.op_type == "ReduceMean":
-                    members.append(mean)
+                    members += [mean, centred]  # one island: x is cast up once
             members += self._norm_tail(node)
             for member in members:
                 found.setdefault(index.position(member), label)
@@ -167,7 +167,8 @@ class Planner:
 
     def angle_arguments(self, reasons: dict[int, Forced]) -> dict[int, str]:
         """Nodes computing the argument of a float32 Sin/Cos/Exp from positions or timesteps
-        (graph inputs, integer casts, ranges, constants): rotary and timestep embeddings."""
+        (integer casts, ranges, constants, graph inputs of rank ≤ 1): rotary and timestep
+        embeddings."""
         found: dict[int, str] = {}
         for position, node in enumerate(self.graph.node):
             if node.op_type not in _ANGLE_OPS or position not in reasons:
@@ -186,7 +187,10 @@ class Planner:
             name = stack.pop()
             producer = index.producer_of(name)
             if producer is None:
-                continue  # graph input or initializer: a source
+                rank = index.rank(name)
+                if name in index.graph_inputs and (rank is None or rank > 1):
+                    return set()  # activations, not a timestep or scalar
+                continue  # an initializer, a timestep: a source
             position = index.position(producer)
             if position in seen:
                 continue
@@ -222,18 +226,18 @@ class Planner:
                     high |= chain
                 if chain and chain <= high:
                     blocks_high.add(match.index)
+            for p in self._movement_between_islands(float_nodes, high, sources):
+                high.add(p)
+                reasons[p] = Forced(Reason.MERGED, "data movement between float32 nodes")
             for p in sorted(float_nodes - high - sources):
                 inputs = self._non_free_inputs(p)
-                if not inputs:
-                    continue
-                node = nodes[p]
-                follows = node.op_type in policy.MOVEMENT_OPS or not self.float_outputs(p)
-                if follows and all(self._stored_high(i, high) for i in inputs):
-                    high.add(p)
-                    reasons[p] = Forced(Reason.MERGED, "data movement between float32 nodes")
-                elif not self.float_outputs(p) and any(self._stored_high(i, high) for i in inputs):
-                    high.add(p)  # a comparison of float32 with low: compare in float32
-                    reasons[p] = Forced(Reason.MERGED, "compares a float32 tensor")
+                if (
+                    inputs
+                    and not self.float_outputs(p)
+                    and any(self._stored_high(i, high) for i in inputs)
+                ):
+                    high.add(p)  # Shape, comparisons: read float32 as it is
+                    reasons[p] = Forced(Reason.MERGED, "reads a float32 tensor")
             for p in sorted(sources - high):
                 consumers = {
                     self.index.position(c)
@@ -256,6 +260,50 @@ class Planner:
             blocks_high=tuple(sorted(blocks_high)),
             implicit_inputs=self.implicit,
         )
+
+    def _movement_between_islands(
+        self, float_nodes: frozenset[int], high: set[int], sources: set[int]
+    ) -> set[int]:
+        """Data-movement nodes all of whose float producers and consumers are float32 (or
+        float32 graph I/O), taking chains of them (Reshape → Transpose) as one."""
+        nodes = self.graph.node
+        kept_outputs = self.index.graph_outputs if self.inputs_float32 else set()
+        candidates = {
+            p for p in float_nodes - high - sources
+            if nodes[p].op_type in policy.MOVEMENT_OPS and self.float_outputs(p)
+        }  # fmt: skip
+        changed = True
+        while changed and candidates:
+            changed = False
+            for p in sorted(candidates):
+                ok = (
+                    all(
+                        self._stored_high(i, high) or self._producer_in(i, candidates)
+                        for i in self._non_free_inputs(p)
+                    )
+                    and all(
+                        self.index.position(c) in high or self.index.position(c) in candidates
+                        for o in self.float_outputs(p)
+                        for c in self.index.consumers_of(o)
+                    )
+                    and all(
+                        self.index.consumers_of(o) or o in kept_outputs
+                        for o in self.float_outputs(p)
+                    )
+                    and all(
+                        o in kept_outputs
+                        for o in self.float_outputs(p)
+                        if o in self.index.graph_outputs
+                    )
+                )
+                if not ok:
+                    candidates.discard(p)
+                    changed = True
+        return candidates
+
+    def _producer_in(self, name: str, positions: set[int]) -> bool:
+        producer = self.index.producer_of(name)
+        return producer is not None and self.index.position(producer) in positions
 
     def _non_free_inputs(self, position: int) -> list[str]:
         """Float inputs made by other nodes or graph inputs (initializers adapt to consumers)."""

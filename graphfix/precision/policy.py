@@ -50,6 +50,7 @@ FLOAT32_OPS: dict[str, str] = {
     "Resize": "scales/roi inputs are float32-only; onnxruntime CPU has no float16 Resize",
     "Upsample": "scales input is float32-only",
     "Range": "float start/limit/delta: float16 rounding changes the length",
+    "EyeLike": "onnxruntime has no float16 EyeLike kernel",
     "TopK": "float16 rounding creates ties that change the indices",
     "RoiAlign": "onnxruntime CPU has no float16 kernel",
     "NonMaxSuppression": "box coordinates and scores are float32-only",
@@ -57,14 +58,13 @@ FLOAT32_OPS: dict[str, str] = {
     "DequantizeLinear": "Q/DQ scale types follow the quantizer (see `graphfix qdq`)",
 }
 
-# Ops that only move, select or reshape data: they follow the precision of their data input, so
-# they never cost a Cast between two float32 nodes.
+# Ops that only move, select or reshape data: between float32 nodes (or float32 graph I/O) they
+# stay float32 too, so two islands joined by a Reshape merge and no Cast pair is created.
 MOVEMENT_OPS = frozenset({
     "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice", "Gather",
     "GatherElements", "GatherND", "Expand", "Concat", "Split", "Pad", "Tile", "Dropout",
     "DepthToSpace", "SpaceToDepth", "ReverseSequence", "Compress", "Where", "ScatterND",
-    "ScatterElements", "Trilu", "Cast", "Neg", "Abs", "Relu", "Max", "Min", "ReduceMax",
-    "ReduceMin", "MaxPool",
+    "ScatterElements", "Trilu", "Cast",
 })  # fmt: skip
 
 # Ops whose outputs are not float (Shape, comparisons, ArgMax …): they read either precision.
