@@ -436,20 +436,22 @@ def _tensorrt_note(plan: ValidationPlan, runner: Runner) -> str | None:
     if plan.backend == "tensorrt":
         return None
     what = "the candidate ONNX with onnxruntime"
+    wiring = ""
     if runner.lowered_nodes:
-        what += (
-            " and graphfix's reference ops: a wiring check of the rewrite (for float32 "
-            "GraphfixSoftmax the reference op is Softmax itself), not of the plugins"
+        what += " and graphfix's reference ops"
+        wiring = (
+            "; a wiring check of the rewrite: reference ops stand in for the plugins (for float32 "
+            "GraphfixSoftmax, Softmax itself)"
         )
     status = plan.tensorrt
     if not status.available:
         return (
             f"TensorRT: not available here ({status.reason}); validated {what} instead, so neither "
-            "the engine nor its fusion was checked"
+            f"the engine nor its fusion was checked{wiring}"
         )
     return (
         f"TensorRT: installed ({status.version}) but not requested; validated {what}, "
-        "no fusion proof"
+        f"no fusion proof{wiring}"
     )
 
 

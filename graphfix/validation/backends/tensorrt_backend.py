@@ -43,9 +43,7 @@ from graphfix.validation.inputs import ValidationUsageError, cast_feeds, input_s
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 POLYGRAPHY_MINIMUM = "0.53.4"
-POLYGRAPHY_INSTALL = (
-    f"pip install 'graphfix[tensorrt]' (or pip install 'polygraphy>={POLYGRAPHY_MINIMUM}')"
-)
+POLYGRAPHY_INSTALL = f"pip install 'graphfix[tensorrt]' (polygraphy>={POLYGRAPHY_MINIMUM})"
 
 
 @dataclass(frozen=True)
@@ -103,10 +101,7 @@ def require_tensorrt() -> TensorRTStatus:
         return status
     if status.version is None:
         need = "TensorRT"
-        fix = (
-            "install TensorRT 10 or 11 with its Python package and polygraphy "
-            f">= {POLYGRAPHY_MINIMUM} ({POLYGRAPHY_INSTALL})"
-        )
+        fix = f"install TensorRT 10 or 11 with its Python package, then {POLYGRAPHY_INSTALL}"
     else:
         need = f"polygraphy >= {POLYGRAPHY_MINIMUM}"
         fix = POLYGRAPHY_INSTALL
