@@ -121,6 +121,18 @@ def test_static_library_registers_every_creator_under_the_graphfix_namespace_on_
     assert report["exports_set_logger_finder"] is False
 
 
+def test_static_library_reports_a_refused_registration_on_stderr(tools: Tools) -> None:
+    env = {**os.environ, "GRAPHFIX_HARNESS_REFUSE_REGISTRATION": "1"}
+    done = support.run_harness_process(tools, "describe", "static", timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    for spec in PLUGIN_SPECS:
+        assert (
+            f"graphfix plugin: registerCreator: TensorRT refused {spec.namespace}::{spec.op_type} "
+            f"version {spec.version}: a creator of that name, version and namespace is already "
+            "registered"
+        ) in done.stderr
+
+
 def test_dynamic_library_registers_nothing_until_asked(tools: Tools) -> None:
     report = run_harness(tools, "describe", "dynamic").report
     assert report["registrations"] == []

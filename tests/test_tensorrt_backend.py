@@ -203,3 +203,19 @@ def test_engine_cache_key_depends_on_the_gpu(tmp_path):
     assert key(h200) == key(GpuIdentity("NVIDIA H200", (9, 0)))
     assert key(h200) != key(GpuIdentity("NVIDIA H100 80GB HBM3", (9, 0)))
     assert key(h200) != key(GpuIdentity("NVIDIA H200", (10, 0)))
+
+
+def test_no_gpu_driver_is_a_backend_error():
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        pass
+    else:
+        pytest.skip("an NVIDIA driver is installed here")
+    from graphfix.validation.backends import BackendError
+    from graphfix.validation.backends.gpu import current_gpu
+
+    with pytest.raises(
+        BackendError, match=r"NVIDIA driver library cannot be loaded .* onnxruntime"
+    ):
+        current_gpu()
