@@ -247,9 +247,9 @@ class TensorRTRunner:
         with polygraphy_logs_on_stderr(), self._polygraphy_errors("build an engine of"):
             from polygraphy.backend.trt import util as trt_util
 
+            self.gpu = current_gpu()
             # First TensorRT object of the process: the plugin registry logs through its logger.
             self._runtime = trt.Runtime(trt_util.get_trt_logger())
-            self.gpu = current_gpu()
             self._load_plugins()
             with _onnx_file(model) as onnx_path:
                 key = _cache_key(
@@ -294,14 +294,28 @@ class TensorRTRunner:
             raise BackendError(f"TensorRT could not {doing} {self.label}: {message}{hint}") from exc
 
     def _load_plugins(self) -> None:
-        """Load the libraries (ctypes: self-registration) and check every graphfix creator."""
+        """Load the libraries and check that the registry finds every graphfix creator.
+
+        graphfix's getCreators library goes through `IPluginRegistry.load_library`; any other
+        library is dlopened (polygraphy's LoadPlugins) and registers itself.
+        """
         if not self.plugin_libraries:
             return
         from polygraphy.backend.trt import load_plugins
 
-        from graphfix.plugins.build import require_creators
+        from graphfix.plugins.build import DYNAMIC_LIBRARY_NAME, require_creators
 
+        registry = self._trt.get_plugin_registry()
         for library in self.plugin_libraries:
+            if library.name == DYNAMIC_LIBRARY_NAME:
+                if registry.load_library(str(library)) is None:
+                    raise BackendError(
+                        f"TensorRT {self.tensorrt_version} refused plugin library {library} "
+                        "(IPluginRegistry.load_library; its messages are above): its creators "
+                        "are already registered, or it was built for another TensorRT; load one "
+                        "graphfix library per process and rebuild it with `graphfix plugins build`"
+                    )
+                continue
             try:
                 load_plugins(plugins=[str(library)])
             except OSError as exc:
@@ -310,7 +324,7 @@ class TensorRTRunner:
                 ) from exc
         if self.has_plugin_nodes:
             require_creators(
-                self._trt.get_plugin_registry(),
+                registry,
                 loaded=", ".join(str(p) for p in self.plugin_libraries),
                 tensorrt_version=self.tensorrt_version,
             )
