@@ -219,3 +219,19 @@ def test_no_gpu_driver_is_a_backend_error():
         BackendError, match=r"NVIDIA driver library cannot be loaded .* onnxruntime"
     ):
         current_gpu()
+
+
+def test_build_refuses_headers_and_libnvinfer_of_different_majors(monkeypatch):
+    try:
+        headers = plugin_build.find_tensorrt_headers(allow_download=False)
+        plugin_build.find_nvcc()
+    except PluginBuildError as exc:
+        pytest.skip(f"no nvcc or TensorRT headers here: {exc}")
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake is not installed")
+    if headers.origin != plugin_build.KERNEL_LENS_REQUIREMENT:
+        pytest.skip(f"headers from {headers.origin}, not the known TensorRT 10.14 of kernel-lens")
+    wheel_library = Path("/site-packages/tensorrt_libs/libnvinfer.so.11")
+    monkeypatch.setattr(plugin_build, "_wheel_nvinfer_library", lambda: wheel_library)
+    with pytest.raises(PluginBuildError, match=r"are TensorRT 10 but the installed libnvinfer"):
+        plugin_build.build_plugins(cuda_archs="90")

@@ -377,6 +377,19 @@ def _wheel_nvinfer_library() -> Path | None:
     return None
 
 
+def _check_same_major(headers: TensorRTHeaders, major: int, nvinfer: Path | None) -> None:
+    """The headers and the libnvinfer the library links must be one TensorRT major version."""
+    if nvinfer is None:
+        return
+    linked = int(nvinfer.name.rsplit(".", 1)[1])
+    if linked != major:
+        raise PluginBuildError(
+            f"the TensorRT headers in {headers.include_dir} ({headers.origin}) are TensorRT {major} "
+            f"but the installed libnvinfer is {nvinfer} (TensorRT {linked}); set TENSORRT_ROOT "
+            f"to a TensorRT {linked} install that has include/{_HEADER}"
+        )
+
+
 def _normalized_archs(cuda_archs: str | None) -> str:
     value = cuda_archs if cuda_archs is not None else os.environ.get("GRAPHFIX_CUDA_ARCHS")
     if value is None or value.strip() in ("", "default"):
@@ -414,13 +427,11 @@ def build_plugins(
     nvcc = find_nvcc()
     cmake = _find_cmake()
     headers = find_tensorrt_headers()
-    build = (
-        Path(build_dir)
-        if build_dir is not None
-        else default_build_dir(tensorrt_major=tensorrt_header_major(headers.include_dir))
-    )
-    archs = _normalized_archs(cuda_archs)
+    major = tensorrt_header_major(headers.include_dir)
     nvinfer = _wheel_nvinfer_library()
+    _check_same_major(headers, major, nvinfer)
+    build = Path(build_dir) if build_dir is not None else default_build_dir(tensorrt_major=major)
+    archs = _normalized_archs(cuda_archs)
     cudnn = find_cudnn_headers()
     build.mkdir(parents=True, exist_ok=True)
     log = build / _BUILD_LOG

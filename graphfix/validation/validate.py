@@ -206,7 +206,7 @@ def plan_validation(
     engine = None
     libraries: tuple[Path, ...] = ()
     if chosen == "tensorrt":
-        status = require_tensorrt()
+        require_tensorrt(status)
         engine = engine_options(precision, tensorrt_version=str(status.version))
         libraries = _plugin_libraries(candidate, plugins, status)
     elif precision not in (None, "fp32"):

@@ -94,9 +94,10 @@ def _release(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
 
 
-def require_tensorrt() -> TensorRTStatus:
-    """The TensorRT status, or BackendError saying why it cannot be used and what to do."""
-    status = tensorrt_status()
+def require_tensorrt(status: TensorRTStatus | None = None) -> TensorRTStatus:
+    """`status` (None: probed now), or BackendError saying why TensorRT cannot be used and what
+    to do."""
+    status = status if status is not None else tensorrt_status()
     if status.available:
         return status
     if status.version is None:
