@@ -26,7 +26,8 @@ from google.protobuf.message import EncodeError, Message
 
 from graphfix.errors import GraphfixError, ModelLoadError, OutputPathError
 
-ModelLike = "onnx.ModelProto | str | os.PathLike[str]"
+# What public functions accept as a model: the proto itself, or the path of an .onnx file.
+ModelArg = onnx.ModelProto | str | os.PathLike[str]
 
 WeightPlacement = Literal[
     "embedded",
@@ -446,7 +447,7 @@ def _stage_model(
     `<name>.data`, one tensor at a time and without touching the caller's model (which
     `onnx.save_model(save_as_external_data=True)` would rewrite in place).
     """
-    if _fits_protobuf(model):
+    if fits_protobuf(model):
         with open(staging.temp_for(out), "xb") as stream:
             stream.write(model.SerializeToString())
         return None
@@ -466,7 +467,7 @@ def _stage_model(
         light = onnx.ModelProto()
         _copy_spilling(model, light, stream, data_name)
         size = stream.tell()
-    if not _fits_protobuf(light):
+    if not fits_protobuf(light):
         raise GraphfixError(
             f"{out}: the model is over protobuf's 2 GB limit even with its raw tensors stored "
             "as external data; it cannot be saved as an ONNX file"
@@ -476,7 +477,8 @@ def _stage_model(
     return SavedModel(out, "written as external data", (data_file,), size)
 
 
-def _fits_protobuf(model: onnx.ModelProto) -> bool:
+def fits_protobuf(model: onnx.ModelProto) -> bool:
+    """Whether `model` serializes as one protobuf message (under 2 GiB)."""
     try:
         return model.ByteSize() <= _PROTO_LIMIT
     except EncodeError:  # upb refuses to even size a message over 2 GB

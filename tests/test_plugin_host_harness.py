@@ -26,7 +26,7 @@ from plugin_harness_support import Tools
 from graphfix.errors import PluginBuildError
 from graphfix.plugins import build as plugin_build
 from graphfix.plugins.build import find_plugin_libraries, trtexec_command
-from graphfix.plugins.spec import SOFTMAX
+from graphfix.plugins.spec import PLUGIN_NAMESPACE, PLUGIN_SPECS, SOFTMAX
 
 REPO = Path(__file__).resolve().parents[1]
 SUPPORTED_TYPES = ("kFLOAT", "kHALF", "kBF16")
@@ -104,13 +104,33 @@ def _softmax_creators(creators: list[dict]) -> list[dict]:
     return [c for c in creators if c.get("name") == SOFTMAX.op_type]
 
 
-def test_static_library_registers_its_creator_on_load(tools: Tools) -> None:
+def test_static_library_registers_every_creator_under_the_graphfix_namespace_on_load(
+    tools: Tools,
+) -> None:
+    """registerCreator's namespace argument is the creator's own ("graphfix", as the ONNX parser
+    asks for it), not REGISTER_TENSORRT_PLUGIN's "": found whichever one the registry keys on."""
     report = run_harness(tools, "describe", "static").report
-    assert {r["namespace_argument"] for r in report["registrations"]} == {""}
+    registered = [r["creator"] for r in report["registrations"]]
+    assert sorted(c["name"] for c in registered) == sorted(s.op_type for s in PLUGIN_SPECS)
+    for registration in report["registrations"]:
+        assert registration["namespace_argument"] == registration["creator"]["namespace"]
+        assert registration["namespace_argument"] == PLUGIN_NAMESPACE
     (creator,) = _softmax_creators([r["creator"] for r in report["registrations"]])
     _assert_creator_matches_spec(creator)
     assert report["exports_get_creators"] is False
     assert report["exports_set_logger_finder"] is False
+
+
+def test_static_library_reports_a_refused_registration_on_stderr(tools: Tools) -> None:
+    env = {**os.environ, "GRAPHFIX_HARNESS_REFUSE_REGISTRATION": "1"}
+    done = support.run_harness_process(tools, "describe", "static", timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    for spec in PLUGIN_SPECS:
+        assert (
+            f"graphfix plugin: registerCreator: TensorRT refused {spec.namespace}::{spec.op_type} "
+            f"version {spec.version}: a creator of that name, version and namespace is already "
+            "registered"
+        ) in done.stderr
 
 
 def test_dynamic_library_registers_nothing_until_asked(tools: Tools) -> None:

@@ -17,14 +17,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import graphfix
 from graphfix.validation.backends import BackendError
-from graphfix.validation.backends.tensorrt_backend import (
-    FusionProof,
-    classify_blocks,
-    engine_options,
-    parse_engine_layers,
-    tensorrt_status,
-)
-from graphfix.validation.validate import ValidationUsageError, validate
+from graphfix.validation.backends.tensorrt_backend import engine_options, tensorrt_status
+from graphfix.validation.validate import CheckKind, ValidationUsageError, validate
 
 torch = pytest.importorskip("torch", reason="exporting the test models needs torch")
 nn, F = torch.nn, torch.nn.functional
@@ -163,10 +157,15 @@ def to_float16(model: onnx.ModelProto) -> onnx.ModelProto:
     return result
 
 
-def test_correct_rewrite_passes_exactly(vit):
+def test_wiring_check_of_a_correct_float32_rewrite_is_exact(vit):
+    """Without TensorRT, GraphfixSoftmax's reference op in float32 is Softmax itself: the check
+    proves the rewrite's wiring (inputs, outputs, axis), not the plugin's kernel."""
     original, fixed = vit
     report = validate(original, fixed, backend="onnxruntime", shapes={"x": (2, 9, 32)})
     assert report.passed and report.backend == "onnxruntime"
+    assert report.check == CheckKind.WIRING and report.to_dict()["check"] == "wiring check"
+    assert report.summary().startswith("graphfix validate: PASSED (wiring check)")
+    assert "a wiring check of the rewrite" in report.tensorrt_note
     (out,) = report.outputs
     assert out.name == "y" and out.shape == (2, 9, 32)
     assert out.absolute.max == 0 and out.cosine_similarity == pytest.approx(1.0)
@@ -174,7 +173,7 @@ def test_correct_rewrite_passes_exactly(vit):
     assert report.fusion is None
 
 
-def test_masked_eager_attention_rewrite_passes(bert):
+def test_wiring_check_of_the_masked_eager_attention_rewrite_passes(bert):
     original, fixed = bert
     report = validate(original, fixed, backend="onnxruntime", shapes={"input_ids": (2, 8)}, seed=3)
     assert report.passed
@@ -198,7 +197,7 @@ def test_default_backend_without_tensorrt_says_so_in_one_line(vit):
 
 
 @pytest.mark.parametrize("which", ["vit", "bert"])
-def test_wrong_axis_rewrite_fails_with_the_right_statistics(which, request, tmp_path):
+def test_wiring_check_catches_a_wrong_axis_with_the_right_statistics(which, request, tmp_path):
     original, fixed = request.getfixturevalue(which)
     broken = tmp_path / "broken.onnx"
     onnx.save(with_softmax_axis(fixed, 2), broken)  # softmax over queries instead of keys
@@ -340,7 +339,7 @@ def test_plots_are_written(bert, tmp_path):
         plot_report(report, tmp_path / "file")
 
 
-# --- TensorRT-side logic that needs no TensorRT: option mapping and inspector-JSON parsing -------
+# --- TensorRT-side logic that needs no TensorRT: option mapping -------------------------------
 
 
 def test_engine_options_by_tensorrt_version():
@@ -352,46 +351,3 @@ def test_engine_options_by_tensorrt_version():
         ValidationUsageError, match=r"strongly typed .* the precision must be in the ONNX"
     ):
         engine_options("fp16", tensorrt_version="11.0.0")
-
-
-def _layer(name: str, layer_type: str, *nodes: str, tactic: str = "") -> dict:
-    """One entry of `get_engine_information(JSON)["Layers"]` at DETAILED verbosity."""
-    metadata = "\x1f".join(f"[ONNX Layer: {n}]" for n in nodes)
-    return {"Name": name, "LayerType": layer_type, "Metadata": metadata, "TacticName": tactic}
-
-
-def test_fusion_parser_on_handwritten_inspector_json():
-    """Hand-written JSON in `get_engine_information(JSON)`'s documented layout; no TensorRT runs."""
-    b1 = ("/blocks.1/attn/MatMul", "/blocks.1/attn/Softmax", "/blocks.1/attn/MatMul_1")
-    fixed_layers = [
-        _layer("/blocks.0/attn/MatMul", "CaskGemm", "/blocks.0/attn/MatMul", tactic="sm90_gemm"),
-        _layer("/blocks.0/attn/Softmax", "PluginV3", "/blocks.0/attn/Softmax"),
-        _layer("{ForeignNode[/blocks.1/attn/MatMul.../blocks.1/attn/MatMul_1]}", "Myelin", *b1),
-    ]
-    fixed_engine = json.dumps({"Layers": fixed_layers, "Bindings": ["x", "y"]})
-    layers = parse_engine_layers(fixed_engine)
-    blocks = classify_blocks(layers, ["/blocks.0/attn/Softmax", "/blocks.1/attn/Softmax"])
-    assert [b.status for b in blocks] == ["plugin", "fused"]
-    assert blocks[1].layer.startswith("{ForeignNode[")
-    original_layers = [
-        _layer("{ForeignNode[/MatMul.../Add_3]}", "Myelin"),
-        _layer("/head/Softmax", "Softmax", "/head/Softmax"),
-        _layer("_gemm_mha_v2_0", "kgen", "/b2/Softmax | f (Attention)"),
-    ]
-    original_engine = json.dumps({"Layers": original_layers})
-    original = classify_blocks(
-        parse_engine_layers(original_engine), ["/b0/Softmax", "/head/Softmax", "/b2/Softmax"]
-    )
-    assert [b.status for b in original] == ["fused", "unfused", "fused"]
-    assert "no layer of its own" in original[0].evidence
-    proof = FusionProof("10.13.0", blocks, original)
-    assert proof.candidate_fused == 1 and proof.original_fused == 2
-    assert "original model: TensorRT fused 2 of 3 attention block(s)" in "\n".join(
-        proof.summary_lines()
-    )
-    names_only = parse_engine_layers(
-        json.dumps({"Layers": ["/a/Softmax + /a/Mul", "PWN(/b/Add, /b/Relu)"]})
-    )
-    assert names_only[0].onnx_nodes == ("/a/Softmax", "/a/Mul")
-    assert names_only[1].onnx_nodes == ("/b/Add", "/b/Relu")
-    assert classify_blocks(names_only, ["/zzz"])[0].status == "not found"

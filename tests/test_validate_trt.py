@@ -6,6 +6,10 @@ plugin library built (`graphfix plugins build`).
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import onnx
 import pytest
 
@@ -86,3 +90,60 @@ def test_unfixed_model_on_tensorrt_reports_fusion(models, tmp_path):
     print(report.summary())
     assert len(report.fusion.candidate) == 2
     assert all(b.status in ("fused", "unfused") for b in report.fusion.candidate)
+
+
+def test_json_report_is_the_only_thing_on_stdout(models, plugin_library, tmp_path, capfd):
+    """polygraphy and TensorRT log while the engine builds: none of it may reach stdout."""
+    from graphfix.cli import main
+
+    argv = ["validate", models["original"], models["fixed"], "--json", "--backend", "tensorrt"]
+    argv += ["--plugins", plugin_library, "--engine-cache", tmp_path]
+    code = main([str(a) for a in argv])
+    out, _ = capfd.readouterr()
+    assert code == 0
+    report = json.loads(out)  # exactly one document, nothing around it
+    assert report["check"] == "TensorRT engine"
+    assert all(b["status"] == "plugin" for b in report["fusion"]["candidate"])
+
+
+def test_engine_description_names_the_gpu_it_was_built_for(models, plugin_library, tmp_path):
+    report = validate(
+        models["original"], models["fixed"], plugins=[plugin_library], engine_cache=tmp_path
+    )
+    assert " on NVIDIA " in report.candidate and "compute capability" in report.candidate
+
+
+_REGISTRY_PROBE = """
+import ctypes, json, sys
+import tensorrt as trt
+from graphfix.plugins.spec import PLUGIN_SPECS
+logger = trt.Logger(trt.Logger.WARNING)
+runtime = trt.Runtime(logger)
+registry = trt.get_plugin_registry()
+if sys.argv[1] == "static":
+    ctypes.CDLL(sys.argv[2])
+else:
+    registry.load_library(sys.argv[2])
+print(json.dumps({s.op_type: registry.get_creator(s.op_type, s.version, s.namespace) is not None
+                  for s in PLUGIN_SPECS}))
+"""
+
+
+@pytest.mark.parametrize("loading", ["static", "dynamic"])
+def test_each_library_registers_every_creator_under_graphfix(loading):
+    from graphfix.plugins.build import find_plugin_libraries
+
+    try:
+        libraries = find_plugin_libraries()
+    except PluginBuildError as exc:
+        pytest.skip(f"graphfix's plugin library is not built: {exc}")
+    library = libraries.static if loading == "static" else libraries.dynamic
+    done = subprocess.run(
+        [sys.executable, "-c", _REGISTRY_PROBE, loading, str(library)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {"GraphfixSoftmax": True, "GraphfixAttention": True}

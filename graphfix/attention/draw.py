@@ -14,7 +14,6 @@ pyplot, no backend switch): figures render in notebooks and save anywhere withou
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ import onnx
 from graphfix.attention.match_types import AttentionMatch
 from graphfix.attention.matcher import scan_attention
 from graphfix.errors import GraphfixError, SelectionError, UnsupportedModelError
-from graphfix.model_io import load_model
+from graphfix.model_io import ModelArg, load_model
 from graphfix.plugins.reference import with_reference_ops
 from graphfix.plugins.spec import PLUGIN_DOMAIN
 
@@ -35,7 +34,6 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-ModelArg = onnx.ModelProto | str | os.PathLike[str]
 
 __all__ = ["draw_attention_block", "draw_before_after"]
 

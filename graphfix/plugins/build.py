@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graphfix.errors import PluginBuildError
-from graphfix.plugins.spec import SOFTMAX
+from graphfix.plugins.spec import PLUGIN_SPECS, PluginSpec
 
 STATIC_LIBRARY_NAME = "libgraphfix_plugins.so"
 DYNAMIC_LIBRARY_NAME = "libgraphfix_plugins_dynamic.so"
@@ -45,7 +45,9 @@ ATTENTION_HARNESS_NAME = "graphfix_attention_harness"
 # The Apache-2.0 TensorRT 10.14 headers, fetched only when no TensorRT headers are installed.
 KERNEL_LENS_REQUIREMENT = "kernel-lens==2.0.1"
 _KERNEL_LENS_HEADER_PREFIX = "kernel_lens/include/tensorrt/"
+_KERNEL_LENS_TENSORRT_MAJOR = 10  # kernel-lens 2.0.1 holds TensorRT 10.14's headers
 _HEADER = "NvInferRuntime.h"
+_VERSION_HEADER = "NvInferVersion.h"
 _BUILD_LOG = "graphfix-plugin-build.log"
 _DEFAULT_CUDA_ROOT = "/usr/local/cuda"
 # The cuDNN frontend (header-only C++, MIT), fetched only where cudnn.h is found.
@@ -128,10 +130,46 @@ def cache_dir() -> Path:
     return Path(base) / "graphfix"
 
 
-def default_build_dir() -> Path:
-    """Where `build_plugins` builds when no folder is given: one per source folder, in the cache."""
+def default_build_dir(*, tensorrt_major: int | None = None) -> Path:
+    """Where `build_plugins` builds when no folder is given: one per source folder and TensorRT
+    major version, in the cache (a library linked to libnvinfer.so.10 does not load under 11).
+
+    `tensorrt_major`: None means the installed TensorRT's, else that of the headers a build uses.
+    """
+    major = tensorrt_major if tensorrt_major is not None else _tensorrt_major()
     digest = hashlib.sha1(str(plugin_source_dir()).encode()).hexdigest()[:10]
-    return cache_dir() / f"plugins-build-{digest}"
+    return cache_dir() / f"plugins-build-{digest}-trt{major}"
+
+
+def tensorrt_header_major(include_dir: Path) -> int:
+    """NV_TENSORRT_MAJOR as `include_dir`'s NvInferVersion.h defines it."""
+    header = Path(include_dir) / _VERSION_HEADER
+    try:
+        text = header.read_text(errors="replace")
+    except OSError as exc:
+        raise PluginBuildError(
+            f"cannot read {header} ({exc}); point TENSORRT_ROOT at a complete TensorRT install"
+        ) from exc
+    for macro in ("NV_TENSORRT_MAJOR", "TRT_MAJOR_ENTERPRISE"):
+        found = re.search(rf"#define\s+{macro}\s+(\d+)", text)
+        if found:
+            return int(found.group(1))
+    raise PluginBuildError(
+        f"{header} defines no NV_TENSORRT_MAJOR; point TENSORRT_ROOT at a TensorRT 10 or 11 install"
+    )
+
+
+def _tensorrt_major() -> int:
+    try:
+        import tensorrt as trt
+    except (ImportError, OSError):
+        pass
+    else:
+        return int(str(trt.__version__).split(".")[0])
+    try:
+        return tensorrt_header_major(find_tensorrt_headers(allow_download=False).include_dir)
+    except PluginBuildError:  # nothing installed: a build would fetch kernel-lens's headers
+        return _KERNEL_LENS_TENSORRT_MAJOR
 
 
 def find_nvcc() -> Path:
@@ -339,6 +377,19 @@ def _wheel_nvinfer_library() -> Path | None:
     return None
 
 
+def _check_same_major(headers: TensorRTHeaders, major: int, nvinfer: Path | None) -> None:
+    """The headers and the libnvinfer the library links must be one TensorRT major version."""
+    if nvinfer is None:
+        return
+    linked = int(nvinfer.name.rsplit(".", 1)[1])
+    if linked != major:
+        raise PluginBuildError(
+            f"the TensorRT headers in {headers.include_dir} ({headers.origin}) are TensorRT {major} "
+            f"but the installed libnvinfer is {nvinfer} (TensorRT {linked}); set TENSORRT_ROOT "
+            f"to a TensorRT {linked} install that has include/{_HEADER}"
+        )
+
+
 def _normalized_archs(cuda_archs: str | None) -> str:
     value = cuda_archs if cuda_archs is not None else os.environ.get("GRAPHFIX_CUDA_ARCHS")
     if value is None or value.strip() in ("", "default"):
@@ -373,12 +424,14 @@ def build_plugins(
     `jobs`: parallel compile jobs, None means one per CPU.
     """
     source = plugin_source_dir()
-    build = Path(build_dir) if build_dir is not None else default_build_dir()
     nvcc = find_nvcc()
     cmake = _find_cmake()
     headers = find_tensorrt_headers()
-    archs = _normalized_archs(cuda_archs)
+    major = tensorrt_header_major(headers.include_dir)
     nvinfer = _wheel_nvinfer_library()
+    _check_same_major(headers, major, nvinfer)
+    build = Path(build_dir) if build_dir is not None else default_build_dir(tensorrt_major=major)
+    archs = _normalized_archs(cuda_archs)
     cudnn = find_cudnn_headers()
     build.mkdir(parents=True, exist_ok=True)
     log = build / _BUILD_LOG
@@ -457,10 +510,10 @@ def find_plugin_libraries(*, build_dir: Path | str | None = None) -> PluginLibra
 
 
 def load_plugins_into_tensorrt(*, libraries: PluginLibraries | None = None) -> LoadedPlugins:
-    """Registers GraphfixSoftmax with TensorRT's plugin registry in this process.
+    """Registers every graphfix plugin with TensorRT's plugin registry in this process.
 
     Loads the getCreators library through `IPluginRegistry.load_library`; does nothing when the
-    creator is already registered (for example by the self-registering library).
+    creators are already registered (for example by the self-registering library).
     """
     try:
         import tensorrt as trt
@@ -471,17 +524,36 @@ def load_plugins_into_tensorrt(*, libraries: PluginLibraries | None = None) -> L
             f"{DYNAMIC_LIBRARY_NAME} with trtexec --dynamicPlugins instead"
         ) from error
     registry = trt.get_plugin_registry()
-    if registry.get_creator(SOFTMAX.op_type, SOFTMAX.version, SOFTMAX.namespace) is not None:
+    if not missing_creators(registry):
         return LoadedPlugins(library=None, already_registered=True)
     libraries = libraries if libraries is not None else find_plugin_libraries()
     registry.load_library(str(libraries.dynamic))
-    if registry.get_creator(SOFTMAX.op_type, SOFTMAX.version, SOFTMAX.namespace) is None:
-        raise PluginBuildError(
-            f"TensorRT loaded {libraries.dynamic} but has no creator {SOFTMAX.op_type} version "
-            f"{SOFTMAX.version} in namespace {SOFTMAX.namespace!r}; rebuild with "
-            "`graphfix plugins build` against this TensorRT version"
-        )
+    require_creators(registry, loaded=libraries.dynamic, tensorrt_version=str(trt.__version__))
     return LoadedPlugins(library=libraries.dynamic, already_registered=False)
+
+
+def missing_creators(registry) -> tuple[PluginSpec, ...]:
+    """The graphfix plugins that `registry` (a `trt.IPluginRegistry`) does not find by name,
+    version and namespace, the way TensorRT's ONNX parser looks a plugin node up."""
+    return tuple(
+        spec
+        for spec in PLUGIN_SPECS
+        if registry.get_creator(spec.op_type, spec.version, spec.namespace) is None
+    )
+
+
+def require_creators(registry, *, loaded: Path | str, tensorrt_version: str) -> None:
+    """PluginBuildError unless `registry` finds every graphfix plugin after loading `loaded`."""
+    missing = missing_creators(registry)
+    if missing:
+        names = ", ".join(
+            f"{s.op_type} version {s.version} in namespace {s.namespace!r}" for s in missing
+        )
+        raise PluginBuildError(
+            f"TensorRT {tensorrt_version} loaded {loaded} but its plugin registry finds no creator "
+            f"{names}; rebuild the library for this TensorRT (`graphfix plugins build`) or pass "
+            "the one built for it (--plugins)"
+        )
 
 
 def trtexec_command(model_path: Path | str, *, libraries: PluginLibraries | None = None) -> str:

@@ -62,6 +62,9 @@ ATTENTION = PluginSpec(
     ),
 )
 
+# Every graphfix plugin: what a loaded plugin library must register (checked after loading it).
+PLUGIN_SPECS = (SOFTMAX, ATTENTION)
+
 # Element types the plugins accept on their inputs and outputs.
 PLUGIN_ELEMENT_TYPES = (
     onnx.TensorProto.FLOAT,

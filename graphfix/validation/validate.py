@@ -3,7 +3,12 @@
 The reference is always onnxruntime on the CPU running the original model as written.  The
 candidate is, by default, a TensorRT engine of the fixed model with graphfix's plugin library
 loaded, or, where TensorRT is absent, onnxruntime running the fixed model with graphfix's
-reference implementation of its plugin ops, which validates the rewrite itself on any machine.
+reference implementation of its plugin ops: a wiring check of the rewrite on any machine (for a
+float32 GraphfixSoftmax the reference op is Softmax itself, so the plugins' kernels and TensorRT's
+numerics are not checked).
+
+`plan_validation` works out everything from the arguments once (backend, engine options,
+tolerance, inputs); `run_plan` runs it.
 """
 
 from __future__ import annotations
@@ -12,21 +17,21 @@ import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
 import numpy as np
 import onnx
 
 from graphfix.attention.matcher import find_attention
-from graphfix.model_io import LoadedModel, load_model
+from graphfix.model_io import LoadedModel, ModelArg, load_model
 from graphfix.plugins.spec import PLUGIN_DOMAIN
 from graphfix.validation.backends import BackendError, Runner
 from graphfix.validation.backends.tensorrt_backend import (
     PRECISIONS,
-    FusionProof,
+    EngineOptions,
     TensorRTRunner,
     TensorRTStatus,
-    classify_blocks,
     default_plugin_libraries,
     engine_options,
     require_tensorrt,
@@ -39,7 +44,9 @@ from graphfix.validation.compare import (
     compare_output,
     format_comparison,
 )
+from graphfix.validation.fusion_proof import FusionProof, classify_blocks
 from graphfix.validation.inputs import (
+    InputData,
     InputSource,
     ValidationUsageError,
     ValueRange,
@@ -49,11 +56,27 @@ from graphfix.validation.inputs import (
 )
 
 BACKENDS = ("tensorrt", "onnxruntime")
-ModelArg = onnx.ModelProto | str | os.PathLike[str]
 _ARRAYS = {"json": False}
 _LOOSENESS = ("fp32", "fp16", "bf16")  # order: each looser than the one before
 
-__all__ = ["BACKENDS", "ValidationReport", "ValidationUsageError", "validate"]
+__all__ = [
+    "BACKENDS",
+    "CheckKind",
+    "ValidationPlan",
+    "ValidationReport",
+    "ValidationUsageError",
+    "plan_validation",
+    "run_plan",
+    "validate",
+]
+
+
+class CheckKind(str, Enum):
+    """What a validation checked."""
+
+    ENGINE = "TensorRT engine"  # the candidate ran as a TensorRT engine, plugins loaded
+    WIRING = "wiring check"  # onnxruntime with graphfix's reference ops for the plugin nodes
+    ONNXRUNTIME = "onnxruntime"  # onnxruntime on the candidate as written (no plugin nodes)
 
 
 @dataclass(frozen=True)
@@ -62,6 +85,7 @@ class ValidationReport:
 
     passed: bool
     backend: str
+    check: CheckKind
     reference: str
     candidate: str
     outputs: tuple[OutputComparison, ...]
@@ -97,7 +121,7 @@ class ValidationReport:
     def summary(self, *, histograms: bool = True) -> str:
         verdict = "PASSED" if self.passed else "FAILED"
         lines = [
-            f"graphfix validate: {verdict}",
+            f"graphfix validate: {verdict} ({self.check.value})",
             f"  reference: {self.reference}",
             f"  candidate: {self.candidate}",
         ]
@@ -126,6 +150,92 @@ class ValidationReport:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class ValidationPlan:
+    """Everything `validate` decides before anything runs: backend, engine options, tolerance and
+    inputs, each worked out once from the arguments."""
+
+    reference: LoadedModel
+    candidate: LoadedModel
+    backend: str
+    tensorrt: TensorRTStatus
+    engine: EngineOptions | None  # TensorRT builder settings; None with onnxruntime
+    plugin_libraries: tuple[Path, ...]
+    inputs: InputData
+    tolerance: Tolerance
+    tolerance_origin: str
+    engine_cache: Path | None
+    notes: tuple[str, ...]
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: tuple(array.shape) for name, array in self.inputs.feeds.items()}
+
+
+def plan_validation(
+    reference_model: ModelArg,
+    candidate_model: ModelArg,
+    *,
+    inputs: str | os.PathLike[str] | Mapping[str, np.ndarray] | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    ranges: Mapping[str, ValueRange | tuple[float, float]] | None = None,
+    backend: str | None = None,
+    precision: str | None = None,
+    plugins: Sequence[str | os.PathLike[str]] | None = None,
+    atol: float | None = None,
+    rtol: float | None = None,
+    quantile: float | None = None,
+    seed: int = 0,
+    engine_cache: str | os.PathLike[str] | None = None,
+) -> ValidationPlan:
+    """The plan `validate` runs (same arguments); raises on anything wrong before running."""
+    if backend is not None and backend not in BACKENDS:
+        raise ValidationUsageError(
+            f"backend {backend!r} is not one of {', '.join(BACKENDS)}; leave it unset to use "
+            "TensorRT where it is installed"
+        )
+    if precision is not None and precision not in PRECISIONS:
+        raise ValidationUsageError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    reference = load_model(reference_model, load_weights=False)
+    candidate = load_model(candidate_model, load_weights=False)
+    notes = list(check_same_inputs(input_specs(reference.model), input_specs(candidate.model)))
+    _check_same_outputs(reference.model, candidate.model)
+
+    status = tensorrt_status()
+    chosen = backend or ("tensorrt" if status.available else "onnxruntime")
+    engine = None
+    libraries: tuple[Path, ...] = ()
+    if chosen == "tensorrt":
+        require_tensorrt(status)
+        engine = engine_options(precision, tensorrt_version=str(status.version))
+        libraries = _plugin_libraries(candidate, plugins, status)
+    elif precision not in (None, "fp32"):
+        raise ValidationUsageError(
+            f"precision {precision!r} applies to the TensorRT backend only; with onnxruntime the "
+            "candidate runs in the precision its ONNX is written in"
+        )
+    elif plugins:
+        notes.append("plugin libraries not loaded: onnxruntime runs graphfix's reference ops")
+    data = make_inputs(reference.model, shapes=shapes, ranges=ranges, npz=inputs, seed=seed)
+    lowest = _loosest(
+        _model_precision(candidate.model), _model_precision(reference.model), precision
+    )
+    tolerance, origin = _tolerance(atol, rtol, quantile, lowest)
+    return ValidationPlan(
+        reference=reference,
+        candidate=candidate,
+        backend=chosen,
+        tensorrt=status,
+        engine=engine,
+        plugin_libraries=libraries,
+        inputs=data,
+        tolerance=tolerance,
+        tolerance_origin=origin,
+        engine_cache=Path(engine_cache) if engine_cache is not None else None,
+        notes=(*notes, *data.notes),
+    )
+
+
 def validate(
     reference_model: ModelArg,
     candidate_model: ModelArg,
@@ -144,67 +254,42 @@ def validate(
 ) -> ValidationReport:
     """Run both models on the same inputs and compare every output.
 
-    `backend`: None picks "tensorrt" when `import tensorrt` works, else "onnxruntime" (the report
-    says so); "onnxruntime" lowers graphfix plugin nodes to their reference ops automatically.
+    `backend`: None picks "tensorrt" when TensorRT and polygraphy are usable, else "onnxruntime"
+    (the report says so); "onnxruntime" lowers graphfix plugin nodes to their reference ops, which
+    makes it a wiring check of the rewrite, not of the plugins or of TensorRT.
     `precision` ("fp32", "fp16", "bf16") applies to TensorRT: builder flags on TensorRT 10; on
     TensorRT 11 networks are strongly typed, so fp16/bf16 are refused (put the Casts in the ONNX).
     `plugins`: library paths to load; None finds graphfix's built library when the candidate has
     plugin nodes.  `inputs`: an .npz path or arrays by name; otherwise seeded random data shaped by
     `shapes` (needed for dynamic dimensions) and drawn from `ranges`.  `atol`/`rtol` default by the
-    candidate's lowest precision (`graphfix.validation.compare.DEFAULT_TOLERANCES`); `quantile` checks that
-    quantile of the errors instead of every element.
+    candidate's lowest precision (`graphfix.validation.compare.DEFAULT_TOLERANCES`); `quantile`
+    checks that quantile of the errors instead of every element.
     """
-    if backend is not None and backend not in BACKENDS:
-        raise ValidationUsageError(
-            f"backend {backend!r} is not one of {', '.join(BACKENDS)}; leave it unset to use "
-            "TensorRT where it is installed"
-        )
-    if precision is not None and precision not in PRECISIONS:
-        raise ValidationUsageError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
-    reference = load_model(reference_model, load_weights=False)
-    candidate = load_model(candidate_model, load_weights=False)
-    ref_name, cand_name = _label(reference, "original"), _label(candidate, "candidate")
-    notes = list(check_same_inputs(input_specs(reference.model), input_specs(candidate.model)))
-    _check_same_outputs(reference.model, candidate.model)
-
-    status = tensorrt_status()
-    chosen = backend or ("tensorrt" if status.available else "onnxruntime")
-    if chosen == "onnxruntime" and precision not in (None, "fp32"):
-        raise ValidationUsageError(
-            f"precision {precision!r} applies to the TensorRT backend only; with onnxruntime the "
-            "candidate runs in the precision its ONNX is written in"
-        )
-    data = make_inputs(reference.model, shapes=shapes, ranges=ranges, npz=inputs, seed=seed)
-    notes += data.notes
-    lowest = _loosest(
-        _model_precision(candidate.model), _model_precision(reference.model), precision
+    plan = plan_validation(
+        reference_model,
+        candidate_model,
+        inputs=inputs,
+        shapes=shapes,
+        ranges=ranges,
+        backend=backend,
+        precision=precision,
+        plugins=plugins,
+        atol=atol,
+        rtol=rtol,
+        quantile=quantile,
+        seed=seed,
+        engine_cache=engine_cache,
     )
-    tolerance, origin = _tolerance(atol, rtol, quantile, lowest)
-    shapes_fed = {name: tuple(array.shape) for name, array in data.feeds.items()}
+    return run_plan(plan)
 
-    from graphfix.validation.backends.onnxruntime_backend import (
-        OnnxRuntimeRunner,  # imports onnxruntime
-    )
 
-    reference_runner = OnnxRuntimeRunner(reference, label=ref_name)
-    candidate_runner: Runner
-    if chosen == "tensorrt":
-        # TensorRT itself and the precision first, then the plugin library
-        engine_options(precision, tensorrt_version=require_tensorrt().version)
-        candidate_runner = TensorRTRunner(
-            candidate,
-            label=cand_name,
-            shapes=shapes_fed,
-            precision=precision,
-            plugin_libraries=_plugin_libraries(candidate, plugins),
-            cache_dir=engine_cache,
-        )
-    else:
-        candidate_runner = OnnxRuntimeRunner(candidate, label=cand_name)
-        if plugins:
-            notes.append("plugin libraries not loaded: onnxruntime runs graphfix's reference ops")
-    reference_outputs = reference_runner.infer(data.feeds)
-    candidate_outputs = candidate_runner.infer(data.feeds)
+def run_plan(plan: ValidationPlan) -> ValidationReport:
+    """Build both runners, run them on the plan's inputs, compare, and prove what fused."""
+    reference_runner = _runner(plan, plan.reference, "original", backend="onnxruntime")
+    candidate_runner = _runner(plan, plan.candidate, "candidate", backend=plan.backend)
+    feeds = plan.inputs.feeds
+    reference_outputs = reference_runner.infer(feeds)
+    candidate_outputs = candidate_runner.infer(feeds)
     missing = [name for name in reference_outputs if name not in candidate_outputs]
     if missing:
         raise BackendError(
@@ -212,29 +297,49 @@ def validate(
             f"{', '.join(candidate_outputs) or 'nothing'}); the engine lost a graph output"
         )
     comparisons = tuple(
-        compare_output(name, reference_outputs[name], candidate_outputs[name], tolerance)
+        compare_output(name, reference_outputs[name], candidate_outputs[name], plan.tolerance)
         for name in reference_outputs
     )
     fusion = None
     if isinstance(candidate_runner, TensorRTRunner):
-        fusion = _fusion_proof(
-            candidate_runner, candidate, reference, shapes_fed, precision, engine_cache
-        )
+        fusion = _fusion_proof(plan, candidate_runner)
     return ValidationReport(
         passed=all(c.passed for c in comparisons),
-        backend=chosen,
+        backend=plan.backend,
+        check=_check_kind(plan, candidate_runner),
         reference=reference_runner.description,
         candidate=candidate_runner.description,
         outputs=comparisons,
-        inputs=data.sources,
-        tolerance=tolerance,
-        tolerance_origin=origin,
+        inputs=plan.inputs.sources,
+        tolerance=plan.tolerance,
+        tolerance_origin=plan.tolerance_origin,
         fusion=fusion,
-        tensorrt_note=_tensorrt_note(status, chosen, candidate_runner),
-        notes=tuple(notes),
+        tensorrt_note=_tensorrt_note(plan, candidate_runner),
+        notes=plan.notes,
         reference_outputs=reference_outputs,
         candidate_outputs=candidate_outputs,
     )
+
+
+def _runner(plan: ValidationPlan, model: LoadedModel, role: str, *, backend: str) -> Runner:
+    """One model made ready on one backend; every runner answers the `Runner` protocol."""
+    label = _label(model, role)
+    if backend == "tensorrt":
+        assert plan.engine is not None  # the plan sets engine options for the TensorRT backend
+        return TensorRTRunner(
+            model,
+            label=label,
+            shapes=plan.shapes,
+            options=plan.engine,
+            plugin_libraries=plan.plugin_libraries if model is plan.candidate else (),
+            cache_dir=plan.engine_cache,
+            status=plan.tensorrt,
+        )
+    from graphfix.validation.backends.onnxruntime_backend import (
+        OnnxRuntimeRunner,  # imports onnxruntime
+    )
+
+    return OnnxRuntimeRunner(model, label=label)
 
 
 def _label(model: LoadedModel, fallback: str) -> str:
@@ -291,59 +396,62 @@ def _tolerance(
 
 
 def _plugin_libraries(
-    candidate: LoadedModel, plugins: Sequence[str | os.PathLike[str]] | None
+    candidate: LoadedModel,
+    plugins: Sequence[str | os.PathLike[str]] | None,
+    status: TensorRTStatus,
 ) -> tuple[Path, ...]:
     if plugins is not None:
         return tuple(Path(p) for p in plugins)
     if any(n.domain == PLUGIN_DOMAIN for n in candidate.model.graph.node):
-        return default_plugin_libraries()
+        return default_plugin_libraries(tensorrt_major=status.major)
     return ()
 
 
-def _fusion_proof(
-    runner: TensorRTRunner,
-    candidate: LoadedModel,
-    reference: LoadedModel,
-    shapes: Mapping[str, tuple[int, ...]],
-    precision: str | None,
-    engine_cache: str | os.PathLike[str] | None,
-) -> FusionProof:
+def _fusion_proof(plan: ValidationPlan, runner: TensorRTRunner) -> FusionProof:
     """Per rewritten block (plugin nodes, else the attention Softmaxes left), what TensorRT ran."""
+    candidate, reference = plan.candidate, plan.reference
     rewritten = [n.name for n in candidate.model.graph.node if n.domain == PLUGIN_DOMAIN]
     blocks = rewritten or [m.softmax for m in find_attention(candidate.model)]
     candidate_blocks = classify_blocks(runner.layers(), blocks)
     try:
-        original = TensorRTRunner(
-            reference,
-            label=_label(reference, "original"),
-            shapes=shapes,
-            precision=precision,
-            cache_dir=engine_cache,
-        )
+        original = _runner(plan, reference, "original", backend="tensorrt")
     except BackendError as exc:
         return FusionProof(
             runner.tensorrt_version, candidate_blocks, None, original_problem=str(exc)
         )
+    assert isinstance(original, TensorRTRunner)
     original_blocks = classify_blocks(
         original.layers(), [m.softmax for m in find_attention(reference.model)]
     )
     return FusionProof(runner.tensorrt_version, candidate_blocks, original_blocks)
 
 
-def _tensorrt_note(status: TensorRTStatus, chosen: str, runner: Runner) -> str | None:
-    if chosen == "tensorrt":
+def _check_kind(plan: ValidationPlan, runner: Runner) -> CheckKind:
+    if plan.backend == "tensorrt":
+        return CheckKind.ENGINE
+    return CheckKind.WIRING if runner.lowered_nodes else CheckKind.ONNXRUNTIME
+
+
+def _tensorrt_note(plan: ValidationPlan, runner: Runner) -> str | None:
+    if plan.backend == "tensorrt":
         return None
     what = "the candidate ONNX with onnxruntime"
-    if getattr(runner, "lowered_nodes", None):
+    wiring = ""
+    if runner.lowered_nodes:
         what += " and graphfix's reference ops"
+        wiring = (
+            "; a wiring check of the rewrite: reference ops stand in for the plugins (for float32 "
+            "GraphfixSoftmax, Softmax itself)"
+        )
+    status = plan.tensorrt
     if not status.available:
         return (
             f"TensorRT: not available here ({status.reason}); validated {what} instead, so neither "
-            "the engine nor its fusion was checked"
+            f"the engine nor its fusion was checked{wiring}"
         )
     return (
         f"TensorRT: installed ({status.version}) but not requested; validated {what}, "
-        "no fusion proof"
+        f"no fusion proof{wiring}"
     )
 
 

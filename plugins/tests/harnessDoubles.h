@@ -33,11 +33,13 @@ class RecordingRegistry final : public nvinfer1::IPluginRegistry
 {
 public:
     std::vector<Registration> registrations;
+    //! Answer every registerCreator with false, as TensorRT does for a creator registered twice.
+    bool refuse{false};
 
     bool registerCreator(nvinfer1::IPluginCreatorInterface& creator, char const* const pluginNamespace) noexcept override
     {
         registrations.push_back(Registration{&creator, pluginNamespace == nullptr ? "" : pluginNamespace});
-        return true;
+        return !refuse;
     }
 
     // Everything below is unused by a self-registering plugin library; it reports failure.

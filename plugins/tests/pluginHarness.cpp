@@ -19,6 +19,8 @@
  * `static` dlopens the library and collects what it registers through getPluginRegistry() (this
  * executable exports a recording registry under that name, as libnvinfer does); `dynamic` dlopens
  * it and calls its exported setLoggerFinder and getCreators, as IPluginRegistry::loadLibrary does.
+ * With GRAPHFIX_HARNESS_REFUSE_REGISTRATION set, the registry refuses every registerCreator (as
+ * TensorRT refuses a creator that is already registered).
  */
 #include "harnessCommon.h"
 #include "harnessDoubles.h"
@@ -32,6 +34,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -242,6 +245,7 @@ LoadedLibrary loadLibrary(Arguments const& args)
     }
     std::string const path = args.get("library");
     size_t const before = gRegistry.registrations.size();
+    gRegistry.refuse = std::getenv("GRAPHFIX_HARNESS_REFUSE_REGISTRATION") != nullptr;
     void* const handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (handle == nullptr)
     {

@@ -19,8 +19,13 @@ class BackendError(EnvironmentProblem):
 
 
 class Runner(Protocol):
-    """A model made ready to run on one backend."""
+    """A model made ready to run on one backend.
+
+    `description`: one line saying what runs where; `lowered_nodes`: how many graphfix plugin
+    nodes were replaced by their reference ops to run here (0 where the plugins themselves run).
+    """
 
     description: str
+    lowered_nodes: int
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...

@@ -16,7 +16,7 @@ import onnx
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
-from graphfix.model_io import LoadedModel
+from graphfix.model_io import LoadedModel, fits_protobuf
 from graphfix.plugins.reference import with_reference_ops
 from graphfix.plugins.spec import PLUGIN_DOMAIN
 from graphfix.validation.backends import BackendError
@@ -34,7 +34,6 @@ _ORT_ERRORS = (
     RuntimeError,
     ValueError,
 )
-_PROTOBUF_LIMIT = 2**31 - 1
 
 
 class OnnxRuntimeRunner:
@@ -64,7 +63,7 @@ class OnnxRuntimeRunner:
         try:
             if not lower and model.path is not None:
                 self.session = _session(str(model.path), options)
-            elif proto.ByteSize() < _PROTOBUF_LIMIT:
+            elif fits_protobuf(proto):
                 self.session = _session(proto.SerializeToString(), options)
             else:  # too large for one protobuf: onnxruntime reads it from a folder we keep
                 self._folder = tempfile.TemporaryDirectory(prefix="graphfix-ort-")

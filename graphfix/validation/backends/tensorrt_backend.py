@@ -1,22 +1,30 @@
 """TensorRT through polygraphy's backend API: build or reuse an engine, run it, read its layers.
 
-TensorRT is imported only when a runner is made, so this module imports anywhere.  Engines are
-cached under `~/.cache/graphfix/engines/<sha256>.engine`, keyed by the ONNX bytes (external data
-included), the build options, the TensorRT version and the plugin libraries' bytes.
+TensorRT and polygraphy are imported only when a runner is made, so this module imports anywhere.
+polygraphy must be at least 0.53.4 (`pip install 'graphfix[tensorrt]'`): 0.49.21 and older read
+the `IBuilderConfig.int8_calibrator` that TensorRT 11 removed on every build, and up to 0.50.3 the
+engine file reader subclasses `trt.IStreamReader`, which TensorRT 11 renamed, so every engine-cache
+hit fails.
 
-Fusion proof reads `IEngineInspector.get_engine_information(JSON)`: each layer's `Metadata`
-lists the ONNX nodes it was built from (`[ONNX Layer: name]`, joined by \\x1f).  A layer counts as
-fused attention when its type is Myelin or names an MHA kernel, its name is a Myelin
-`{ForeignNode[first...last]}`, or its tactic names `_gemm_mha_`/`fmha`/`mha`; a plugin layer has a
-type containing "Plugin".
+Engines are cached under `~/.cache/graphfix/engines/<sha256>.engine`, keyed by the ONNX bytes
+(external data included), the build options, the TensorRT version, the GPU (name and compute
+capability) and the plugin libraries' bytes.  Engines are built with ProfilingVerbosity.DETAILED
+so that `graphfix.validation.fusion_proof` can read which ONNX nodes each layer ran.
+
+polygraphy prints its messages (and TensorRT's, which its TensorRT logger forwards) on stdout;
+while a runner works they go to stderr, warnings and errors only, so `--json` output stays one
+document.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -26,47 +34,99 @@ from pathlib import Path
 import numpy as np
 
 from graphfix.errors import PluginBuildError
-from graphfix.model_io import LoadedModel, external_data_files
+from graphfix.model_io import LoadedModel, external_data_files, fits_protobuf
 from graphfix.plugins.spec import PLUGIN_DOMAIN
 from graphfix.validation.backends import BackendError
+from graphfix.validation.backends.gpu import GpuIdentity, current_gpu
+from graphfix.validation.fusion_proof import EngineLayer, parse_engine_layers
 from graphfix.validation.inputs import ValidationUsageError, cast_feeds, input_specs
 
 PRECISIONS = ("fp32", "fp16", "bf16")
-_NAME_MARKERS = ("foreignnode", "myelin", "_gemm_mha_", "fmha")
-_TYPE_OR_TACTIC_MARKERS = ("myelin", "mha")
-_NAME_SPLIT = re.compile(r" \+ |, |\.\.\.|PWN\(|\{ForeignNode\[|\]\}|[()]")
-_METADATA_NODE = re.compile(r"\[ONNX Layer: ([^\]|]+?)\s*(?:\|[^\]]*)?\]")
+POLYGRAPHY_MINIMUM = "0.53.4"
+POLYGRAPHY_INSTALL = f"pip install 'graphfix[tensorrt]' (polygraphy>={POLYGRAPHY_MINIMUM})"
 
 
 @dataclass(frozen=True)
 class TensorRTStatus:
-    """Whether `import tensorrt` works here, and its version or why not."""
+    """Whether TensorRT and a polygraphy that works with it are importable, or why not."""
 
-    version: str | None
-    reason: str | None
+    version: str | None  # TensorRT's, when `import tensorrt` works
+    polygraphy: str | None
+    reason: str | None  # None: both usable
 
     @property
     def available(self) -> bool:
-        return self.version is not None
+        return self.reason is None
+
+    @property
+    def major(self) -> int | None:
+        return None if self.version is None else int(self.version.split(".")[0])
 
 
 def tensorrt_status() -> TensorRTStatus:
     try:
         import tensorrt as trt
     except (ImportError, OSError) as exc:
-        return TensorRTStatus(version=None, reason=f"import tensorrt failed: {exc}")
-    return TensorRTStatus(version=str(trt.__version__), reason=None)
+        return TensorRTStatus(None, None, f"import tensorrt failed: {exc}")
+    version = str(trt.__version__)
+    try:
+        polygraphy: str | None = importlib.metadata.version("polygraphy")
+    except importlib.metadata.PackageNotFoundError:
+        polygraphy = None
+    return TensorRTStatus(version, polygraphy, polygraphy_problem(polygraphy, version))
 
 
-def require_tensorrt() -> TensorRTStatus:
-    """The TensorRT status, or BackendError saying why it cannot be used and what to do."""
-    status = tensorrt_status()
-    if not status.available:
-        raise BackendError(
-            f"the TensorRT backend needs TensorRT ({status.reason}); install TensorRT 10 or 11 "
-            "with its Python package, or validate with --backend onnxruntime (backend='onnxruntime')"
+def polygraphy_problem(polygraphy: str | None, tensorrt_version: str) -> str | None:
+    """Why polygraphy `polygraphy` (None: not installed) cannot drive TensorRT, or None."""
+    if polygraphy is None:
+        return (
+            f"TensorRT {tensorrt_version} is installed but polygraphy is not: {POLYGRAPHY_INSTALL}"
         )
-    return status
+    if _release(polygraphy) < _release(POLYGRAPHY_MINIMUM):
+        return (
+            f"TensorRT {tensorrt_version} is installed with polygraphy {polygraphy}, which fails "
+            f"on TensorRT 11: {POLYGRAPHY_INSTALL}"
+        )
+    return None
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
+def require_tensorrt(status: TensorRTStatus | None = None) -> TensorRTStatus:
+    """`status` (None: probed now), or BackendError saying why TensorRT cannot be used and what
+    to do."""
+    status = status if status is not None else tensorrt_status()
+    if status.available:
+        return status
+    if status.version is None:
+        need = "TensorRT"
+        fix = f"install TensorRT 10 or 11 with its Python package, then {POLYGRAPHY_INSTALL}"
+    else:
+        need = f"polygraphy >= {POLYGRAPHY_MINIMUM}"
+        fix = POLYGRAPHY_INSTALL
+    raise BackendError(
+        f"the TensorRT backend needs {need} ({status.reason}); {fix}, or validate with "
+        "--backend onnxruntime (backend='onnxruntime')"
+    )
+
+
+@contextmanager
+def polygraphy_logs_on_stderr() -> Iterator[None]:
+    """polygraphy's logger prints below CRITICAL on `sys.stdout` (Logger.log) and TensorRT's log
+    reaches it through polygraphy's TensorRT logger: for the duration, warnings and errors only
+    (or what the user's stricter severity lets through), uncoloured, on stderr."""
+    from polygraphy.logger import G_LOGGER
+
+    severity = max(G_LOGGER.module_severity.get(), G_LOGGER.WARNING)
+    colors = G_LOGGER.colors
+    G_LOGGER.colors = False
+    try:
+        with G_LOGGER.verbosity(severity), contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        G_LOGGER.colors = colors
 
 
 @dataclass(frozen=True)
@@ -113,155 +173,41 @@ def default_engine_cache() -> Path:
     return Path(base) / "graphfix" / "engines"
 
 
-def default_plugin_libraries() -> tuple[Path, ...]:
-    """graphfix's built plugin library that registers itself on load (what LoadPlugins takes)."""
-    try:
-        from graphfix.plugins.build import find_plugin_libraries
-    except ImportError as exc:
-        raise PluginBuildError(
-            f"graphfix.plugins.build is not available ({exc}); pass the plugin library explicitly "
-            "(plugins=[path] or --plugins PATH)"
-        ) from exc
-    return (find_plugin_libraries().static,)
+def default_plugin_libraries(*, tensorrt_major: int | None = None) -> tuple[Path, ...]:
+    """graphfix's built plugin library that registers itself on load (what LoadPlugins takes),
+    from the build folder of TensorRT major version `tensorrt_major` (None: the installed one)."""
+    from graphfix.plugins.build import default_build_dir, find_plugin_libraries
+
+    build = default_build_dir(tensorrt_major=tensorrt_major)
+    return (find_plugin_libraries(build_dir=build).static,)
 
 
-# --- engine layers and fusion proof (pure: no TensorRT needed) -----------------------------------
-
-
-@dataclass(frozen=True)
-class EngineLayer:
-    """One layer of a built engine and the ONNX nodes it was made from."""
-
-    name: str
-    layer_type: str
-    tactic: str
-    onnx_nodes: tuple[str, ...]
-
-    @property
-    def is_plugin(self) -> bool:
-        return "plugin" in self.layer_type.lower()
-
-    @property
-    def is_fused_attention(self) -> bool:
-        name = self.name.lower()
-        typed = f"{self.layer_type} {self.tactic}".lower()
-        return any(m in name for m in _NAME_MARKERS) or any(
-            m in typed for m in _TYPE_OR_TACTIC_MARKERS
+def plugin_load_problem(library: Path, error: OSError, *, tensorrt_version: str) -> str:
+    """One line for the OSError that loading `library` into this process raised, with the fix."""
+    detail = " ".join(str(error).split())
+    rebuild = "rebuild it with `graphfix plugins build` where this TensorRT is installed"
+    if "undefined symbol: getPluginRegistry" in detail:
+        return (
+            f"cannot load plugin library {library}: it was built without libnvinfer, so nothing "
+            f"provides getPluginRegistry ({detail}); {rebuild} (TENSORRT_ROOT, or the tensorrt "
+            "wheel's tensorrt_libs, lets it link libnvinfer)"
         )
-
-
-def parse_engine_layers(info_json: str) -> tuple[EngineLayer, ...]:
-    """Layers from `get_engine_information(LayerInformationFormat.JSON)` (any verbosity)."""
-    data = json.loads(info_json)
-    entries = data.get("Layers", []) if isinstance(data, dict) else data
-    layers = []
-    for entry in entries:
-        if isinstance(entry, str):  # ProfilingVerbosity.LAYER_NAMES_ONLY
-            layers.append(EngineLayer(entry, "", "", _nodes_in_name(entry)))
-            continue
-        name = str(entry.get("Name", ""))
-        metadata = str(entry.get("Metadata", ""))
-        nodes = tuple(n.strip() for n in _METADATA_NODE.findall(metadata))
-        layers.append(
-            EngineLayer(
-                name=name,
-                layer_type=str(entry.get("LayerType", "")),
-                tactic=str(entry.get("TacticName") or entry.get("TacticValue") or ""),
-                onnx_nodes=tuple(dict.fromkeys((*nodes, *_nodes_in_name(name)))),
-            )
+    linked = re.search(r"libnvinfer\.so\.(\d+)", detail)
+    major = tensorrt_version.split(".")[0]
+    if linked and linked.group(1) != major:
+        return (
+            f"cannot load plugin library {library}: it was built for TensorRT {linked.group(1)} "
+            f"but this is TensorRT {tensorrt_version} ({detail}); {rebuild} (each TensorRT major "
+            "version gets its own build folder)"
         )
-    return tuple(layers)
+    return f"cannot load plugin library {library} into TensorRT {tensorrt_version}: {detail}; {rebuild}"
 
 
-def _nodes_in_name(name: str) -> tuple[str, ...]:
-    return tuple(p.strip() for p in _NAME_SPLIT.split(name) if p.strip())
-
-
-@dataclass(frozen=True)
-class BlockFusion:
-    """What TensorRT made of one attention block, found by its Softmax/plugin node name.
-
-    status: "plugin" (ran the graphfix plugin), "fused" (inside Myelin or an MHA kernel),
-    "unfused" (its own non-attention layer), "not found" (no layer names it).
-    """
-
-    node: str
-    status: str
-    layer: str | None
-    evidence: str
-
-
-def classify_blocks(layers: Sequence[EngineLayer], nodes: Sequence[str]) -> tuple[BlockFusion, ...]:
-    """Per ONNX node name in `nodes`: the layer that carries it and whether that is a fusion."""
-    myelin = [layer for layer in layers if layer.is_fused_attention]
-    results = []
-    for node in nodes:
-        covering = [layer for layer in layers if node and node in layer.onnx_nodes]
-        plugin = next((layer for layer in covering if layer.is_plugin), None)
-        fused = next((layer for layer in covering if layer.is_fused_attention), None)
-        if plugin is not None:
-            results.append(
-                BlockFusion(node, "plugin", plugin.name, f"plugin layer ({plugin.layer_type})")
-            )
-        elif fused is not None:
-            results.append(BlockFusion(node, "fused", fused.name, _describe(fused)))
-        elif covering:
-            layer = covering[0]
-            results.append(
-                BlockFusion(node, "unfused", layer.name, f"own layer ({layer.layer_type or '?'})")
-            )
-        elif myelin:
-            evidence = (
-                f"no layer of its own; the engine has {len(myelin)} fused region(s) "
-                f"(e.g. '{myelin[0].name}') that hide the nodes inside them"
-            )
-            results.append(BlockFusion(node, "fused", None, evidence))
-        else:
-            results.append(BlockFusion(node, "not found", None, "no engine layer names this node"))
-    return tuple(results)
-
-
-def _describe(layer: EngineLayer) -> str:
-    parts = [layer.layer_type or "layer"]
-    if layer.tactic:
-        parts.append(f"tactic {layer.tactic}")
-    return ", ".join(parts)
-
-
-@dataclass(frozen=True)
-class FusionProof:
-    """Per rewritten block, what TensorRT ran; and how many attention blocks it fused originally."""
-
-    tensorrt_version: str
-    candidate: tuple[BlockFusion, ...]
-    original: tuple[BlockFusion, ...] | None
-    original_problem: str | None = None
-
-    @property
-    def candidate_fused(self) -> int:
-        return sum(b.status == "fused" for b in self.candidate)
-
-    @property
-    def original_fused(self) -> int | None:
-        return None if self.original is None else sum(b.status == "fused" for b in self.original)
-
-    def summary_lines(self) -> list[str]:
-        ran = sum(b.status == "plugin" for b in self.candidate)
-        lines = [
-            f"fusion proof (TensorRT {self.tensorrt_version} engine layers):",
-            f"  fixed model: {ran} of {len(self.candidate)} rewritten block(s) ran the plugin, "
-            f"{self.candidate_fused} still fused",
-        ]
-        lines += [f"    {b.node}: {b.status} ({b.evidence})" for b in self.candidate]
-        if self.original is None:
-            lines.append(f"  original model: not inspected ({self.original_problem})")
-        else:
-            lines.append(
-                f"  original model: TensorRT fused {self.original_fused} of {len(self.original)} "
-                "attention block(s)"
-            )
-            lines += [f"    {b.node}: {b.status} ({b.evidence})" for b in self.original]
-        return lines
+def _polygraphy_mismatch(error: AttributeError, polygraphy: str | None, version: str) -> str:
+    return (
+        f"polygraphy {polygraphy} does not work with TensorRT {version} "
+        f"({' '.join(str(error).split())}); {POLYGRAPHY_INSTALL}"
+    )
 
 
 # --- building and running -----------------------------------------------------------------------
@@ -276,17 +222,19 @@ class TensorRTRunner:
         *,
         label: str,
         shapes: Mapping[str, tuple[int, ...]],
-        precision: str | None = None,
+        options: EngineOptions,
         plugin_libraries: Sequence[str | os.PathLike[str]] = (),
         cache_dir: str | os.PathLike[str] | None = None,
+        status: TensorRTStatus | None = None,
     ) -> None:
-        status = require_tensorrt()
+        self.status = status if status is not None else require_tensorrt()
         import tensorrt as trt
 
         self._trt = trt
-        self.tensorrt_version = status.version
+        self.tensorrt_version = str(self.status.version)
         self.label = label
-        self.options = engine_options(precision, tensorrt_version=status.version)
+        self.lowered_nodes = 0  # the plugins themselves run
+        self.options = options
         self.specs = input_specs(model.model)
         self.plugin_libraries = tuple(Path(p) for p in plugin_libraries)
         for library in self.plugin_libraries:
@@ -297,12 +245,27 @@ class TensorRTRunner:
                 )
         cache = Path(cache_dir) if cache_dir is not None else default_engine_cache()
         self.has_plugin_nodes = any(n.domain == PLUGIN_DOMAIN for n in model.model.graph.node)
-        with _onnx_file(model) as onnx_path:
-            key = _cache_key(onnx_path, self.options, shapes, status.version, self.plugin_libraries)
-            self.engine_path = cache / f"{key}.engine"
-            self.engine, self.from_cache = self._engine(onnx_path, shapes)
+        with polygraphy_logs_on_stderr(), self._polygraphy_errors("build an engine of"):
+            from polygraphy.backend.trt import util as trt_util
+
+            self.gpu = current_gpu()
+            # First TensorRT object of the process: the plugin registry logs through its logger.
+            self._runtime = trt.Runtime(trt_util.get_trt_logger())
+            self._load_plugins()
+            with _onnx_file(model) as onnx_path:
+                key = _cache_key(
+                    onnx_path,
+                    self.options,
+                    shapes,
+                    self.tensorrt_version,
+                    self.plugin_libraries,
+                    self.gpu,
+                )
+                self.engine_path = cache / f"{key}.engine"
+                self.engine, self.from_cache = self._engine(onnx_path, shapes)
         self.description = (
-            f"TensorRT {status.version} engine ({self.options.describe()}) of {label}"
+            f"TensorRT {self.tensorrt_version} engine ({self.options.describe()}) of {label} "
+            f"on {self.gpu.describe()}"
             + (
                 f", plugins {', '.join(str(p) for p in self.plugin_libraries)}"
                 if self.plugin_libraries
@@ -310,6 +273,62 @@ class TensorRTRunner:
             )
             + f"; engine {'reused from' if self.from_cache else 'cached at'} {self.engine_path}"
         )
+
+    @contextmanager
+    def _polygraphy_errors(self, doing: str) -> Iterator[None]:
+        from polygraphy.exception import PolygraphyException
+
+        try:
+            yield
+        except AttributeError as exc:  # a polygraphy that calls what this TensorRT lacks
+            raise BackendError(
+                _polygraphy_mismatch(exc, self.status.polygraphy, self.tensorrt_version)
+            ) from exc
+        except (PolygraphyException, RuntimeError, TypeError) as exc:
+            hint = (
+                "; if it names a graphfix plugin, the plugin library did not register its "
+                "creator: check --plugins and rebuild the library for this TensorRT"
+                if self.has_plugin_nodes
+                else ""
+            )
+            message = " ".join(str(exc).split()) or type(exc).__name__
+            raise BackendError(f"TensorRT could not {doing} {self.label}: {message}{hint}") from exc
+
+    def _load_plugins(self) -> None:
+        """Load the libraries and check that the registry finds every graphfix creator.
+
+        graphfix's getCreators library goes through `IPluginRegistry.load_library`; any other
+        library is dlopened (polygraphy's LoadPlugins) and registers itself.
+        """
+        if not self.plugin_libraries:
+            return
+        from polygraphy.backend.trt import load_plugins
+
+        from graphfix.plugins.build import DYNAMIC_LIBRARY_NAME, require_creators
+
+        registry = self._trt.get_plugin_registry()
+        for library in self.plugin_libraries:
+            if library.name == DYNAMIC_LIBRARY_NAME:
+                if registry.load_library(str(library)) is None:
+                    raise BackendError(
+                        f"TensorRT {self.tensorrt_version} refused plugin library {library} "
+                        "(IPluginRegistry.load_library; its messages are above): its creators "
+                        "are already registered, or it was built for another TensorRT; load one "
+                        "graphfix library per process and rebuild it with `graphfix plugins build`"
+                    )
+                continue
+            try:
+                load_plugins(plugins=[str(library)])
+            except OSError as exc:
+                raise BackendError(
+                    plugin_load_problem(library, exc, tensorrt_version=self.tensorrt_version)
+                ) from exc
+        if self.has_plugin_nodes:
+            require_creators(
+                registry,
+                loaded=", ".join(str(p) for p in self.plugin_libraries),
+                tensorrt_version=self.tensorrt_version,
+            )
 
     def _engine(self, onnx_path: Path, shapes: Mapping[str, tuple[int, ...]]):
         from polygraphy.backend.trt import (
@@ -319,67 +338,52 @@ class TensorRTRunner:
             NetworkFromOnnxPath,
             Profile,
             SaveEngine,
-            load_plugins,
         )
         from polygraphy.exception import PolygraphyException
 
-        try:
-            if self.plugin_libraries:
-                load_plugins(plugins=[str(p) for p in self.plugin_libraries])
-            if self.engine_path.is_file():
-                try:
-                    return EngineFromPath(str(self.engine_path))(), True
-                except PolygraphyException:
-                    self.engine_path.unlink()  # built elsewhere or corrupt: rebuild below
-            dynamic = [
-                s
-                for s in self.specs
-                if s.shape is None or not all(isinstance(d, int) for d in s.shape)
-            ]
-            profiles = None
-            if dynamic:
-                profile = Profile()
-                for spec in dynamic:
-                    shape = tuple(shapes[spec.name])
-                    profile.add(spec.name, min=shape, opt=shape, max=shape)
-                profiles = [profile]
-            network = NetworkFromOnnxPath(
-                str(onnx_path), strongly_typed=self.options.strongly_typed or None
-            )
-            config = CreateConfig(
-                fp16=self.options.fp16 or None, bf16=self.options.bf16 or None, profiles=profiles
-            )
-            engine = EngineFromNetwork(network, config=config)()
-            self.engine_path.parent.mkdir(parents=True, exist_ok=True)
-            partial = self.engine_path.with_suffix(f".{os.getpid()}.partial")
-            SaveEngine(engine, path=str(partial))()
-            os.replace(partial, self.engine_path)
-            return engine, False
-        except (PolygraphyException, RuntimeError, TypeError) as exc:
-            hint = (
-                "; if it names GraphfixSoftmax, the plugin library did not register its creator: "
-                "check --plugins and rebuild the library for this TensorRT"
-                if self.has_plugin_nodes
-                else ""
-            )
-            raise BackendError(
-                f"TensorRT could not build an engine of {self.label}: {exc}{hint}"
-            ) from exc
+        if self.engine_path.is_file():
+            try:
+                return EngineFromPath(str(self.engine_path), runtime=self._runtime)(), True
+            except PolygraphyException:
+                self.engine_path.unlink()  # built elsewhere or corrupt: rebuild below
+        dynamic = [
+            s for s in self.specs if s.shape is None or not all(isinstance(d, int) for d in s.shape)
+        ]
+        profiles = None
+        if dynamic:
+            profile = Profile()
+            for spec in dynamic:
+                shape = tuple(shapes[spec.name])
+                profile.add(spec.name, min=shape, opt=shape, max=shape)
+            profiles = [profile]
+        network = NetworkFromOnnxPath(
+            str(onnx_path), strongly_typed=self.options.strongly_typed or None
+        )
+        config = CreateConfig(
+            fp16=self.options.fp16 or None,
+            bf16=self.options.bf16 or None,
+            profiles=profiles,
+            profiling_verbosity=self._trt.ProfilingVerbosity.DETAILED,
+        )
+        engine = EngineFromNetwork(network, config=config)()
+        self.engine_path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.engine_path.with_suffix(f".{os.getpid()}.partial")
+        SaveEngine(engine, path=str(partial))()
+        os.replace(partial, self.engine_path)
+        return engine, False
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         from polygraphy.backend.trt import TrtRunner
-        from polygraphy.exception import PolygraphyException
 
-        try:
+        with polygraphy_logs_on_stderr(), self._polygraphy_errors("run"):
             with TrtRunner(self.engine) as runner:
                 outputs = runner.infer(feed_dict=cast_feeds(feeds, self.specs))
-        except (PolygraphyException, RuntimeError) as exc:
-            raise BackendError(f"TensorRT failed to run {self.label}: {exc}") from exc
         return {name: np.array(value) for name, value in outputs.items()}
 
     def layers(self) -> tuple[EngineLayer, ...]:
-        inspector = self.engine.create_engine_inspector()
-        info = inspector.get_engine_information(self._trt.LayerInformationFormat.JSON)
+        with polygraphy_logs_on_stderr(), self._polygraphy_errors("inspect the engine of"):
+            inspector = self.engine.create_engine_inspector()
+            info = inspector.get_engine_information(self._trt.LayerInformationFormat.JSON)
         return parse_engine_layers(info)
 
 
@@ -393,7 +397,7 @@ def _onnx_file(model: LoadedModel) -> Iterator[Path]:
 
     with tempfile.TemporaryDirectory(prefix="graphfix-trt-") as folder:
         path = Path(folder) / "model.onnx"
-        large = model.model.ByteSize() >= 2**31 - 1
+        large = not fits_protobuf(model.model)
         onnx.save(model.model, path, save_as_external_data=large, location="model.onnx.data")
         yield path
 
@@ -404,6 +408,7 @@ def _cache_key(
     shapes: Mapping[str, tuple[int, ...]],
     version: str,
     plugins: Sequence[Path],
+    gpu: GpuIdentity,
 ) -> str:
     import onnx
 
@@ -417,6 +422,7 @@ def _cache_key(
         "options": [options.precision, options.fp16, options.bf16, options.strongly_typed],
         "shapes": {k: list(v) for k, v in sorted(shapes.items())},
         "tensorrt": version,
+        "gpu": [gpu.name, list(gpu.compute_capability)],
         "plugins": [_file_sha256(p) for p in plugins],
     }
     digest.update(json.dumps(settings, sort_keys=True).encode())
