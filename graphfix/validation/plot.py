@@ -27,10 +27,7 @@ _MAX_CELLS = 512  # heat map rows/columns beyond this are max-pooled, so a hot s
 
 def plot_report(report: ValidationReport, directory: str | os.PathLike[str]) -> tuple[Path, ...]:
     """Write `<output>.error_histogram.png` and `<output>.error_heatmap.png` per output."""
-    folder = Path(directory)
-    if folder.exists() and not folder.is_dir():
-        raise ValidationUsageError(f"--plot {folder} is a file; give a folder to write PNGs into")
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = prepare_plot_folder(directory)
     written: list[Path] = []
     used: set[str] = set()
     for comparison in report.outputs:
@@ -44,9 +41,34 @@ def plot_report(report: ValidationReport, directory: str | os.PathLike[str]) -> 
             ("error_heatmap", error_heatmap_figure(comparison, reference, candidate)),
         ):
             path = folder / f"{stem}.{suffix}.png"
-            figure.savefig(path, dpi=110)
+            try:
+                figure.savefig(path, dpi=110)
+            except OSError as exc:
+                raise ValidationUsageError(
+                    f"cannot write the plot {path}: {exc.strerror or exc}; give --plot a folder "
+                    "you can write to"
+                ) from exc
             written.append(path)
     return tuple(written)
+
+
+def prepare_plot_folder(directory: str | os.PathLike[str]) -> Path:
+    """The folder plots go into, created if missing; ValidationUsageError when it cannot be."""
+    folder = Path(directory)
+    if folder.exists() and not folder.is_dir():
+        raise ValidationUsageError(f"--plot {folder} is a file; give a folder to write PNGs into")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValidationUsageError(
+            f"cannot create the plot folder {folder}: {exc.strerror or exc}; give --plot a folder "
+            "you can write to"
+        ) from exc
+    if not os.access(folder, os.W_OK):
+        raise ValidationUsageError(
+            f"the plot folder {folder} is not writable; give --plot a folder you can write to"
+        )
+    return folder
 
 
 def error_histogram_figure(
