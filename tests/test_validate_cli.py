@@ -243,3 +243,16 @@ def test_out_of_range_values_are_one_line_without_onnxruntimes_log(tmp_path, cap
     assert err.startswith("graphfix: error: onnxruntime failed to run") and "idx=" in err
     assert "\x1b[" not in err and "[E:onnxruntime" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_mark_output_rewrite_is_validated_on_the_shared_outputs(models, tmp_path, capsys):
+    marked = graphfix.fix_attention(models["original"], strategy="mark_output").model
+    extra = [o.name for o in marked.graph.output][1:]
+    assert len(extra) == 2  # one attention probability tensor per block
+    onnx.save(marked, tmp_path / "marked.onnx")
+    code, out, _ = _run(capsys, models["original"], tmp_path / "marked.onnx")
+    assert code == 0
+    assert f"note: 2 output(s) only the candidate has, not compared: {', '.join(extra)}" in out
+    assert "PASSED: the candidate agrees with the reference on all 1 output(s)" in out
+    code, _, err = _run(capsys, tmp_path / "marked.onnx", models["original"])
+    assert code == 2 and "the candidate lacks output(s) of the original" in err
