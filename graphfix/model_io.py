@@ -27,6 +27,12 @@ import onnx
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import EncodeError, Message
 
+from graphfix.embedded_weights import (
+    MalformedModel,
+    load_referencing_embedded,
+    references_to,
+    write_model,
+)
 from graphfix.errors import GraphfixError, ModelLoadError, OutputPathError
 
 ModelLike = "onnx.ModelProto | str | os.PathLike[str]"
@@ -46,6 +52,7 @@ _PROTO_LIMIT = onnx.checker.MAXIMUM_PROTOBUF - 1
 _EXTERNAL_THRESHOLD = 1024
 _COPY_CHUNK = 64 << 20  # bytes per copy_file_range call (kernel-side, never in our memory)
 _COMPARE_CHUNK = 4 << 20
+_PROTOBUF_SUFFIXES = {".onnx", ".pb", ""}  # onnx.load reads other suffixes as text formats
 _COPY_FALLBACK_ERRNOS = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EPERM}
 
 
@@ -122,14 +129,19 @@ def _external_info(tensor: onnx.TensorProto) -> dict[str, str]:
 
 
 def load_model(
-    model: LoadedModel | onnx.ModelProto | str | os.PathLike[str], *, load_weights: bool = True
+    model: LoadedModel | onnx.ModelProto | str | os.PathLike[str],
+    *,
+    load_weights: bool = True,
+    reference_embedded: bool | None = None,
 ) -> LoadedModel:
     """Load `model` (a ModelProto or a LoadedModel is passed through untouched) or raise
     ModelLoadError.
 
     With `load_weights=False` the graph is read without pulling external data into memory, which
     is how models over 2 GB are inspected and rewritten; the data files are still checked to exist
-    and to hold every byte range the model references.
+    and to hold every byte range the model references.  With `reference_embedded` too, big
+    *embedded* tensors are not read either: they become external-data references to their bytes
+    in the .onnx file itself (see `graphfix.embedded_weights`), which `save_model` embeds again.
     """
     if isinstance(model, LoadedModel):
         if load_weights and not model.weights_loaded and model.path is not None:
@@ -148,7 +160,12 @@ def load_model(
     if path.is_dir():
         raise ModelLoadError(f"{path} is a directory, not an ONNX file; pass the .onnx file inside")
     try:
-        proto = onnx.load(str(path), load_external_data=False)
+        proto = None
+        if reference_embedded and not load_weights and path.suffix in _PROTOBUF_SUFFIXES:
+            with contextlib.suppress(MalformedModel):  # onnx.load below says what is wrong
+                proto = load_referencing_embedded(path)
+        if proto is None:
+            proto = onnx.load(str(path), load_external_data=False)
     except OSError as exc:
         raise ModelLoadError(f"cannot read {path}: {exc.strerror}; check its permissions") from exc
     except Exception as exc:  # protobuf, text and JSON parsers each raise their own types
@@ -240,12 +257,14 @@ def save_model(
             "given; pass source=<the .onnx file it was loaded from>, or load it with its weights"
         )
     _check_output(out, src, locations, overwrite=overwrite)
+    embed_from = src if src is not None and src.name in locations else None
     placements: list[_Placement] = []
     if src is not None:
         same_folder = out.parent.exists() and _same_folder(out.parent, src.parent)
         placements = [
             _plan_placement(src, loc, out, same_folder=same_folder, overwrite=overwrite)
             for loc in locations
+            if loc != src.name  # the source's own embedded bytes: embedded again below
         ]
     created = _missing_folders(out.parent)
     try:
@@ -253,7 +272,9 @@ def save_model(
             for placement in placements:
                 if placement.place:
                     _place(placement, staging.temp_for(placement.dest), clone=bool(link_weights))
-            spilled = _stage_model(staging, model, out, overwrite=overwrite, taken=locations)
+            spilled = _stage_model(
+                staging, model, out, overwrite=overwrite, taken=locations, embed_from=embed_from
+            )
             staging.commit()
     except OSError as exc:
         _remove_empty(created)
@@ -503,14 +524,25 @@ class _Staging:
 
 
 def _stage_model(
-    staging: _Staging, model: onnx.ModelProto, out: Path, *, overwrite: bool, taken: list[str]
+    staging: _Staging,
+    model: onnx.ModelProto,
+    out: Path,
+    *,
+    overwrite: bool,
+    taken: list[str],
+    embed_from: Path | None = None,
 ) -> SavedModel | None:
     """Stage the serialized model; returns a SavedModel only when its tensors had to spill.
 
-    A model over protobuf's 2 GB limit in memory (weights loaded) writes its big raw tensors to
-    `<name>.data`, one tensor at a time and without touching the caller's model (which
-    `onnx.save_model(save_as_external_data=True)` would rewrite in place).
+    Tensors that reference `embed_from`'s own bytes (`load_model(reference_embedded=True)`) are
+    embedded again by streaming from it.  A model over protobuf's 2 GB limit in memory (weights
+    loaded) writes its big raw tensors to `<name>.data`, one tensor at a time and without touching
+    the caller's model (which `onnx.save_model(save_as_external_data=True)` would rewrite in place).
     """
+    if embed_from is not None and references_to(model, embed_from.name):
+        with open(staging.temp_for(out), "xb", buffering=0) as stream:
+            write_model(model, stream, embed_from)
+        return None
     if _fits_protobuf(model):
         with open(staging.temp_for(out), "xb") as stream:
             stream.write(model.SerializeToString())

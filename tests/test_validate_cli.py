@@ -200,7 +200,7 @@ def test_float64_npz_cast_is_noted(dynamic, tmp_path, capsys):
     np.savez(tmp_path / "in.npz", tokens=np.full((1, 2, 8), 0.1, dtype=np.float64))
     code, out, _ = _run(capsys, dynamic, dynamic, "--inputs", tmp_path / "in.npz")
     assert code == 0
-    assert "note: npz arrays cast to the model's input types: tokens float64 → float32" in out
+    assert "note: npz arrays cast to the model's narrower input types: tokens float64 → float32" in out
     np.savez(tmp_path / "same.npz", tokens=np.full((1, 2, 8), 0.1, dtype=np.float32))
     code, out, _ = _run(capsys, dynamic, dynamic, "--inputs", tmp_path / "same.npz")
     assert code == 0 and "npz arrays cast" not in out

@@ -76,13 +76,18 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         )
     for skipped in scan.skipped:
         print(f"skipped {skipped.softmax}: {skipped.reason}")
+    if scan.shape_inference_problem:
+        print(
+            "note: onnx shape inference failed, so sizes it would have given show as ?: "
+            + scan.shape_inference_problem
+        )
     return 0
 
 
 def _cmd_fix(args: argparse.Namespace) -> int:
     source = Path(args.model)
     out = Path(args.output)
-    loaded = load_model(source, load_weights=False)
+    loaded = load_model(source, load_weights=False, reference_embedded=True)
     check_output_path(loaded.model, out, source=loaded.path, overwrite=args.overwrite)
     result = fix_attention(loaded, **api_kwargs(args, FIX_OPTIONS))
     report = result.report

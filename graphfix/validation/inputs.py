@@ -450,7 +450,7 @@ def _from_npz(
                 raise ValidationUsageError(
                     f"input '{spec.name}' holds values outside {spec.type_name} in the npz"
                 )
-        if array.dtype != spec.dtype:
+        if not np.can_cast(array.dtype, spec.dtype, "safe"):  # widening loses nothing
             casts.append(f"{spec.name} {array.dtype} → {spec.dtype}")
         feeds[spec.name] = array.astype(spec.dtype, copy=False)
         sources.append(InputSource(spec.name, str(spec.dtype), tuple(array.shape), label))
@@ -458,7 +458,7 @@ def _from_npz(
     notes = [f"npz arrays not used by the model: {', '.join(extra)}"] if extra else []
     if casts:
         notes.append(
-            f"npz arrays cast to the model's input types: {', '.join(casts)}; save them in "
-            "those types to feed the exact values"
+            f"npz arrays cast to the model's narrower input types: {', '.join(casts)}; save "
+            "them in those types to feed the exact values"
         )
     return InputData(feeds=feeds, sources=tuple(sources), notes=tuple(notes))
