@@ -200,7 +200,9 @@ def test_float64_npz_cast_is_noted(dynamic, tmp_path, capsys):
     np.savez(tmp_path / "in.npz", tokens=np.full((1, 2, 8), 0.1, dtype=np.float64))
     code, out, _ = _run(capsys, dynamic, dynamic, "--inputs", tmp_path / "in.npz")
     assert code == 0
-    assert "note: npz arrays cast to the model's narrower input types: tokens float64 → float32" in out
+    assert (
+        "note: npz arrays cast to the model's narrower input types: tokens float64 → float32" in out
+    )
     np.savez(tmp_path / "same.npz", tokens=np.full((1, 2, 8), 0.1, dtype=np.float32))
     code, out, _ = _run(capsys, dynamic, dynamic, "--inputs", tmp_path / "same.npz")
     assert code == 0 and "npz arrays cast" not in out
@@ -221,7 +223,13 @@ def test_plugins_with_the_onnxruntime_backend_is_refused(models, tmp_path, capsy
     library = tmp_path / "libgraphfix_plugins.so"
     library.write_bytes(b"")
     code, _, err = _run(
-        capsys, models["original"], models["fixed"], "--plugins", library, "--backend", "onnxruntime"
+        capsys,
+        models["original"],
+        models["fixed"],
+        "--plugins",
+        library,
+        "--backend",
+        "onnxruntime",
     )
     assert code == 2 and "--backend onnxruntime runs graphfix's reference ops" in err
 
