@@ -355,3 +355,14 @@ def test_non_editable_install_ships_the_sources(tmp_path: Path) -> None:
     assert source.is_relative_to(target)
     for name in ("CMakeLists.txt", "graphfixSoftmax/graphfixSoftmaxPlugin.h"):
         assert (source / name).is_file(), name
+
+
+def test_without_nvcc_the_harness_tests_skip_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name in ("CUDACXX", "CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(plugin_build, "_DEFAULT_CUDA_ROOT", str(tmp_path / "cuda"))
+    with pytest.raises(pytest.skip.Exception, match="needs nvcc and CMake: nvcc .* was not found"):
+        support.host_tools()
