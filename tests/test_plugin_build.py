@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from graphfix.errors import PluginBuildError
+from graphfix.errors import PluginBuildError, UsageError
 from graphfix.plugins import build as plugin_build
 
 
@@ -53,7 +53,7 @@ def test_explicit_settings_win_in_order(
     monkeypatch.setenv("GRAPHFIX_CUDA_ARCHS", "75")
     assert plugin_build.choose_cuda_archs().value == "75"
     assert plugin_build.choose_cuda_archs("100,120").value == "100;120"
-    with pytest.raises(PluginBuildError, match=r"\$CUDAARCHS='sm90' is not a list"):
+    with pytest.raises(UsageError, match=r"\$CUDAARCHS='sm90' is not a list"):
         monkeypatch.delenv("GRAPHFIX_CUDA_ARCHS")
         monkeypatch.setenv("CUDAARCHS", "sm90")
         plugin_build.choose_cuda_archs()

@@ -23,7 +23,8 @@ import plugin_harness_support as support
 import pytest
 from plugin_harness_support import Tools
 
-from graphfix.errors import PluginBuildError
+from graphfix.cli import main
+from graphfix.errors import PluginBuildError, UsageError
 from graphfix.plugins import build as plugin_build
 from graphfix.plugins.build import find_plugin_libraries, trtexec_command
 from graphfix.plugins.spec import SOFTMAX
@@ -310,9 +311,11 @@ def test_missing_headers_without_download_are_reported(
         plugin_build.find_tensorrt_headers(allow_download=False)
 
 
-def test_bad_cuda_archs_are_reported() -> None:
-    with pytest.raises(PluginBuildError, match="not a list of CUDA architectures"):
+def test_bad_cuda_archs_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(UsageError, match="not a list of CUDA architectures"):
         plugin_build.build_plugins(cuda_archs="hopper")
+    assert main(["plugins", "build", "--cuda-archs", "hopper"]) == 2  # the user's input
+    assert "--cuda-archs='hopper' is not a list" in capsys.readouterr().err
 
 
 def test_load_into_tensorrt_without_tensorrt_is_a_clear_error(tools: Tools) -> None:

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from graphfix.errors import PluginBuildError
+from graphfix.errors import PluginBuildError, UsageError
 from graphfix.plugins.spec import SOFTMAX
 
 STATIC_LIBRARY_NAME = "libgraphfix_plugins.so"
@@ -403,7 +403,7 @@ def _normalized_archs(value: str, origin: str) -> str:
         return "default"
     archs = [a for a in re.split(r"[;,\s]+", value.strip()) if a]
     if not all(re.fullmatch(r"\d+[af]?(-real|-virtual)?", a) for a in archs):
-        raise PluginBuildError(
+        raise UsageError(
             f"{origin}={value!r} is not a list of CUDA architectures; expected numbers such as "
             "'75;80;86;89;90' (or 'default')"
         )
