@@ -41,6 +41,7 @@ from graphfix.validation.compare import (
     DEFAULT_TOLERANCES,
     OutputComparison,
     Tolerance,
+    check_outputs,
     compare_output,
     format_comparison,
 )
@@ -50,7 +51,6 @@ from graphfix.validation.inputs import (
     InputSource,
     ValidationUsageError,
     ValueRange,
-    check_outputs,
     check_same_inputs,
     input_specs,
     make_inputs,
