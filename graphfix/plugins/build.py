@@ -172,6 +172,19 @@ def _tensorrt_major() -> int:
         return _KERNEL_LENS_TENSORRT_MAJOR
 
 
+def _check_same_major(headers: TensorRTHeaders, major: int, nvinfer: Path | None) -> None:
+    """The headers and the libnvinfer the library links must be one TensorRT major version."""
+    if nvinfer is None:
+        return
+    linked = int(nvinfer.name.rsplit(".", 1)[1])
+    if linked != major:
+        raise PluginBuildError(
+            f"the TensorRT headers in {headers.include_dir} ({headers.origin}) are TensorRT {major} "
+            f"but the installed libnvinfer is {nvinfer} (TensorRT {linked}); set TENSORRT_ROOT "
+            f"to a TensorRT {linked} install that has include/{_HEADER}"
+        )
+
+
 def find_nvcc() -> Path:
     """The CUDA compiler: $CUDACXX, nvcc on PATH, $CUDA_HOME/bin or /usr/local/cuda/bin."""
     candidates = [os.environ.get("CUDACXX"), shutil.which("nvcc")]
@@ -375,19 +388,6 @@ def _wheel_nvinfer_library() -> Path | None:
             if re.fullmatch(r"libnvinfer\.so\.\d+", library.name):
                 return library
     return None
-
-
-def _check_same_major(headers: TensorRTHeaders, major: int, nvinfer: Path | None) -> None:
-    """The headers and the libnvinfer the library links must be one TensorRT major version."""
-    if nvinfer is None:
-        return
-    linked = int(nvinfer.name.rsplit(".", 1)[1])
-    if linked != major:
-        raise PluginBuildError(
-            f"the TensorRT headers in {headers.include_dir} ({headers.origin}) are TensorRT {major} "
-            f"but the installed libnvinfer is {nvinfer} (TensorRT {linked}); set TENSORRT_ROOT "
-            f"to a TensorRT {linked} install that has include/{_HEADER}"
-        )
 
 
 def _normalized_archs(cuda_archs: str | None) -> str:
