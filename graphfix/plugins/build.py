@@ -424,15 +424,14 @@ def build_plugins(
     `jobs`: parallel compile jobs, None means one per CPU.
     """
     source = plugin_source_dir()
+    build = Path(build_dir) if build_dir is not None else default_build_dir()
     nvcc = find_nvcc()
     cmake = _find_cmake()
     headers = find_tensorrt_headers()
-    major = tensorrt_header_major(headers.include_dir)
-    nvinfer = _wheel_nvinfer_library()
-    _check_same_major(headers, major, nvinfer)
-    build = Path(build_dir) if build_dir is not None else default_build_dir(tensorrt_major=major)
     archs = _normalized_archs(cuda_archs)
+    nvinfer = _wheel_nvinfer_library()
     cudnn = find_cudnn_headers()
+    _check_same_major(headers, tensorrt_header_major(headers.include_dir), nvinfer)
     build.mkdir(parents=True, exist_ok=True)
     log = build / _BUILD_LOG
     log.write_text("")
