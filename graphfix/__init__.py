@@ -30,6 +30,8 @@ from graphfix.errors import (
 )
 from graphfix.model_io import LoadedModel, SavedModel, load_model, save_model
 from graphfix.plugins.reference import with_reference_ops
+from graphfix.precision.norm_types import NormKind
+from graphfix.precision.norms import NormFusionReport, NormFusionResult, fuse_norms
 from graphfix.validation.validate import ValidationReport, ValidationUsageError, validate
 
 # Drawing and plotting load on first use: `graphfix fix` starts without them.
@@ -64,6 +66,9 @@ __all__ = [
     "GraphfixError",
     "LoadedModel",
     "ModelLoadError",
+    "NormFusionReport",
+    "NormFusionResult",
+    "NormKind",
     "OutputPathError",
     "PluginBuildError",
     "SavedModel",
@@ -80,6 +85,7 @@ __all__ = [
     "error_histogram_figure",
     "find_attention",
     "fix_attention",
+    "fuse_norms",
     "load_model",
     "plot_report",
     "save_model",

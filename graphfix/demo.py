@@ -38,7 +38,10 @@ class DemoResult:
 def run_demo(directory: str | os.PathLike[str], *, overwrite: bool | None = None) -> DemoResult:
     """Write the example and its fixed version into `directory`, and validate the fix."""
     folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
+    if folder.exists() and not folder.is_dir():
+        raise OutputPathError(
+            f"--dir {folder} is a file; give a folder for the demo's files (e.g. --dir graphfix-demo)"
+        )
     original, fixed = folder / EXAMPLE_NAME, folder / FIXED_NAME
     for path in (original, fixed):
         if path.exists() and not overwrite:
@@ -46,7 +49,14 @@ def run_demo(directory: str | os.PathLike[str], *, overwrite: bool | None = None
                 f"{path} already exists; pass --overwrite to replace the demo's files or choose "
                 "another --dir"
             )
-    onnx.save(vit_example(), original)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        onnx.save(vit_example(), original)
+    except OSError as exc:
+        raise OutputPathError(
+            f"cannot write the demo's files into {folder}: {exc.strerror or exc}; choose a "
+            "writable folder with --dir"
+        ) from exc
     result = fix_attention(original)
     save_model(result.model, fixed, source=original, overwrite=overwrite)
     report = validate(original, fixed)

@@ -2,18 +2,21 @@
 
 Saving never loads weights that are still on disk: a model read with `load_weights=False` keeps
 its initializers as references into the input's data file(s), and `save_model` either points the
-new model at those files (same folder) or places them next to it by one streaming copy or a hard
-link (another folder).  Every file is written under a temporary name and moved into place, so a
+new model at those files (same folder) or places them next to it by one streaming copy or a
+copy-on-write clone (another folder).  Every file is written under a temporary name and moved into place, so a
 failure never leaves a half-written output.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import shutil
+import signal
 import stat
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +27,12 @@ import onnx
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import EncodeError, Message
 
+from graphfix.embedded_weights import (
+    MalformedModel,
+    load_referencing_embedded,
+    references_to,
+    write_model,
+)
 from graphfix.errors import GraphfixError, ModelLoadError, OutputPathError
 
 # What public functions accept as a model: the proto itself, or the path of an .onnx file.
@@ -33,7 +42,7 @@ WeightPlacement = Literal[
     "embedded",
     "referenced in place",
     "copied (streaming)",
-    "hard-linked",
+    "cloned (copy-on-write)",
     "written as external data",
 ]
 
@@ -44,6 +53,7 @@ _PROTO_LIMIT = onnx.checker.MAXIMUM_PROTOBUF - 1
 _EXTERNAL_THRESHOLD = 1024
 _COPY_CHUNK = 64 << 20  # bytes per copy_file_range call (kernel-side, never in our memory)
 _COMPARE_CHUNK = 4 << 20
+_PROTOBUF_SUFFIXES = {".onnx", ".pb", ""}  # onnx.load reads other suffixes as text formats
 _COPY_FALLBACK_ERRNOS = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EPERM}
 
 
@@ -72,9 +82,20 @@ class SavedModel:
     weights: WeightPlacement
     data_files: tuple[Path, ...]
     data_bytes: int = 0
+    created_folders: tuple[Path, ...] = ()  # folders that did not exist, outermost first
 
     def describe(self) -> str:
         """One line for the CLI: the output file and how the weights were placed."""
+        created = (
+            f"created the folder {self.created_folders[-1]}; "
+            if len(self.created_folders) == 1
+            else f"created the folders {', '.join(map(str, self.created_folders))}; "
+            if self.created_folders
+            else ""
+        )
+        return created + self._describe_weights()
+
+    def _describe_weights(self) -> str:
         if not self.data_files:
             return f"saved {self.path} (weights embedded)"
         files = ", ".join(str(f) for f in self.data_files)
@@ -82,9 +103,8 @@ class SavedModel:
         how = {
             "referenced in place": f"referenced in place from {files} ({size}, not copied)",
             "copied (streaming)": f"copied (streaming) to {files} ({size})",
-            "hard-linked": f"hard-linked as {files} ({size}, no copy; same inode as the "
-            "input's: onnxruntime reads it, but onnx.load/onnx.checker refuse data files with "
-            "several hard links)",
+            "cloned (copy-on-write)": f"cloned (copy-on-write) to {files} ({size}, sharing "
+            "the input's disk blocks until either file changes)",
             "written as external data": f"written as external data to {files} ({size})",
         }.get(self.weights, f"{self.weights}: {files}")
         return f"saved {self.path}; weights {how}"
@@ -110,14 +130,19 @@ def _external_info(tensor: onnx.TensorProto) -> dict[str, str]:
 
 
 def load_model(
-    model: LoadedModel | onnx.ModelProto | str | os.PathLike[str], *, load_weights: bool = True
+    model: LoadedModel | onnx.ModelProto | str | os.PathLike[str],
+    *,
+    load_weights: bool = True,
+    reference_embedded: bool | None = None,
 ) -> LoadedModel:
     """Load `model` (a ModelProto or a LoadedModel is passed through untouched) or raise
     ModelLoadError.
 
     With `load_weights=False` the graph is read without pulling external data into memory, which
     is how models over 2 GB are inspected and rewritten; the data files are still checked to exist
-    and to hold every byte range the model references.
+    and to hold every byte range the model references.  With `reference_embedded` too, big
+    *embedded* tensors are not read either: they become external-data references to their bytes
+    in the .onnx file itself (see `graphfix.embedded_weights`), which `save_model` embeds again.
     """
     if isinstance(model, LoadedModel):
         if load_weights and not model.weights_loaded and model.path is not None:
@@ -136,7 +161,12 @@ def load_model(
     if path.is_dir():
         raise ModelLoadError(f"{path} is a directory, not an ONNX file; pass the .onnx file inside")
     try:
-        proto = onnx.load(str(path), load_external_data=False)
+        proto = None
+        if reference_embedded and not load_weights and path.suffix in _PROTOBUF_SUFFIXES:
+            with contextlib.suppress(MalformedModel):  # onnx.load below says what is wrong
+                proto = load_referencing_embedded(path)
+        if proto is None:
+            proto = onnx.load(str(path), load_external_data=False)
     except OSError as exc:
         raise ModelLoadError(f"cannot read {path}: {exc.strerror}; check its permissions") from exc
     except Exception as exc:  # protobuf, text and JSON parsers each raise their own types
@@ -211,8 +241,9 @@ def save_model(
 
     `source` is the .onnx file `model` was loaded from: its external data locations are relative
     to that file's folder.  In the same folder the new model references the existing data files
-    unchanged; in another folder each data file is copied once by a streaming copy, or hard-linked
-    when `link_weights`.  `path` equal to `source`, an existing output and a different existing
+    unchanged; in another folder each data file is copied once by a streaming copy, or cloned
+    (copy-on-write: no extra space, btrfs/XFS) when `link_weights`.  Missing folders of `path` are
+    created and listed in the result.  `path` equal to `source`, an existing output and a different existing
     data file at the destination are refused unless `overwrite`.  A model whose in-memory tensors
     would make the file exceed protobuf's 2 GB limit stores them in `<name>.data` next to it.
     Every file is written under a temporary name and moved into place once all are complete.
@@ -227,37 +258,62 @@ def save_model(
             "given; pass source=<the .onnx file it was loaded from>, or load it with its weights"
         )
     _check_output(out, src, locations, overwrite=overwrite)
+    embed_from = src if src is not None and src.name in locations else None
     placements: list[_Placement] = []
     if src is not None:
         same_folder = out.parent.exists() and _same_folder(out.parent, src.parent)
         placements = [
             _plan_placement(src, loc, out, same_folder=same_folder, overwrite=overwrite)
             for loc in locations
+            if loc != src.name  # the source's own embedded bytes: embedded again below
         ]
+    created = _missing_folders(out.parent)
     try:
         with _Staging() as staging:
             for placement in placements:
                 if placement.place:
-                    _place(placement, staging.temp_for(placement.dest), link=bool(link_weights))
-            spilled = _stage_model(staging, model, out, overwrite=overwrite, taken=locations)
+                    _place(placement, staging.temp_for(placement.dest), clone=bool(link_weights))
+            spilled = _stage_model(
+                staging, model, out, overwrite=overwrite, taken=locations, embed_from=embed_from
+            )
             staging.commit()
     except OSError as exc:
+        _remove_empty(created)
         raise OutputPathError(
             f"cannot write {out} or its weights: {exc}; check free space and permissions"
         ) from exc
+    except BaseException:
+        _remove_empty(created)
+        raise
     if spilled is not None:
-        return spilled
+        return dataclasses.replace(spilled, created_folders=created)
     if not placements:
-        return SavedModel(out, "embedded", ())
+        return SavedModel(out, "embedded", (), created_folders=created)
     weights: WeightPlacement = "referenced in place"
     if any(p.place for p in placements):
-        weights = "hard-linked" if link_weights else "copied (streaming)"
+        weights = "cloned (copy-on-write)" if link_weights else "copied (streaming)"
     return SavedModel(
         out,
         weights,
         tuple(p.dest for p in placements),
         sum(p.source.stat().st_size for p in placements),
+        created_folders=created,
     )
+
+
+def _missing_folders(folder: Path) -> tuple[Path, ...]:
+    """`folder` and those of its parents that do not exist yet, outermost first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return tuple(reversed(missing))
+
+
+def _remove_empty(folders: tuple[Path, ...]) -> None:
+    for folder in reversed(folders):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def check_output_path(
@@ -368,20 +424,34 @@ def _same_bytes(a: Path, b: Path) -> bool:
                 return True
 
 
-def _place(placement: _Placement, temp: Path, *, link: bool) -> None:
-    if not link:
+def _place(placement: _Placement, temp: Path, *, clone: bool) -> None:
+    if clone:
+        _clone(placement.source, temp, placement.dest)
+    else:
         _stream_copy(placement.source, temp)
-        return
-    try:
-        os.link(placement.source, temp)
-    except OSError as exc:
-        if exc.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+
+
+# Neither a hard link nor a symlink will do: onnx (1.23, checked) refuses external data reached
+# through either ("multiple hard links … potential hardlink attack", "… is a symbolic link"), and
+# a hard link makes the user's ORIGINAL model unloadable too.  A copy-on-write clone is a new
+# inode sharing the source's blocks.
+_FICLONE = 0x40049409  # _IOW(0x94, 9, int), linux/fs.h
+
+
+def _clone(source_file: Path, temp: Path, dest: Path) -> None:
+    with open(source_file, "rb") as fin, open(temp, "xb") as fout:
+        os.chmod(fout.fileno(), stat.S_IMODE(os.fstat(fin.fileno()).st_mode))
+        try:
+            import fcntl
+
+            fcntl.ioctl(fout.fileno(), _FICLONE, fin.fileno())
+        except (ImportError, OSError) as exc:
+            reason = getattr(exc, "strerror", None) or "not available on this system"
             raise OutputPathError(
-                f"cannot hard-link {placement.source} as {placement.dest} ({exc.strerror}): a "
-                "hard link needs both on one filesystem that supports links; drop "
-                "--link-weights (link_weights) to copy the weights instead"
+                f"cannot clone {source_file} as {dest} ({reason}): a copy-on-write clone needs "
+                "both on one filesystem with reflinks (btrfs, XFS with reflink=1, bcachefs, "
+                "ZFS 2.2+); drop --clone-weights (link_weights) to copy the weights instead"
             ) from exc
-        raise
 
 
 def _stream_copy(source_file: Path, dest: Path) -> None:
@@ -407,6 +477,10 @@ def _stream_copy(source_file: Path, dest: Path) -> None:
             shutil.copyfileobj(fin, fout, _COMPARE_CHUNK)
 
 
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # the shell's convention for "killed by signal N"
+
+
 class _Staging:
     """Files written under temporary names; `commit` moves them into place in order.
 
@@ -416,14 +490,26 @@ class _Staging:
 
     def __init__(self) -> None:
         self._pending: list[tuple[Path, Path]] = []
+        self._previous_handler: object = None
 
     def __enter__(self) -> _Staging:
+        # SIGINT already unwinds (KeyboardInterrupt); make SIGTERM unwind too, so the `finally`
+        # below deletes the temporary files.  A handler the application installed is kept.
+        if (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        ):
+            self._previous_handler = signal.signal(signal.SIGTERM, _exit_on_signal)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        for temp, _ in self._pending:
-            with contextlib.suppress(FileNotFoundError):
-                temp.unlink()
+        try:
+            for temp, _ in self._pending:
+                with contextlib.suppress(FileNotFoundError):
+                    temp.unlink()
+        finally:
+            if self._previous_handler is not None:
+                signal.signal(signal.SIGTERM, self._previous_handler)  # type: ignore[arg-type]
 
     def temp_for(self, final: Path) -> Path:
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -439,14 +525,25 @@ class _Staging:
 
 
 def _stage_model(
-    staging: _Staging, model: onnx.ModelProto, out: Path, *, overwrite: bool, taken: list[str]
+    staging: _Staging,
+    model: onnx.ModelProto,
+    out: Path,
+    *,
+    overwrite: bool,
+    taken: list[str],
+    embed_from: Path | None = None,
 ) -> SavedModel | None:
     """Stage the serialized model; returns a SavedModel only when its tensors had to spill.
 
-    A model over protobuf's 2 GB limit in memory (weights loaded) writes its big raw tensors to
-    `<name>.data`, one tensor at a time and without touching the caller's model (which
-    `onnx.save_model(save_as_external_data=True)` would rewrite in place).
+    Tensors that reference `embed_from`'s own bytes (`load_model(reference_embedded=True)`) are
+    embedded again by streaming from it.  A model over protobuf's 2 GB limit in memory (weights
+    loaded) writes its big raw tensors to `<name>.data`, one tensor at a time and without touching
+    the caller's model (which `onnx.save_model(save_as_external_data=True)` would rewrite in place).
     """
+    if embed_from is not None and references_to(model, embed_from.name):
+        with open(staging.temp_for(out), "xb", buffering=0) as stream:
+            write_model(model, stream, embed_from)
+        return None
     if fits_protobuf(model):
         with open(staging.temp_for(out), "xb") as stream:
             stream.write(model.SerializeToString())

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from graphfix.errors import PluginBuildError
+from graphfix.plugins import build as plugin_build
 from graphfix.plugins.build import PluginLibraries, build_plugin_harness, build_plugins
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,8 +33,18 @@ class Tools:
         return self.libraries.static if loading == "static" else self.libraries.dynamic
 
 
+def require_build_tools() -> None:
+    """Skip, saying what is missing, where nvcc or CMake is (the README's promise)."""
+    try:
+        plugin_build.find_nvcc()
+        plugin_build._find_cmake()
+    except PluginBuildError as exc:
+        pytest.skip(f"building the plugins needs nvcc and CMake: {exc}")
+
+
 def build_tools(archs: str, target: str | None = None) -> Tools:
     """The plugin libraries for CUDA architectures `archs` and the harness `target`."""
+    require_build_tools()
     build_dir = REPO / ".cache" / f"plugin-build-{archs.replace(';', '-')}"
     libraries = build_plugins(build_dir=build_dir, cuda_archs=archs).libraries
     harness = build_plugin_harness(build_dir=build_dir, target=target)

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import subprocess
+import sys
 
 import onnx
 import pytest
 from graphs import non_attention_models
 
+import graphfix
+from graphfix.attention.table import match_table
 from graphfix.cli import main
+from graphfix.errors import SelectionError
 from graphfix.examples import vit_example
 
 
@@ -175,3 +182,80 @@ def test_fix_reads_a_scale_stored_as_external_data(tmp_path, capsys):
     out = tmp_path / "ext.fixed.onnx"
     assert main(["fix", str(src), "-o", str(out), "-s", "fused_plugin"]) == 0
     assert "GraphfixAttention (scale 0.25" in capsys.readouterr().out
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"graphfix {graphfix.__version__}"
+
+
+def test_python_dash_m_runs_the_command_line(example):
+    done = subprocess.run(
+        [sys.executable, "-m", "graphfix", "inspect", str(example)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "/blocks.0/attn/Softmax" in done.stdout
+    missing = subprocess.run(
+        [sys.executable, "-m", "graphfix", "inspect", str(example) + ".missing"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        timeout=120,
+    )
+    assert missing.returncode == 2 and missing.stderr.startswith("graphfix: error: model file")
+
+
+@pytest.mark.parametrize("select", ["", " , "])
+def test_empty_select_is_an_error(example, tmp_path, capsys, select):
+    out = tmp_path / "o.onnx"
+    assert main(["fix", str(example), "-o", str(out), "--select", select]) == 2
+    err = capsys.readouterr().err
+    assert f"--select {select!r} names no block" in err and not out.exists()
+    with pytest.raises(SelectionError, match="empty and would pick nothing"):
+        graphfix.fix_attention(example, select=[])
+
+
+def test_fix_says_which_folders_it_created(example, tmp_path, capsys):
+    out = tmp_path / "a" / "b" / "vit.fixed.onnx"
+    assert main(["fix", str(example), "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"created the folders {tmp_path / 'a'}, {tmp_path / 'a' / 'b'}; saved {out}" in text
+    assert main(["fix", str(example), "-o", str(out.with_name("again.onnx"))]) == 0
+    assert "created the folder" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_demo_dir_that_cannot_hold_the_files_is_one_line(tmp_path, capsys, where):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    folder = blocker if where == "a file" else blocker / "demo"
+    assert main(["demo", "--dir", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("graphfix: error: ") and "--dir" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_demo_dir_read_only_is_one_line(tmp_path, capsys):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        assert main(["demo", "--dir", str(folder)]) == 2
+    finally:
+        folder.chmod(0o755)
+    assert "cannot write the demo's files into" in capsys.readouterr().err
+
+
+def test_table_shows_placeholder_dims_as_unknown(example):
+    match = graphfix.find_attention(example)[0]
+    table = match_table([dataclasses.replace(match, q_len="unk__78", kv_len="seq", heads=None)])
+    row = table.splitlines()[2].split()
+    assert row[3:6] == ["?", "?", "seq"]
+    assert "unk__" not in table

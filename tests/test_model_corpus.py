@@ -59,3 +59,23 @@ def test_export_is_valid_and_runs(entry: model_corpus.CorpusEntry, corpus_dir: P
     outputs = session.run(None, model_corpus.random_feed(model, np.random.default_rng(SEED)))
     for output in outputs:
         assert np.isfinite(output).all(), f"{entry.name} produced non-finite values"
+
+
+def test_without_torch_corpus_tests_skip_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import importlib.metadata
+
+    real_version = importlib.metadata.version
+
+    def without_torch(name: str) -> str:
+        if name == "torch":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real_version(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", without_torch)
+    entry = next(e for e in model_corpus.CORPUS if e.library == "transformers")
+    with pytest.raises(pytest.skip.Exception, match=r"needs torch \(not installed\)"):
+        model_corpus.model_path(entry, cache_dir=tmp_path)
+    assert model_corpus.missing_exporters(entry) == ["torch"]
+    assert list(tmp_path.iterdir()) == []

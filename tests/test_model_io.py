@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import os
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -223,35 +227,53 @@ def test_other_folder_copies_the_data_file_byte_identical(source: Path, tmp_path
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_other_folder_hard_links_when_asked(tmp_path: Path) -> None:
-    # Weights external, shape constants embedded: onnxruntime then reads the model from disk.
+def test_clone_weights_leaves_the_original_loadable(tmp_path: Path) -> None:
+    # A hard link made onnx refuse the user's ORIGINAL ("multiple hard links ... hardlink
+    # attack"); a copy-on-write clone is a separate inode, and where the filesystem cannot clone
+    # (ext4, tmpfs) the save fails in one line and writes nothing.
     source = save_external(attention_model(Variant(mask="add")), tmp_path / "in", threshold=200)
     data = source.parent / "model.onnx.data"
     expected = run(source)
-    saved = save_model(
-        fixed(source), tmp_path / "out" / "fixed.onnx", source=source, link_weights=True
-    )
-    link = tmp_path / "out" / "model.onnx.data"
-    assert saved.weights == "hard-linked" and saved.data_files == (link,)
-    assert "hard-linked" in saved.describe() and "onnx.load" in saved.describe()
-    assert link.stat().st_ino == data.stat().st_ino and data.stat().st_nlink == 2
-    for got, want in zip(run_from_file(saved.path), expected, strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    with pytest.raises(ModelLoadError, match="several hard links"):
-        load_model(saved.path)  # onnx's hard-link guard, turned into a one-line error
+    out = tmp_path / "out"
+    try:
+        saved = save_model(fixed(source), out / "fixed.onnx", source=source, link_weights=True)
+    except OutputPathError as exc:
+        assert "copy-on-write clone" in str(exc) and "drop --clone-weights" in str(exc)
+        assert not out.exists()
+    else:
+        clone = out / "model.onnx.data"
+        assert saved.weights == "cloned (copy-on-write)" and saved.data_files == (clone,)
+        assert clone.stat().st_ino != data.stat().st_ino and data.stat().st_nlink == 1
+        assert clone.read_bytes() == data.read_bytes()
+        load_model(saved.path)
+        for got, want in zip(run_from_file(saved.path), expected, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert data.stat().st_nlink == 1
+    load_model(source)  # the user's original still loads with its weights
+    onnx.load(source)
 
 
-def test_cross_device_link_says_to_drop_the_option(
+def test_clone_uses_ficlone_and_keeps_the_source_mode(
     source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def no_link(src, dst):
-        raise OSError(errno.EXDEV, "Invalid cross-device link")
+    import fcntl
 
-    monkeypatch.setattr(model_io.os, "link", no_link)
-    out = tmp_path / "out"
-    with pytest.raises(OutputPathError, match="drop --link-weights"):
-        save_model(fixed(source), out / "fixed.onnx", source=source, link_weights=True)
-    assert list(out.iterdir()) == []
+    calls = []
+
+    def fake_clone(fd: int, request: int, src_fd: int) -> int:  # what FICLONE does, by hand
+        calls.append(request)
+        os.write(fd, os.pread(src_fd, os.fstat(src_fd).st_size, 0))
+        return 0
+
+    monkeypatch.setattr(fcntl, "ioctl", fake_clone)
+    data = source.parent / "model.onnx.data"
+    data.chmod(0o640)
+    saved = save_model(fixed(source), tmp_path / "out" / "f.onnx", source=source, link_weights=True)
+    assert calls == [model_io._FICLONE]
+    assert saved.weights == "cloned (copy-on-write)"
+    assert "cloned (copy-on-write)" in saved.describe()
+    assert (tmp_path / "out" / "model.onnx.data").stat().st_mode & 0o777 == 0o640
+    load_model(saved.path)
 
 
 def test_failed_copy_leaves_no_output(
@@ -265,7 +287,7 @@ def test_failed_copy_leaves_no_output(
     out = tmp_path / "out"
     with pytest.raises(OutputPathError, match="No space left"):
         save_model(fixed(source), out / "fixed.onnx", source=source)
-    assert list(out.iterdir()) == []
+    assert not out.exists()  # nor the folder it created
 
 
 def test_existing_different_data_file_is_refused_unless_overwrite(
@@ -339,3 +361,56 @@ def test_model_over_the_protobuf_limit_spills_to_a_data_file(
     assert all(t.HasField("raw_data") for t in model.graph.initializer)  # caller's model intact
     for got, want in zip(run(saved.path), expected, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_missing_output_folders_are_created_and_reported(source: Path, tmp_path: Path) -> None:
+    out = tmp_path / "new" / "deeper" / "fixed.onnx"
+    saved = save_model(fixed(source), out, source=source)
+    assert saved.created_folders == (tmp_path / "new", tmp_path / "new" / "deeper")
+    assert saved.describe().startswith(
+        f"created the folders {tmp_path / 'new'}, {tmp_path / 'new' / 'deeper'}; saved {out}"
+    )
+    again = save_model(fixed(source), out.with_name("again.onnx"), source=source)
+    assert again.created_folders == () and again.describe().startswith("saved ")
+
+
+_SLOW_SAVE = """
+import sys, time
+from pathlib import Path
+import onnx
+from graphfix import model_io
+
+def slow_copy(source, dest):  # stage a part of the copy, then stall inside the write
+    dest.write_bytes(source.read_bytes()[:100])
+    print("writing", flush=True)
+    time.sleep(60)
+
+model_io._stream_copy = slow_copy
+source = Path(sys.argv[1])
+model = onnx.load(source, load_external_data=False)
+model_io.save_model(model, Path(sys.argv[2]), source=source)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_a_write_leaves_no_temporary_file(
+    source: Path, tmp_path: Path, signum: int
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    child = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_SAVE, str(source), str(out / "fixed.onnx")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert child.stdout.readline() == "writing\n", child.stderr.read()
+        assert [p.name for p in out.iterdir() if p.name.endswith(".graphfix-tmp")]
+        child.send_signal(signum)
+        child.wait(timeout=30)
+    finally:
+        child.kill()
+    assert child.returncode != 0
+    assert list(out.iterdir()) == []  # neither the temporary data file nor a half model

@@ -23,7 +23,8 @@ import plugin_harness_support as support
 import pytest
 from plugin_harness_support import Tools
 
-from graphfix.errors import PluginBuildError
+from graphfix.cli import main
+from graphfix.errors import PluginBuildError, UsageError
 from graphfix.plugins import build as plugin_build
 from graphfix.plugins.build import find_plugin_libraries, trtexec_command
 from graphfix.plugins.spec import PLUGIN_NAMESPACE, PLUGIN_SPECS, SOFTMAX
@@ -330,9 +331,11 @@ def test_missing_headers_without_download_are_reported(
         plugin_build.find_tensorrt_headers(allow_download=False)
 
 
-def test_bad_cuda_archs_are_reported() -> None:
-    with pytest.raises(PluginBuildError, match="not a list of CUDA architectures"):
+def test_bad_cuda_archs_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(UsageError, match="not a list of CUDA architectures"):
         plugin_build.build_plugins(cuda_archs="hopper")
+    assert main(["plugins", "build", "--cuda-archs", "hopper"]) == 2  # the user's input
+    assert "--cuda-archs='hopper' is not a list" in capsys.readouterr().err
 
 
 def test_load_into_tensorrt_without_tensorrt_is_a_clear_error(tools: Tools) -> None:
@@ -375,3 +378,14 @@ def test_non_editable_install_ships_the_sources(tmp_path: Path) -> None:
     assert source.is_relative_to(target)
     for name in ("CMakeLists.txt", "graphfixSoftmax/graphfixSoftmaxPlugin.h"):
         assert (source / name).is_file(), name
+
+
+def test_without_nvcc_the_harness_tests_skip_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name in ("CUDACXX", "CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(plugin_build, "_DEFAULT_CUDA_ROOT", str(tmp_path / "cuda"))
+    with pytest.raises(pytest.skip.Exception, match="needs nvcc and CMake: nvcc .* was not found"):
+        support.host_tools()

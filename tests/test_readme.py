@@ -191,3 +191,20 @@ def test_each_plugin_flag_names_its_own_library(readme: str) -> None:
         for line in lines:
             named = set(re.findall(r"libgraphfix_plugins\w*\.so", line))
             assert named == {library}, f"README: {flag} goes with {library}: {line.strip()}"
+
+
+def test_the_torchvision_recipe_makes_torchvision_importable(readme: str) -> None:
+    """The ```py block that defines torchvision's operator schemas works where it is needed."""
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("torchvision") is None:
+        pytest.skip("needs torch and torchvision installed")
+    (recipe,) = [
+        "\n".join(lines)
+        for info, _, lines in _blocks(readme)
+        if "torchvision::" in "\n".join(lines)
+    ]
+    assert recipe.rstrip().splitlines()[-1].startswith("import torchvision")
+    done = subprocess.run(
+        [sys.executable, "-c", recipe + "\nprint(torchvision.ops.nms)"],
+        capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -278,7 +278,8 @@ def test_usage_errors(vit, bert, tmp_path):
     renamed.graph.output[0].name = "z"
     renamed.graph.node[-1].output[0] = "z"
     with pytest.raises(
-        ValidationUsageError, match=r"different outputs: only the original has \['y'\]"
+        ValidationUsageError,
+        match=r"the candidate lacks output\(s\) of the original: y \(only the candidate has z\)",
     ):
         validate(original, renamed, backend="onnxruntime")
 

@@ -187,3 +187,80 @@ def test_argparse_usage_exits_2(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["validate", "only-one.onnx"])
     assert exc.value.code == 2
+
+
+def test_an_npy_instead_of_an_npz_exits_2(dynamic, tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.zeros((1, 2, 8), np.float32))
+    code, _, err = _run(capsys, dynamic, dynamic, "--inputs", tmp_path / "x.npy")
+    assert code == 2 and "holds one unnamed array (a .npy)" in err and "numpy.savez" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_float64_npz_cast_is_noted(dynamic, tmp_path, capsys):
+    np.savez(tmp_path / "in.npz", tokens=np.full((1, 2, 8), 0.1, dtype=np.float64))
+    code, out, _ = _run(capsys, dynamic, dynamic, "--inputs", tmp_path / "in.npz")
+    assert code == 0
+    assert (
+        "note: npz arrays cast to the model's narrower input types: tokens float64 → float32" in out
+    )
+    np.savez(tmp_path / "same.npz", tokens=np.full((1, 2, 8), 0.1, dtype=np.float32))
+    code, out, _ = _run(capsys, dynamic, dynamic, "--inputs", tmp_path / "same.npz")
+    assert code == 0 and "npz arrays cast" not in out
+
+
+@pytest.mark.parametrize("where", ["under-a-file", "file"])
+def test_plot_folder_that_cannot_be_created_exits_2_before_running(models, tmp_path, capsys, where):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    folder = blocker / "plots" if where == "under-a-file" else blocker
+    code, out, err = _run(capsys, models["original"], models["fixed"], "--plot", folder)
+    assert code == 2 and out == ""
+    assert err.startswith("graphfix: error: ") and "--plot" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_plugins_with_the_onnxruntime_backend_is_refused(models, tmp_path, capsys):
+    library = tmp_path / "libgraphfix_plugins.so"
+    library.write_bytes(b"")
+    code, _, err = _run(
+        capsys,
+        models["original"],
+        models["fixed"],
+        "--plugins",
+        library,
+        "--backend",
+        "onnxruntime",
+    )
+    assert code == 2 and "--backend onnxruntime runs graphfix's reference ops" in err
+
+
+def test_out_of_range_values_are_one_line_without_onnxruntimes_log(tmp_path, capfd):
+    table = onnx.numpy_helper.from_array(np.ones((10, 3), np.float32), "table")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["y"], name="lookup")],
+        "gather",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])],
+        [table],
+    )
+    path = tmp_path / "gather.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    code = main(["validate", str(path), str(path), "--range", "ids:0:50", "--seed", "1"])
+    _, err = capfd.readouterr()  # file-descriptor level: onnxruntime logs from C++
+    assert code == 3
+    assert err.startswith("graphfix: error: onnxruntime failed to run") and "idx=" in err
+    assert "\x1b[" not in err and "[E:onnxruntime" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_mark_output_rewrite_is_validated_on_the_shared_outputs(models, tmp_path, capsys):
+    marked = graphfix.fix_attention(models["original"], strategy="mark_output").model
+    extra = [o.name for o in marked.graph.output][1:]
+    assert len(extra) == 2  # one attention probability tensor per block
+    onnx.save(marked, tmp_path / "marked.onnx")
+    code, out, _ = _run(capsys, models["original"], tmp_path / "marked.onnx")
+    assert code == 0
+    assert f"note: 2 output(s) only the candidate has, not compared: {', '.join(extra)}" in out
+    assert "PASSED: the candidate agrees with the reference on all 1 output(s)" in out
+    code, _, err = _run(capsys, tmp_path / "marked.onnx", models["original"])
+    assert code == 2 and "the candidate lacks output(s) of the original" in err

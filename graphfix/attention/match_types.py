@@ -92,3 +92,5 @@ class AttentionScan:
     matches: tuple[AttentionMatch, ...]
     skipped: tuple[SkippedSoftmax, ...]
     attention_ops: tuple[AttentionOpNode, ...] = field(default=())
+    # why onnx's shape inference failed (heads and lengths are then unknown), None when it ran
+    shape_inference_problem: str | None = None

@@ -68,7 +68,7 @@ def find_attention(model: onnx.ModelProto | str | Path) -> list[AttentionMatch]:
 
 def scan_attention(model: onnx.ModelProto | str | Path) -> AttentionScan:
     """Attention chains, the Softmax nodes left alone (with reasons) and ONNX Attention ops."""
-    loaded = load_model(model, load_weights=False)
+    loaded = load_model(model, load_weights=False, reference_embedded=True)
     return scan_graph(GraphIndex(loaded.model, base_dir=loaded.base_dir))
 
 
@@ -129,7 +129,10 @@ def scan_graph(index: GraphIndex) -> AttentionScan:
         if node.op_type == "Attention" and node.domain in ("", "ai.onnx")
     )
     return AttentionScan(
-        matches=tuple(matches), skipped=tuple(skipped), attention_ops=attention_ops
+        matches=tuple(matches),
+        skipped=tuple(skipped),
+        attention_ops=attention_ops,
+        shape_inference_problem=index.shape_inference_problem,
     )
 
 

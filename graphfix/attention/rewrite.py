@@ -96,6 +96,12 @@ def _select(matches: Sequence[AttentionMatch], select: Sequence[Selector] | None
         return {m.index for m in matches}
     if isinstance(select, (str, int, re.Pattern)):
         select = [select]
+    if not select or any(isinstance(s, str) and not s.strip() for s in select):
+        raise SelectionError(
+            f"select {list(select)!r} is empty and would pick nothing; give block indices as "
+            "`graphfix inspect` numbers them, Softmax node names or regexes (e.g. --select 0,2), "
+            "or leave it out (None) to rewrite every block"
+        )
     chosen: set[int] = set()
     for selector in select:
         hits = _resolve(matches, selector)

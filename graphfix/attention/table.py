@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from graphfix.attention.match_types import AttentionMatch
@@ -26,7 +27,7 @@ def match_table(matches: Sequence[AttentionMatch]) -> str:
                 str(m.index),
                 m.softmax or f"#{m.softmax_position}",
                 m.kind.value,
-                *("?" if x is None else str(x) for x in (m.heads, m.q_len, m.kv_len)),
+                *(_dim(x) for x in (m.heads, m.q_len, m.kv_len)),
                 scale,
                 mask if len(mask) < 40 else mask[:37] + "...",
                 m.dtype + (" (fp32 island)" if m.cast_island else ""),
@@ -39,3 +40,14 @@ def match_table(matches: Sequence[AttentionMatch]) -> str:
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+# onnx's shape inference names dimensions it cannot relate to any input `unk__<n>`.
+_PLACEHOLDER = re.compile(r"unk__\d+")
+
+
+def _dim(value: int | str | None) -> str:
+    """A size, a model's own symbolic name for one (`seq`), or `?` when nothing names it."""
+    if value is None or (isinstance(value, str) and _PLACEHOLDER.fullmatch(value)):
+        return "?"
+    return str(value)

@@ -1,4 +1,4 @@
-"""`graphfix` command line: inspect, fix, validate, plugins."""
+"""`graphfix` command line: inspect, fix, precision, validate, plugins."""
 
 from __future__ import annotations
 
@@ -13,19 +13,27 @@ from graphfix.attention.rewrite import fix_attention
 from graphfix.attention.strategies import DEFAULT_STRATEGY, STRATEGIES
 from graphfix.attention.table import match_table
 from graphfix.cli import plugins as cli_plugins
+from graphfix.cli import precision as cli_precision
 from graphfix.cli import validate as cli_validate
 from graphfix.cli.options import Option, add_options, api_kwargs
-from graphfix.errors import GraphfixError
+from graphfix.errors import GraphfixError, SelectionError
 from graphfix.model_io import check_output_path, load_model, save_model
 from graphfix.plugins.reference import has_plugin_ops
 
 
 def _parse_select(text: str) -> list[int | str]:
-    return [
+    parts = [
         int(p) if p.strip().lstrip("-").isdigit() else p.strip()
         for p in text.split(",")
         if p.strip()
     ]
+    if not parts:
+        raise SelectionError(
+            f"--select {text!r} names no block; give block indices as `graphfix inspect` numbers "
+            "them, Softmax node names or regexes (e.g. --select 0,2), or leave --select out to "
+            "rewrite every block"
+        )
+    return parts
 
 
 FIX_OPTIONS = (
@@ -69,13 +77,18 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         )
     for skipped in scan.skipped:
         print(f"skipped {skipped.softmax}: {skipped.reason}")
+    if scan.shape_inference_problem:
+        print(
+            "note: onnx shape inference failed, so sizes it would have given show as ?: "
+            + scan.shape_inference_problem
+        )
     return 0
 
 
 def _cmd_fix(args: argparse.Namespace) -> int:
     source = Path(args.model)
     out = Path(args.output)
-    loaded = load_model(source, load_weights=False)
+    loaded = load_model(source, load_weights=False, reference_embedded=True)
     check_output_path(loaded.model, out, source=loaded.path, overwrite=args.overwrite)
     result = fix_attention(loaded, **api_kwargs(args, FIX_OPTIONS))
     report = result.report
@@ -140,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="graphfix",
         description="Rewrite ONNX attention chains so TensorRT cannot fuse them into inaccurate kernels.",
     )
+    from graphfix import __version__
+
+    parser.add_argument("--version", action="version", version=f"graphfix {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     inspect = sub.add_parser("inspect", help="list the attention blocks graphfix finds")
@@ -158,10 +174,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow replacing an existing file (or the input)",
     )
     fix.add_argument(
+        "--clone-weights",
         "--link-weights",
+        dest="link_weights",
         action="store_true",
         default=None,
-        help="hard-link external weight files into another output folder instead of copying them",
+        help="clone external weight files into another output folder (copy-on-write: no extra "
+        "disk space; needs btrfs, XFS with reflinks or similar) instead of copying them",
     )
     fix.add_argument(
         "--always-write",
@@ -185,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(func=_cmd_demo)
 
+    cli_precision.register(sub)
     cli_validate.register(sub)
     cli_plugins.register(sub)
     return parser

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from graphfix.plugins.build import (
@@ -19,7 +20,12 @@ def _describe(libraries: PluginLibraries) -> str:
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    build = build_plugins(build_dir=args.build_dir, cuda_archs=args.cuda_archs, jobs=args.jobs)
+    build = build_plugins(
+        build_dir=args.build_dir,
+        cuda_archs=args.cuda_archs,
+        jobs=args.jobs,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
     print(f"built in {build.build_dir} for CUDA architectures {build.cuda_archs}")
     print(f"TensorRT headers: {build.headers.include_dir} ({build.headers.origin})")
     if build.nvinfer_library is None:
@@ -57,8 +63,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument(
         "--cuda-archs",
         default=None,
-        help="CUDA architectures, e.g. 90 or '75;80;86;89;90' "
-        "(default: $GRAPHFIX_CUDA_ARCHS, else sm_75 to sm_90 plus 100/120 where nvcc has them)",
+        help="CUDA architectures, e.g. 90 or '75;80;86;89;90' (default: $GRAPHFIX_CUDA_ARCHS, "
+        "$CUDAARCHS, else the visible GPU's; with no GPU visible, sm_75 to sm_90 plus 100/120 "
+        "where nvcc has them, several times slower)",
     )
     build.add_argument("--jobs", "-j", type=int, default=None, help="parallel compile jobs")
     build.set_defaults(func=_cmd_build)

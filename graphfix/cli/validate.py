@@ -105,7 +105,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "Run ORIGINAL on onnxruntime (CPU, float32) and FIXED on TensorRT with graphfix's "
             "plugins (or onnxruntime with graphfix's reference ops where TensorRT is absent) on "
             "the same inputs; print per-output error statistics and the verdict. "
-            "Exit codes: 0 pass, 1 fail, 2 usage error."
+            "Exit codes: 0 pass, 1 the comparison failed, 2 usage error (bad input or option), "
+            "3 the environment cannot run it (a runtime or TensorRT missing or failing)."
         ),
     )
     parser.add_argument("original", help="the reference .onnx (run by onnxruntime)")
@@ -121,6 +122,16 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plugins and args.backend == "onnxruntime":
+        raise ValidationUsageError(
+            f"--plugins {' '.join(args.plugins)} loads libraries into TensorRT, but --backend "
+            "onnxruntime runs graphfix's reference ops instead and loads no library; drop "
+            "--plugins, or use --backend tensorrt"
+        )
+    if args.plot:  # an unusable folder fails before the models run
+        from graphfix.validation.plot import prepare_plot_folder
+
+        prepare_plot_folder(args.plot)
     report = validate(args.original, args.fixed, **api_kwargs(args, VALIDATE_OPTIONS))
     plots = ()
     if args.plot:

@@ -61,35 +61,48 @@ class GraphIndex:
 
     def _infer_value_info(self) -> dict[str, onnx.ValueInfoProto]:
         infos: dict[str, onnx.ValueInfoProto] = {}
+        self.shape_inference_problem: str | None = None
+        model = self._inference_model()
+        # strict first, for the reason when it fails (the user sees it); then lenient, which
+        # keeps every shape it could infer
         try:
-            inferred = onnx.shape_inference.infer_shapes(self._inference_model(), strict_mode=False)
-            graph = inferred.graph
-        except Exception:  # shape inference is best effort; the matcher works without it
-            graph = self.graph
+            graph = onnx.shape_inference.infer_shapes(model, strict_mode=True).graph
+        except Exception as exc:  # onnx raises several types; the matcher works without shapes
+            self.shape_inference_problem = _first_error(exc)
+            try:
+                graph = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
+            except Exception:  # the strict run's reason is already recorded
+                graph = self.graph
         for vi in (*graph.value_info, *graph.input, *graph.output):
             infos[vi.name] = vi
         return infos
 
     def _inference_model(self) -> onnx.ModelProto:
-        """The model, with small external initializers (shape tensors, scales) read in: shape
-        inference needs their values, and they cost nothing to read.  Weights stay on disk."""
-        small = [
-            t
-            for t in self.graph.initializer
-            if t.data_location == onnx.TensorProto.EXTERNAL
-            and not t.HasField("raw_data")
-            and int(np.prod(t.dims)) <= _MAX_FOLD_ELEMENTS
-        ]
-        if not small or self.base_dir is None:
-            return self.model
+        """What shape inference needs, and no more: small initializers (shape tensors, scales)
+        with their values, read from disk if external; weights by type and dims only.
+
+        Shape inference serializes its input and parses its output: over the weights that cost
+        an 850 MB model 8 s and 2.5 GB, so they are left out (it reads no weight's values).
+        """
         model = onnx.ModelProto()
-        model.CopyFrom(self.model)
-        names = {t.name for t in small}
-        for tensor in model.graph.initializer:
-            if tensor.name in names:
+        _copy_fields_except(self.model, model, "graph")
+        _copy_fields_except(self.graph, model.graph, "initializer")
+        for tensor in self.graph.initializer:
+            target = model.graph.initializer.add()
+            count = int(np.prod(tensor.dims)) if tensor.dims else 1
+            if count > _MAX_FOLD_ELEMENTS:
+                target.name, target.data_type = tensor.name, tensor.data_type
+                target.dims.extend(tensor.dims)
+                continue
+            value = None
+            if tensor.data_location == onnx.TensorProto.EXTERNAL and not tensor.HasField(
+                "raw_data"
+            ):
                 value = self._initializer_value(tensor)
-                if value is not None:
-                    tensor.CopyFrom(numpy_helper.from_array(value, tensor.name))
+            if value is not None:
+                target.CopyFrom(numpy_helper.from_array(value, tensor.name))
+            else:
+                target.CopyFrom(tensor)
         return model
 
     # --- types and shapes -------------------------------------------------------------------
@@ -249,6 +262,34 @@ class GraphIndex:
             del loaded.external_data[:]
             return numpy_helper.to_array(loaded)
         return numpy_helper.to_array(tensor)
+
+
+def _copy_fields_except(source, target, skipped: str) -> None:
+    """Copy every set field of the message `source` into `target` but `skipped`."""
+    for field, value in source.ListFields():
+        if field.name == skipped:
+            continue
+        if _is_repeated(field):
+            getattr(target, field.name).extend(value)
+        elif field.type == field.TYPE_MESSAGE:
+            getattr(target, field.name).CopyFrom(value)
+        else:
+            setattr(target, field.name, value)
+
+
+def _is_repeated(field) -> bool:
+    if hasattr(field, "is_repeated"):  # protobuf >= 5.28 (`label` is gone in 7)
+        return field.is_repeated
+    return field.label == field.LABEL_REPEATED
+
+
+def _first_error(exc: BaseException) -> str:
+    """The first error onnx's shape inference reports, on one line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    first = lines[0] if lines else type(exc).__name__
+    first = first.removeprefix("[ShapeInferenceError] Inference error(s): ")
+    more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+    return first[:300] + more
 
 
 def _evaluate_node(node: onnx.NodeProto, inputs: list, opset: int) -> np.ndarray | None:

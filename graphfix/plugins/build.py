@@ -31,10 +31,11 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from graphfix.errors import PluginBuildError
+from graphfix.errors import PluginBuildError, UsageError
 from graphfix.plugins.spec import PLUGIN_SPECS, PluginSpec
 
 STATIC_LIBRARY_NAME = "libgraphfix_plugins.so"
@@ -101,6 +102,7 @@ class PluginBuild:
     nvcc: Path
     nvinfer_library: Path | None
     cudnn: CudnnHeaders | None = None
+    cuda_archs_origin: str = ""
 
 
 @dataclass(frozen=True)
@@ -170,19 +172,6 @@ def _tensorrt_major() -> int:
         return tensorrt_header_major(find_tensorrt_headers(allow_download=False).include_dir)
     except PluginBuildError:  # nothing installed: a build would fetch kernel-lens's headers
         return _KERNEL_LENS_TENSORRT_MAJOR
-
-
-def _check_same_major(headers: TensorRTHeaders, major: int, nvinfer: Path | None) -> None:
-    """The headers and the libnvinfer the library links must be one TensorRT major version."""
-    if nvinfer is None:
-        return
-    linked = int(nvinfer.name.rsplit(".", 1)[1])
-    if linked != major:
-        raise PluginBuildError(
-            f"the TensorRT headers in {headers.include_dir} ({headers.origin}) are TensorRT {major} "
-            f"but the installed libnvinfer is {nvinfer} (TensorRT {linked}); set TENSORRT_ROOT "
-            f"to a TensorRT {linked} install that has include/{_HEADER}"
-        )
 
 
 def find_nvcc() -> Path:
@@ -390,48 +379,143 @@ def _wheel_nvinfer_library() -> Path | None:
     return None
 
 
-def _normalized_archs(cuda_archs: str | None) -> str:
-    value = cuda_archs if cuda_archs is not None else os.environ.get("GRAPHFIX_CUDA_ARCHS")
-    if value is None or value.strip() in ("", "default"):
+def _check_same_major(headers: TensorRTHeaders, major: int, nvinfer: Path | None) -> None:
+    """The headers and the libnvinfer the library links must be one TensorRT major version."""
+    if nvinfer is None:
+        return
+    linked = int(nvinfer.name.rsplit(".", 1)[1])
+    if linked != major:
+        raise PluginBuildError(
+            f"the TensorRT headers in {headers.include_dir} ({headers.origin}) are TensorRT {major} "
+            f"but the installed libnvinfer is {nvinfer} (TensorRT {linked}); set TENSORRT_ROOT "
+            f"to a TensorRT {linked} install that has include/{_HEADER}"
+        )
+
+
+@dataclass(frozen=True)
+class CudaArchs:
+    """The CUDA architectures to build for, and why those ("--cuda-archs", "the visible GPU", …)."""
+
+    value: str  # CMake's list ("90", "80;90") or "default" (CMakeLists.txt's wide list)
+    origin: str
+
+
+# CMakeLists.txt's "default" list, as people read it.
+WIDE_ARCHS = "sm_75 to sm_90, plus sm_100 and sm_120 with CUDA >= 12.8"
+
+
+def choose_cuda_archs(cuda_archs: str | None = None) -> CudaArchs:
+    """What to build for: `cuda_archs`, else $GRAPHFIX_CUDA_ARCHS, else CMake's $CUDAARCHS, else
+    the GPUs nvidia-smi sees, else (no GPU here) every architecture in the wide list."""
+    for value, origin in (
+        (cuda_archs, "--cuda-archs"),
+        (os.environ.get("GRAPHFIX_CUDA_ARCHS"), "$GRAPHFIX_CUDA_ARCHS"),
+        (os.environ.get("CUDAARCHS"), "$CUDAARCHS"),
+    ):
+        if value is not None and value.strip():
+            return CudaArchs(_normalized_archs(value, origin), origin)
+    gpus = visible_gpu_archs()
+    if gpus:
+        names = ", ".join(f"{name} (sm_{arch})" for name, arch in gpus)
+        archs = ";".join(dict.fromkeys(arch for _, arch in gpus))
+        return CudaArchs(archs, f"the visible GPU(s): {names}, from nvidia-smi")
+    return CudaArchs(
+        "default",
+        f"no GPU visible (nvidia-smi found none), so every architecture: {WIDE_ARCHS}; pass "
+        "--cuda-archs 90 (your GPU's compute capability) for a build several times faster",
+    )
+
+
+def visible_gpu_archs() -> list[tuple[str, str]]:
+    """(name, compute capability as "90") of each GPU nvidia-smi lists; [] without one."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        done = subprocess.run(
+            [smi, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    gpus = []
+    for line in done.stdout.splitlines() if done.returncode == 0 else []:
+        name, _, capability = line.rpartition(",")
+        if re.fullmatch(r"\s*\d+\.\d+\s*", capability):
+            gpus.append((name.strip(), capability.strip().replace(".", "")))
+    return gpus
+
+
+def _normalized_archs(value: str, origin: str) -> str:
+    if value.strip() == "default":
         return "default"
     archs = [a for a in re.split(r"[;,\s]+", value.strip()) if a]
     if not all(re.fullmatch(r"\d+[af]?(-real|-virtual)?", a) for a in archs):
-        raise PluginBuildError(
-            f"cuda_archs={value!r} is not a list of CUDA architectures; expected numbers such as "
+        raise UsageError(
+            f"{origin}={value!r} is not a list of CUDA architectures; expected numbers such as "
             "'75;80;86;89;90' (or 'default')"
         )
     return ";".join(archs)
 
 
-def _run_logged(command: list[str], log: Path, what: str) -> None:
-    completed = subprocess.run(command, capture_output=True, text=True, check=False)
+# Lines of CMake's build tools that say how far the build is: ninja "[12/40] Building CUDA …",
+# make "[ 45%] Building CUDA …".
+_PROGRESS = re.compile(r"^\[\s*(\d+/\d+|\d+%)\]\s")
+
+
+def _run_logged(
+    command: list[str], log: Path, what: str, progress: Callable[[str], None] | None = None
+) -> None:
+    """Run `command`, appending its output to `log`; each progress line also goes to `progress`."""
+    lines: list[str] = []
     with log.open("a") as out:
-        out.write(f"$ {shlex.join(command)}\n{completed.stdout}{completed.stderr}\n")
-    if completed.returncode != 0:
-        tail = (completed.stdout + completed.stderr).strip().splitlines()[-25:]
+        out.write(f"$ {shlex.join(command)}\n")
+        with subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        ) as child:
+            for line in child.stdout:
+                out.write(line)
+                lines.append(line.rstrip("\n"))
+                if progress is not None and _PROGRESS.match(line):
+                    progress(line.rstrip())
+        out.write("\n")
+    if child.returncode != 0:
         raise PluginBuildError(
-            f"{what} failed (exit {completed.returncode}); full log: {log}\n" + "\n".join(tail)
+            f"{what} failed (exit {child.returncode}); full log: {log}\n" + "\n".join(lines[-25:])
         )
 
 
 def build_plugins(
-    *, build_dir: Path | str | None = None, cuda_archs: str | None = None, jobs: int | None = None
+    *,
+    build_dir: Path | str | None = None,
+    cuda_archs: str | None = None,
+    jobs: int | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> PluginBuild:
     """Configures and builds both plugin libraries with CMake; returns where they are.
 
-    `cuda_archs`: e.g. "90" or "75;80;86;89;90"; None means $GRAPHFIX_CUDA_ARCHS, else every
-    architecture people run TensorRT on (sm_75 to sm_90, plus 100 and 120 with CUDA >= 12.8).
-    `jobs`: parallel compile jobs, None means one per CPU.
+    `cuda_archs`: e.g. "90" or "75;80;86;89;90"; None means $GRAPHFIX_CUDA_ARCHS, $CUDAARCHS, the
+    GPUs nvidia-smi sees, and only where there is none every architecture people run TensorRT on
+    (`choose_cuda_archs`; the result says which).  `jobs`: parallel compile jobs, None means one
+    per CPU.  `progress` receives what is happening (the architectures first, then each of the
+    build tool's progress lines).
     """
+    chosen = choose_cuda_archs(cuda_archs)  # a malformed value fails before anything runs
+    archs = chosen.value
     source = plugin_source_dir()
-    build = Path(build_dir) if build_dir is not None else default_build_dir()
     nvcc = find_nvcc()
     cmake = _find_cmake()
     headers = find_tensorrt_headers()
-    archs = _normalized_archs(cuda_archs)
+    major = tensorrt_header_major(headers.include_dir)
+    if progress is not None:
+        progress(f"building for CUDA architectures {archs}: {chosen.origin}")
     nvinfer = _wheel_nvinfer_library()
+    _check_same_major(headers, major, nvinfer)
+    build = Path(build_dir) if build_dir is not None else default_build_dir(tensorrt_major=major)
     cudnn = find_cudnn_headers()
-    _check_same_major(headers, tensorrt_header_major(headers.include_dir), nvinfer)
     build.mkdir(parents=True, exist_ok=True)
     log = build / _BUILD_LOG
     log.write_text("")
@@ -460,11 +544,13 @@ def build_plugins(
         + ["graphfix_plugins", "graphfix_plugins_dynamic"],
         log,
         "building the plugins",
+        progress,
     )
     return PluginBuild(
         libraries=find_plugin_libraries(build_dir=build),
         build_dir=build,
         cuda_archs=archs,
+        cuda_archs_origin=chosen.origin,
         headers=headers,
         nvcc=nvcc,
         nvinfer_library=nvinfer,

@@ -11,6 +11,7 @@ fails the output and is left out of the statistics.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,6 +99,27 @@ class OutputComparison:
     required_rtol: float | None = None  # ... or rtol alone (atol 0)
     histogram: tuple[HistogramBin, ...] = ()
     problem: str | None = None  # why there are no statistics (e.g. the shapes differ)
+
+
+def check_outputs(reference: Sequence[str], candidate: Sequence[str]) -> tuple[str, ...]:
+    """Notes on the candidate's outputs: every reference output must be there to be compared;
+    extra ones (a `mark_output` rewrite exposes attention probabilities) are listed, not compared.
+    """
+    missing = [name for name in reference if name not in set(candidate)]
+    if missing:
+        extra = sorted(set(candidate) - set(reference))
+        raise ValidationUsageError(
+            f"the candidate lacks output(s) of the original: {', '.join(missing)} (only the "
+            f"candidate has {', '.join(extra) or 'none'}); compare a model with its own rewrite "
+            "or conversion"
+        )
+    extra = [name for name in candidate if name not in set(reference)]
+    if not extra:
+        return ()
+    return (
+        f"{len(extra)} output(s) only the candidate has, not compared: {', '.join(extra)} "
+        "(e.g. attention probabilities a mark_output rewrite exposes)",
+    )
 
 
 def compare_output(

@@ -397,13 +397,19 @@ def _from_npz(
         if not path.is_file():
             raise ValidationUsageError(f"inputs file not found: {path}; pass an existing .npz")
         try:
-            with np.load(path, allow_pickle=False) as data:
-                arrays = {k: data[k] for k in data.files}
+            loaded = np.load(path, allow_pickle=False)
         except (OSError, ValueError, zipfile.BadZipFile) as exc:
             raise ValidationUsageError(
                 f"{path} is not a readable .npz ({exc}); "
                 "write it with numpy.savez(path, name=array)"
             ) from exc
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            raise ValidationUsageError(
+                f"{path} holds one unnamed array (a .npy), not arrays by input name; write an "
+                "npz with numpy.savez(path, name=array) naming each model input"
+            )
+        with loaded as data:
+            arrays = {k: data[k] for k in data.files}
     missing = [s.name for s in specs if s.name not in arrays]
     if missing:
         raise ValidationUsageError(
@@ -413,6 +419,7 @@ def _from_npz(
         )
     feeds: dict[str, np.ndarray] = {}
     sources = []
+    casts: list[str] = []
     for spec in specs:
         array = arrays[spec.name]
         if spec.shape is not None and (
@@ -443,8 +450,15 @@ def _from_npz(
                 raise ValidationUsageError(
                     f"input '{spec.name}' holds values outside {spec.type_name} in the npz"
                 )
+        if not np.can_cast(array.dtype, spec.dtype, "safe"):  # widening loses nothing
+            casts.append(f"{spec.name} {array.dtype} → {spec.dtype}")
         feeds[spec.name] = array.astype(spec.dtype, copy=False)
         sources.append(InputSource(spec.name, str(spec.dtype), tuple(array.shape), label))
     extra = sorted(set(arrays) - {s.name for s in specs})
-    notes = (f"npz arrays not used by the model: {', '.join(extra)}",) if extra else ()
-    return InputData(feeds=feeds, sources=tuple(sources), notes=notes)
+    notes = [f"npz arrays not used by the model: {', '.join(extra)}"] if extra else []
+    if casts:
+        notes.append(
+            f"npz arrays cast to the model's narrower input types: {', '.join(casts)}; save "
+            "them in those types to feed the exact values"
+        )
+    return InputData(feeds=feeds, sources=tuple(sources), notes=tuple(notes))

@@ -22,15 +22,13 @@ if TYPE_CHECKING:
 
     from graphfix.validation.validate import ValidationReport
 
+EXACT_COLOUR = "#2ca02c"  # green: not in magma, so an exact zero never reads as a tiny error
 _MAX_CELLS = 512  # heat map rows/columns beyond this are max-pooled, so a hot spot stays visible
 
 
 def plot_report(report: ValidationReport, directory: str | os.PathLike[str]) -> tuple[Path, ...]:
     """Write `<output>.error_histogram.png` and `<output>.error_heatmap.png` per output."""
-    folder = Path(directory)
-    if folder.exists() and not folder.is_dir():
-        raise ValidationUsageError(f"--plot {folder} is a file; give a folder to write PNGs into")
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = prepare_plot_folder(directory)
     written: list[Path] = []
     used: set[str] = set()
     for comparison in report.outputs:
@@ -44,9 +42,34 @@ def plot_report(report: ValidationReport, directory: str | os.PathLike[str]) -> 
             ("error_heatmap", error_heatmap_figure(comparison, reference, candidate)),
         ):
             path = folder / f"{stem}.{suffix}.png"
-            figure.savefig(path, dpi=110)
+            try:
+                figure.savefig(path, dpi=110)
+            except OSError as exc:
+                raise ValidationUsageError(
+                    f"cannot write the plot {path}: {exc.strerror or exc}; give --plot a folder "
+                    "you can write to"
+                ) from exc
             written.append(path)
     return tuple(written)
+
+
+def prepare_plot_folder(directory: str | os.PathLike[str]) -> Path:
+    """The folder plots go into, created if missing; ValidationUsageError when it cannot be."""
+    folder = Path(directory)
+    if folder.exists() and not folder.is_dir():
+        raise ValidationUsageError(f"--plot {folder} is a file; give a folder to write PNGs into")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValidationUsageError(
+            f"cannot create the plot folder {folder}: {exc.strerror or exc}; give --plot a folder "
+            "you can write to"
+        ) from exc
+    if not os.access(folder, os.W_OK):
+        raise ValidationUsageError(
+            f"the plot folder {folder} is not writable; give --plot a folder you can write to"
+        )
+    return folder
 
 
 def error_histogram_figure(
@@ -70,6 +93,8 @@ def error_histogram_figure(
             label=f"atol {comparison.tolerance.atol:g}",
         )
         axes.legend()
+    else:
+        _no_error(axes, errors.size)
     axes.set_xlabel("|candidate - reference|")
     axes.set_ylabel("elements")
     verdict = "PASS" if comparison.passed else "FAIL"
@@ -86,7 +111,9 @@ def error_heatmap_figure(
     comparison: OutputComparison, reference: np.ndarray, candidate: np.ndarray
 ) -> Figure:
     """Absolute error laid out as rows (all leading dims) × last dim, log colour scale."""
-    from matplotlib.colors import LogNorm, Normalize
+    from matplotlib import colormaps
+    from matplotlib.colors import LogNorm
+    from matplotlib.patches import Patch
 
     errors = _abs_error(reference, candidate)
     grid = errors.reshape(-1, errors.shape[-1]) if errors.ndim >= 2 else errors.reshape(1, -1)
@@ -97,17 +124,38 @@ def error_heatmap_figure(
     if positive.size:
         vmax = float(positive.max())
         norm = LogNorm(vmin=max(float(positive.min()), vmax * 1e-8), vmax=vmax)
-        shown = np.where(grid > 0, grid, norm.vmin)
+        # exact zeros are masked and drawn in a colour magma never uses; tiny errors stay dark
+        shown = np.ma.masked_where(grid == 0, np.maximum(grid, norm.vmin))
+        cmap = colormaps["magma"].with_extremes(bad=EXACT_COLOUR)
+        image = axes.imshow(shown, aspect="auto", interpolation="nearest", cmap=cmap, norm=norm)
+        figure.colorbar(image, ax=axes, label="|candidate - reference|")
+        if (grid == 0).any():
+            axes.legend(
+                handles=[Patch(color=EXACT_COLOUR, label="exact (error 0)")],
+                loc="upper right",
+                fontsize=8,
+            )
     else:
-        norm, shown = Normalize(0, 1), grid
-    image = axes.imshow(shown, aspect="auto", interpolation="nearest", cmap="magma", norm=norm)
-    figure.colorbar(image, ax=axes, label="|candidate - reference|")
+        _no_error(axes, errors.size)
     lead = "x".join(str(d) for d in comparison.shape[:-1]) or "1"
     axes.set_xlabel(f"last dimension ({comparison.shape[-1] if comparison.shape else 1})")
     axes.set_ylabel(f"flattened leading dimensions ({lead})" + (", max-pooled" if pooled else ""))
     axes.set_title(f"{comparison.name}: absolute error", fontsize=10)
     figure.tight_layout()
     return figure
+
+
+def _no_error(axes, size: int) -> None:
+    axes.text(
+        0.5,
+        0.5,
+        f"no error to plot: all {size} elements agree exactly",
+        ha="center",
+        va="center",
+        transform=axes.transAxes,
+    )
+    axes.set_xticks([])
+    axes.set_yticks([])
 
 
 def _figure(*, figsize: tuple[float, float]) -> Figure:

@@ -81,8 +81,10 @@ class OnnxRuntimeRunner:
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         names = [o.name for o in self.session.get_outputs()]
+        quiet = ort.RunOptions()
+        quiet.log_severity_level = 4  # the error is raised and reported below; ORT logs it too
         try:
-            values = self.session.run(names, cast_feeds(feeds, self.specs))
+            values = self.session.run(names, cast_feeds(feeds, self.specs), quiet)
         except _ORT_ERRORS as exc:
             shapes = ", ".join(f"{k} {list(v.shape)} {v.dtype}" for k, v in feeds.items())
             raise BackendError(
