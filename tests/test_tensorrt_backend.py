@@ -7,6 +7,7 @@ What needs TensorRT itself is in tests/test_validate_trt.py (marked `trt`).
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 import subprocess
 import sys
@@ -58,7 +59,7 @@ def test_working_polygraphy_is_accepted(version):
 # --- logs: polygraphy (and TensorRT through it) never print on stdout ---------------------------
 
 
-def test_polygraphy_logs_go_to_stderr_and_only_warnings(capsys):
+def test_polygraphy_logs_go_to_stderr_and_only_warnings(capfd):
     from polygraphy.logger import G_LOGGER
 
     before = G_LOGGER.module_severity.get()
@@ -66,15 +67,19 @@ def test_polygraphy_logs_go_to_stderr_and_only_warnings(capsys):
         G_LOGGER.info("graphfix-test info line")
         G_LOGGER.warning("graphfix-test warning line")
         G_LOGGER.error("graphfix-test error line")
-    captured = capsys.readouterr()
+        os.write(1, b"graphfix-test native write\n")  # as native code writing to stdout would
+    captured = capfd.readouterr()
     assert captured.out == ""
     assert "graphfix-test warning line" in captured.err
     assert "graphfix-test error line" in captured.err
+    assert "graphfix-test native write" in captured.err
     assert "graphfix-test info line" not in captured.err
     assert "\x1b[" not in captured.err  # no colour codes
     assert G_LOGGER.module_severity.get() == before
     G_LOGGER.warning("graphfix-test after")  # outside, polygraphy's own behaviour is back
-    assert "graphfix-test after" in capsys.readouterr().out
+    os.write(1, b"graphfix-test native after\n")
+    out = capfd.readouterr().out
+    assert "graphfix-test after" in out and "graphfix-test native after" in out
 
 
 # --- loading the plugin library: one line with the fix -------------------------------------------

@@ -509,10 +509,10 @@ def build_plugins(
     nvcc = find_nvcc()
     cmake = _find_cmake()
     headers = find_tensorrt_headers()
-    major = tensorrt_header_major(headers.include_dir)
     if progress is not None:
         progress(f"building for CUDA architectures {archs}: {chosen.origin}")
     nvinfer = _wheel_nvinfer_library()
+    major = tensorrt_header_major(headers.include_dir)
     _check_same_major(headers, major, nvinfer)
     build = Path(build_dir) if build_dir is not None else default_build_dir(tensorrt_major=major)
     cudnn = find_cudnn_headers()

@@ -7,8 +7,8 @@ reference implementation of its plugin ops: a wiring check of the rewrite on any
 float32 GraphfixSoftmax the reference op is Softmax itself, so the plugins' kernels and TensorRT's
 numerics are not checked).
 
-`plan_validation` works out everything from the arguments once (backend, engine options,
-tolerance, inputs); `run_plan` runs it.
+`validate` works out everything from its arguments once, before anything runs (a `ValidationPlan`:
+backend, engine options, plugin libraries, tolerance, inputs), then runs that plan.
 """
 
 from __future__ import annotations
@@ -63,11 +63,8 @@ _LOOSENESS = ("fp32", "fp16", "bf16")  # order: each looser than the one before
 __all__ = [
     "BACKENDS",
     "CheckKind",
-    "ValidationPlan",
     "ValidationReport",
     "ValidationUsageError",
-    "plan_validation",
-    "run_plan",
     "validate",
 ]
 
@@ -152,16 +149,58 @@ class ValidationReport:
 
 
 @dataclass(frozen=True)
+class BackendPlan:
+    """What runs the candidate: the backend, TensorRT's status, its builder settings and plugins."""
+
+    name: str  # "tensorrt" or "onnxruntime"
+    tensorrt: TensorRTStatus
+    engine: EngineOptions | None  # TensorRT builder settings; None with onnxruntime
+    plugin_libraries: tuple[Path, ...]
+    note: str | None = None
+
+
+def _backend_plan(
+    candidate: LoadedModel,
+    *,
+    backend: str | None,
+    precision: str | None,
+    plugins: Sequence[str | os.PathLike[str]] | None,
+) -> BackendPlan:
+    """TensorRT probed once; the precision checked once, against the backend that will run."""
+    if backend is not None and backend not in BACKENDS:
+        raise ValidationUsageError(
+            f"backend {backend!r} is not one of {', '.join(BACKENDS)}; leave it unset to use "
+            "TensorRT where it is installed"
+        )
+    if precision is not None and precision not in PRECISIONS:
+        raise ValidationUsageError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    status = tensorrt_status()
+    chosen = backend or ("tensorrt" if status.available else "onnxruntime")
+    if chosen == "tensorrt":
+        require_tensorrt(status)
+        engine = engine_options(precision, tensorrt_version=str(status.version))
+        return BackendPlan(chosen, status, engine, _plugin_libraries(candidate, plugins, status))
+    if precision not in (None, "fp32"):
+        raise ValidationUsageError(
+            f"precision {precision!r} applies to the TensorRT backend only; with onnxruntime the "
+            "candidate runs in the precision its ONNX is written in"
+        )
+    note = (
+        "plugin libraries not loaded: onnxruntime runs graphfix's reference ops"
+        if plugins
+        else None
+    )
+    return BackendPlan(chosen, status, None, (), note)
+
+
+@dataclass(frozen=True)
 class ValidationPlan:
     """Everything `validate` decides before anything runs: backend, engine options, tolerance and
     inputs, each worked out once from the arguments."""
 
     reference: LoadedModel
     candidate: LoadedModel
-    backend: str
-    tensorrt: TensorRTStatus
-    engine: EngineOptions | None  # TensorRT builder settings; None with onnxruntime
-    plugin_libraries: tuple[Path, ...]
+    backend: BackendPlan
     inputs: InputData
     tolerance: Tolerance
     tolerance_origin: str
@@ -171,73 +210,6 @@ class ValidationPlan:
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {name: tuple(array.shape) for name, array in self.inputs.feeds.items()}
-
-
-def plan_validation(
-    reference_model: ModelArg,
-    candidate_model: ModelArg,
-    *,
-    inputs: str | os.PathLike[str] | Mapping[str, np.ndarray] | None = None,
-    shapes: Mapping[str, Sequence[int]] | None = None,
-    ranges: Mapping[str, ValueRange | tuple[float, float]] | None = None,
-    backend: str | None = None,
-    precision: str | None = None,
-    plugins: Sequence[str | os.PathLike[str]] | None = None,
-    atol: float | None = None,
-    rtol: float | None = None,
-    quantile: float | None = None,
-    seed: int = 0,
-    engine_cache: str | os.PathLike[str] | None = None,
-) -> ValidationPlan:
-    """The plan `validate` runs (same arguments); raises on anything wrong before running."""
-    if backend is not None and backend not in BACKENDS:
-        raise ValidationUsageError(
-            f"backend {backend!r} is not one of {', '.join(BACKENDS)}; leave it unset to use "
-            "TensorRT where it is installed"
-        )
-    if precision is not None and precision not in PRECISIONS:
-        raise ValidationUsageError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
-    reference = load_model(reference_model, load_weights=False)
-    candidate = load_model(candidate_model, load_weights=False)
-    notes = list(check_same_inputs(input_specs(reference.model), input_specs(candidate.model)))
-    notes += check_outputs(
-        [o.name for o in reference.model.graph.output],
-        [o.name for o in candidate.model.graph.output],
-    )
-
-    status = tensorrt_status()
-    chosen = backend or ("tensorrt" if status.available else "onnxruntime")
-    engine = None
-    libraries: tuple[Path, ...] = ()
-    if chosen == "tensorrt":
-        require_tensorrt(status)
-        engine = engine_options(precision, tensorrt_version=str(status.version))
-        libraries = _plugin_libraries(candidate, plugins, status)
-    elif precision not in (None, "fp32"):
-        raise ValidationUsageError(
-            f"precision {precision!r} applies to the TensorRT backend only; with onnxruntime the "
-            "candidate runs in the precision its ONNX is written in"
-        )
-    elif plugins:
-        notes.append("plugin libraries not loaded: onnxruntime runs graphfix's reference ops")
-    data = make_inputs(reference.model, shapes=shapes, ranges=ranges, npz=inputs, seed=seed)
-    lowest = _loosest(
-        _model_precision(candidate.model), _model_precision(reference.model), precision
-    )
-    tolerance, origin = _tolerance(atol, rtol, quantile, lowest)
-    return ValidationPlan(
-        reference=reference,
-        candidate=candidate,
-        backend=chosen,
-        tensorrt=status,
-        engine=engine,
-        plugin_libraries=libraries,
-        inputs=data,
-        tolerance=tolerance,
-        tolerance_origin=origin,
-        engine_cache=Path(engine_cache) if engine_cache is not None else None,
-        notes=(*notes, *data.notes),
-    )
 
 
 def validate(
@@ -269,28 +241,39 @@ def validate(
     candidate's lowest precision (`graphfix.validation.compare.DEFAULT_TOLERANCES`); `quantile`
     checks that quantile of the errors instead of every element.
     """
-    plan = plan_validation(
-        reference_model,
-        candidate_model,
-        inputs=inputs,
-        shapes=shapes,
-        ranges=ranges,
-        backend=backend,
-        precision=precision,
-        plugins=plugins,
-        atol=atol,
-        rtol=rtol,
-        quantile=quantile,
-        seed=seed,
-        engine_cache=engine_cache,
+    reference = load_model(reference_model, load_weights=False)
+    candidate = load_model(candidate_model, load_weights=False)
+    notes = list(check_same_inputs(input_specs(reference.model), input_specs(candidate.model)))
+    notes += check_outputs(
+        [o.name for o in reference.model.graph.output],
+        [o.name for o in candidate.model.graph.output],
     )
-    return run_plan(plan)
+
+    runs_on = _backend_plan(candidate, backend=backend, precision=precision, plugins=plugins)
+    if runs_on.note:
+        notes.append(runs_on.note)
+    data = make_inputs(reference.model, shapes=shapes, ranges=ranges, npz=inputs, seed=seed)
+    lowest = _loosest(
+        _model_precision(candidate.model), _model_precision(reference.model), precision
+    )
+    tolerance, origin = _tolerance(atol, rtol, quantile, lowest)
+    plan = ValidationPlan(
+        reference=reference,
+        candidate=candidate,
+        backend=runs_on,
+        inputs=data,
+        tolerance=tolerance,
+        tolerance_origin=origin,
+        engine_cache=Path(engine_cache) if engine_cache is not None else None,
+        notes=(*notes, *data.notes),
+    )
+    return _run(plan)
 
 
-def run_plan(plan: ValidationPlan) -> ValidationReport:
+def _run(plan: ValidationPlan) -> ValidationReport:
     """Build both runners, run them on the plan's inputs, compare, and prove what fused."""
     reference_runner = _runner(plan, plan.reference, "original", backend="onnxruntime")
-    candidate_runner = _runner(plan, plan.candidate, "candidate", backend=plan.backend)
+    candidate_runner = _runner(plan, plan.candidate, "candidate", backend=plan.backend.name)
     feeds = plan.inputs.feeds
     reference_outputs = reference_runner.infer(feeds)
     candidate_outputs = candidate_runner.infer(feeds)
@@ -309,7 +292,7 @@ def run_plan(plan: ValidationPlan) -> ValidationReport:
         fusion = _fusion_proof(plan, candidate_runner)
     return ValidationReport(
         passed=all(c.passed for c in comparisons),
-        backend=plan.backend,
+        backend=plan.backend.name,
         check=_check_kind(plan, candidate_runner),
         reference=reference_runner.description,
         candidate=candidate_runner.description,
@@ -329,15 +312,16 @@ def _runner(plan: ValidationPlan, model: LoadedModel, role: str, *, backend: str
     """One model made ready on one backend; every runner answers the `Runner` protocol."""
     label = _label(model, role)
     if backend == "tensorrt":
-        assert plan.engine is not None  # the plan sets engine options for the TensorRT backend
+        runs_on = plan.backend
+        assert runs_on.engine is not None  # the plan sets engine options for the TensorRT backend
         return TensorRTRunner(
             model,
             label=label,
             shapes=plan.shapes,
-            options=plan.engine,
-            plugin_libraries=plan.plugin_libraries if model is plan.candidate else (),
+            options=runs_on.engine,
+            plugin_libraries=runs_on.plugin_libraries if model is plan.candidate else (),
             cache_dir=plan.engine_cache,
-            status=plan.tensorrt,
+            status=runs_on.tensorrt,
         )
     from graphfix.validation.backends.onnxruntime_backend import (
         OnnxRuntimeRunner,  # imports onnxruntime
@@ -419,13 +403,13 @@ def _fusion_proof(plan: ValidationPlan, runner: TensorRTRunner) -> FusionProof:
 
 
 def _check_kind(plan: ValidationPlan, runner: Runner) -> CheckKind:
-    if plan.backend == "tensorrt":
+    if plan.backend.name == "tensorrt":
         return CheckKind.ENGINE
     return CheckKind.WIRING if runner.lowered_nodes else CheckKind.ONNXRUNTIME
 
 
 def _tensorrt_note(plan: ValidationPlan, runner: Runner) -> str | None:
-    if plan.backend == "tensorrt":
+    if plan.backend.name == "tensorrt":
         return None
     what = "the candidate ONNX with onnxruntime"
     wiring = ""
@@ -435,7 +419,7 @@ def _tensorrt_note(plan: ValidationPlan, runner: Runner) -> str | None:
             "; a wiring check of the rewrite: reference ops stand in for the plugins (for float32 "
             "GraphfixSoftmax, Softmax itself)"
         )
-    status = plan.tensorrt
+    status = plan.backend.tensorrt
     if not status.available:
         return (
             f"TensorRT: not available here ({status.reason}); validated {what} instead, so neither "

@@ -116,17 +116,36 @@ def require_tensorrt(status: TensorRTStatus | None = None) -> TensorRTStatus:
 def polygraphy_logs_on_stderr() -> Iterator[None]:
     """polygraphy's logger prints below CRITICAL on `sys.stdout` (Logger.log) and TensorRT's log
     reaches it through polygraphy's TensorRT logger: for the duration, warnings and errors only
-    (or what the user's stricter severity lets through), uncoloured, on stderr."""
+    (or what the user's stricter severity lets through), uncoloured, on stderr.  File descriptor 1
+    points at stderr too, for whatever native code writes to the process's stdout."""
     from polygraphy.logger import G_LOGGER
 
     severity = max(G_LOGGER.module_severity.get(), G_LOGGER.WARNING)
     colors = G_LOGGER.colors
     G_LOGGER.colors = False
     try:
-        with G_LOGGER.verbosity(severity), contextlib.redirect_stdout(sys.stderr):
+        with (
+            G_LOGGER.verbosity(severity),
+            contextlib.redirect_stdout(sys.stderr),
+            _native_stdout_on_stderr(),
+        ):
             yield
     finally:
         G_LOGGER.colors = colors
+
+
+@contextmanager
+def _native_stdout_on_stderr() -> Iterator[None]:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 @dataclass(frozen=True)
