@@ -5,6 +5,12 @@ LayerNormalization (its INormalizationLayer, float32 inside).  `fuse_norms` rewr
 chain the matchers find (norm_patterns.py, group_norm.py) into LayerNormalization (opset ≥ 17),
 RMSNormalization (≥ 23) or GroupNormalization (≥ 21).  A norm the model's opset cannot express
 is kept, and the report lists its nodes so precision conversion can keep them in float32.
+Only the top-level graph is searched; norms inside If/Loop/Scan bodies are left as they are.
+
+Graph access goes through GraphIndex/GraphEdit, the package's own view over the protobuf: on the
+corpus's largest export (a diffusers UNet at opset 14, 993 nodes) GraphIndex takes 45 ms where
+onnx-graphsurgeon's import_onnx alone takes 111 ms, and it already folds the small constants
+(ε, axes, Gemma's 1 + weight) the checks need.
 """
 
 from __future__ import annotations
@@ -316,6 +322,11 @@ def _sweep(graph: onnx.GraphProto, upstream: set[str]) -> None:
         del graph.node[:]
         graph.node.extend(kept)
     used = _read_tensors(graph)
+    made = {o for n in graph.node for o in n.output} | {v.name for v in graph.input}
+    if any(v.name not in made for v in graph.value_info):
+        infos = [v for v in graph.value_info if v.name in made]
+        del graph.value_info[:]
+        graph.value_info.extend(infos)
     unused = {t.name for t in graph.initializer if t.name in touched and t.name not in used}
     if unused:
         kept_inits = [t for t in graph.initializer if t.name not in unused]
