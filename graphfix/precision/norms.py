@@ -323,6 +323,7 @@ def _sweep(graph: onnx.GraphProto, upstream: set[str]) -> None:
         graph.node.extend(kept)
     used = _read_tensors(graph)
     made = {o for n in graph.node for o in n.output} | {v.name for v in graph.input}
+    made |= {t.name for t in graph.initializer}
     if any(v.name not in made for v in graph.value_info):
         infos = [v for v in graph.value_info if v.name in made]
         del graph.value_info[:]
