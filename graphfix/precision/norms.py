@@ -304,7 +304,8 @@ def _name_unnamed(graph: onnx.GraphProto) -> None:
 
 def _sweep(graph: onnx.GraphProto, upstream: set[str]) -> None:
     """Remove what fed only the replaced chains: nodes whose outputs nothing reads any more
-    (Constants for ε and axes, a Gemma `1 + weight`, a Shape), then such initializers."""
+    (Constants for ε and axes, a Gemma `1 + weight`, a Shape), then such initializers, then
+    the value_info of every tensor no longer in the graph."""
     suspects, touched = set(upstream), set(upstream)
     while suspects:
         used = _read_tensors(graph)
@@ -322,12 +323,6 @@ def _sweep(graph: onnx.GraphProto, upstream: set[str]) -> None:
         del graph.node[:]
         graph.node.extend(kept)
     used = _read_tensors(graph)
-    made = {o for n in graph.node for o in n.output} | {v.name for v in graph.input}
-    made |= {t.name for t in graph.initializer}
-    if any(v.name not in made for v in graph.value_info):
-        infos = [v for v in graph.value_info if v.name in made]
-        del graph.value_info[:]
-        graph.value_info.extend(infos)
     unused = {t.name for t in graph.initializer if t.name in touched and t.name not in used}
     if unused:
         kept_inits = [t for t in graph.initializer if t.name not in unused]
@@ -336,6 +331,12 @@ def _sweep(graph: onnx.GraphProto, upstream: set[str]) -> None:
         kept_inputs = [v for v in graph.input if v.name not in unused]
         del graph.input[:]
         graph.input.extend(kept_inputs)
+    made = {o for n in graph.node for o in n.output} | {v.name for v in graph.input}
+    made |= {t.name for t in graph.initializer}
+    if any(v.name not in made for v in graph.value_info):
+        infos = [v for v in graph.value_info if v.name in made]
+        del graph.value_info[:]
+        graph.value_info.extend(infos)
 
 
 def _read_tensors(graph: onnx.GraphProto) -> set[str]:
