@@ -1,1 +1,1 @@
-"""Precision surgery: norm fusion (norms.py); float16/bfloat16 conversion lives beside it."""
+"""Precision surgery: float16/bfloat16 conversion with float32 islands, norm fusion."""
