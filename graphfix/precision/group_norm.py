@@ -92,6 +92,7 @@ def _match(index: GraphIndex, norm: onnx.NodeProto) -> NormCandidate | None:
         output=end,
         positions=tuple(index.position(n) for n in nodes),
         node_names=tuple(n.name for n in nodes),
+        statistics=(norm.name,),
         epsilon=float(epsilon),
         num_groups=groups,
         channels=channels if isinstance(channels, int) else None,

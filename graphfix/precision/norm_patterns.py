@@ -110,6 +110,7 @@ def _match(index: GraphIndex, variance: onnx.NodeProto) -> NormCandidate | None:
     fused_input, x_type = _absorb_casts(index, chain, x, x_type, cast_d)
     shape = index.shape(fused_input) or index.shape(x)
     normalized = _normalized_shape(shape, axis)
+    statistics = tuple(n.name for n in chain.nodes)
     scale, bias = _absorb_affine(index, chain, kind, shape, axis)
     if scale is None and normalized is None and not chain.problems:
         chain.problems.append(
@@ -123,6 +124,7 @@ def _match(index: GraphIndex, variance: onnx.NodeProto) -> NormCandidate | None:
         output=chain.end,
         positions=tuple(index.position(n) for n in chain.nodes),
         node_names=tuple(n.name for n in chain.nodes),
+        statistics=statistics,
         epsilon=float(epsilon),
         axis=axis,
         scale=scale,

@@ -61,13 +61,16 @@ class FusedNorm:
 
 @dataclass(frozen=True)
 class UnfusedNorm:
-    """A norm left as it was: `nodes` form it (keep them together, e.g. as a float32 island)."""
+    """A norm left as it was: `nodes` form it.  `float32_nodes` (a subset: the statistics, up to
+    the normalisation, without scale and bias) is what the fused op would compute in float32
+    through its stash_type: the float32 island that keeps the norm as precise as fusing would."""
 
     kind: NormKind
     nodes: tuple[str, ...]
     input: str
     output: str
     reason: str
+    float32_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -191,9 +194,15 @@ def fuse_norms(
     for candidate in candidates:
         reason = candidate.problem or _opset_reason(candidate.kind, after, note)
         if reason is not None:
-            names = tuple(n for n in candidate.node_names if n)
             unfused.append(
-                UnfusedNorm(candidate.kind, names, candidate.input, candidate.output, reason)
+                UnfusedNorm(
+                    kind=candidate.kind,
+                    nodes=tuple(n for n in candidate.node_names if n),
+                    input=candidate.input,
+                    output=candidate.output,
+                    reason=reason,
+                    float32_nodes=tuple(n for n in candidate.statistics if n),
+                )
             )
             continue
         node = _fused_node(edit, candidate)
