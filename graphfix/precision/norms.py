@@ -61,16 +61,17 @@ class FusedNorm:
 
 @dataclass(frozen=True)
 class UnfusedNorm:
-    """A norm left as it was: `nodes` form it.  `float32_nodes` (a subset: the statistics, up to
-    the normalisation, without scale and bias) is what the fused op would compute in float32
-    through its stash_type: the float32 island that keeps the norm as precise as fusing would."""
+    """A norm left as it was.  `nodes` is the float32 island that keeps it as precise as fusing
+    would: its statistics, up to the normalisation (Casts included), which the fused op computes
+    in float32 through stash_type; the scale and bias after them run in the input's type there.
+    `chain` is every node of the norm, scale and bias included."""
 
     kind: NormKind
     nodes: tuple[str, ...]
     input: str
     output: str
     reason: str
-    float32_nodes: tuple[str, ...] = ()
+    chain: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,8 +127,8 @@ class NormFusionReport:
                 f"  fused {f.kind.value} → {f.op_type} {f.node}: {len(f.replaced)} nodes{extra}"
             )
         for u in self.unfused:
-            where = u.nodes[-1] if u.nodes else u.output
-            lines.append(f"  kept  {u.kind.value} {where} ({len(u.nodes)} nodes): {u.reason}")
+            where = u.chain[-1] if u.chain else u.output
+            lines.append(f"  kept  {u.kind.value} {where} ({len(u.chain)} nodes): {u.reason}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -197,11 +198,11 @@ def fuse_norms(
             unfused.append(
                 UnfusedNorm(
                     kind=candidate.kind,
-                    nodes=tuple(n for n in candidate.node_names if n),
+                    nodes=tuple(n for n in candidate.statistics if n),
                     input=candidate.input,
                     output=candidate.output,
                     reason=reason,
-                    float32_nodes=tuple(n for n in candidate.statistics if n),
+                    chain=tuple(n for n in candidate.node_names if n),
                 )
             )
             continue
