@@ -12,12 +12,16 @@ torch's own RMSNorm).  Exported once and cached with the corpus (model_corpus.mo
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
+from collections import Counter
 from typing import Any
 
 import model_corpus as mc
 from model_corpus import CorpusEntry, Expected, Exportable
+
+from graphfix.precision.norm_types import NormKind
 
 LEGACY_DECOMPOSED = 14  # the highest opset where the legacy exporter decomposes LayerNorm
 HIDDEN = 32
@@ -221,6 +225,55 @@ NORM_CORPUS: tuple[CorpusEntry, ...] = (
         "diffusers",
     ),
 )
+
+
+# transformers' T5LayerNorm scales by the root mean square and subtracts no mean (its docstring).
+RMS_STYLE_LAYER_NORMS = {"T5LayerNorm"}
+# Norm modules whose output the exported graph does not use (the exporter drops them), by model.
+UNUSED_NORMS = {
+    # post_layernorm makes the pooled output; the corpus exports only last_hidden_state
+    "clip_vision_eager": {NormKind.LAYER_NORM: 1},
+}
+
+
+def _kind(module: Any) -> NormKind | None:
+    import torch
+
+    name = type(module).__name__
+    if isinstance(module, torch.nn.GroupNorm) or "GroupNorm" in name:
+        return NormKind.GROUP_NORM
+    if isinstance(module, torch.nn.RMSNorm) or "RMSNorm" in name or name in RMS_STYLE_LAYER_NORMS:
+        return NormKind.RMS_NORM
+    if isinstance(module, torch.nn.LayerNorm) or "LayerNorm" in name:
+        return NormKind.LAYER_NORM
+    return None
+
+
+@functools.cache
+def expected_norms(factory_name: str) -> dict[NormKind, int]:
+    """Calls of norm modules (innermost ones only) while the model `factory_name` builds runs
+    its example inputs, by kind: a tower the export does not run (open_clip's other tower) is
+    not counted, a norm module applied twice is counted twice."""
+    import torch
+
+    factory = getattr(mc, factory_name, None) or globals()[factory_name]
+    exportable = factory()
+    counts: Counter = Counter()
+    hooks = []
+    for sub in exportable.module.modules():
+        kind = _kind(sub)
+        if kind is not None and not any(
+            _kind(inner) for inner in sub.modules() if inner is not sub
+        ):
+            hooks.append(sub.register_forward_hook(lambda *_, kind=kind: counts.update([kind])))
+    try:
+        with torch.no_grad():
+            exportable.module(*exportable.args)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    unused = UNUSED_NORMS.get(factory_name.lstrip("_"), {})
+    return {kind: counts[kind] - unused.get(kind, 0) for kind in NormKind}
 
 
 def main() -> int:

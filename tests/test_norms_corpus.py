@@ -9,7 +9,6 @@ with a reason, and the graph of a model without norms must come back untouched.
 
 from __future__ import annotations
 
-import functools
 from collections import Counter
 from pathlib import Path
 
@@ -24,13 +23,6 @@ import graphfix
 from graphfix.precision.norm_types import NormKind
 
 SEED = 3
-# transformers' T5LayerNorm scales by the root mean square and subtracts no mean (its docstring).
-RMS_STYLE_LAYER_NORMS = {"T5LayerNorm"}
-# Norm modules whose output the exported graph does not use (the exporter drops them), by model.
-UNUSED_NORMS = {
-    # post_layernorm makes the pooled output; the corpus exports only last_hidden_state
-    "clip_vision_eager": {NormKind.LAYER_NORM: 1},
-}
 # Kept whatever the opset, and why (entry name → reasons, one per norm).
 KEPT = {
     "manual_norms_fp32-legacy17": ["not the last 1 axes"],  # channels-first, ConvNeXt style
@@ -53,46 +45,6 @@ def _entries() -> list:
     return params
 
 
-def _kind(module) -> NormKind | None:
-    import torch
-
-    name = type(module).__name__
-    if isinstance(module, torch.nn.GroupNorm) or "GroupNorm" in name:
-        return NormKind.GROUP_NORM
-    if isinstance(module, torch.nn.RMSNorm) or "RMSNorm" in name or name in RMS_STYLE_LAYER_NORMS:
-        return NormKind.RMS_NORM
-    if isinstance(module, torch.nn.LayerNorm) or "LayerNorm" in name:
-        return NormKind.LAYER_NORM
-    return None
-
-
-@functools.cache
-def expected_norms(factory_name: str) -> dict[NormKind, int]:
-    """Calls of norm modules (innermost ones only) while the model `factory_name` builds runs
-    its example inputs, by kind: a tower the export does not run (open_clip's other tower) is
-    not counted, a norm module applied twice is counted twice."""
-    import torch
-
-    factory = getattr(model_corpus, factory_name, None) or getattr(norm_corpus, factory_name)
-    exportable = factory()
-    counts: Counter = Counter()
-    hooks = []
-    for sub in exportable.module.modules():
-        kind = _kind(sub)
-        if kind is not None and not any(
-            _kind(inner) for inner in sub.modules() if inner is not sub
-        ):
-            hooks.append(sub.register_forward_hook(lambda *_, kind=kind: counts.update([kind])))
-    try:
-        with torch.no_grad():
-            exportable.module(*exportable.args)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    unused = UNUSED_NORMS.get(factory_name.lstrip("_"), {})
-    return {kind: counts[kind] - unused.get(kind, 0) for kind in NormKind}
-
-
 @pytest.mark.parametrize("entry", _entries())
 def test_finds_every_norm_of_the_module(
     entry: model_corpus.CorpusEntry, corpus_dir: Path, torchvision_ops
@@ -101,7 +53,7 @@ def test_finds_every_norm_of_the_module(
     path = model_corpus.model_path(entry, cache_dir=corpus_dir)
     report = graphfix.fuse_norms(path).report
     found = {kind: report.found(kind) for kind in NormKind}
-    assert found == expected_norms(f"_{entry.model}"), report.summary()
+    assert found == norm_corpus.expected_norms(f"_{entry.model}"), report.summary()
     reasons = [
         u.reason
         for u in report.unfused

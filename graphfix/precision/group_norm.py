@@ -82,6 +82,8 @@ def _match(index: GraphIndex, norm: onnx.NodeProto) -> NormCandidate | None:
                 if bias is not None:
                     nodes.append(add)
                     end = add.output[0]
+    if not index.elem_type(x):
+        problems.append(f"the element type of {x} is unknown")
     check_private(index, nodes, end, problems)
     epsilon = next((a.f for a in norm.attribute if a.name == "epsilon"), 1e-5)
     return NormCandidate(
@@ -90,6 +92,7 @@ def _match(index: GraphIndex, norm: onnx.NodeProto) -> NormCandidate | None:
         output=end,
         positions=tuple(index.position(n) for n in nodes),
         node_names=tuple(n.name for n in nodes),
+        statistics=(norm.name,),
         epsilon=float(epsilon),
         num_groups=groups,
         channels=channels if isinstance(channels, int) else None,

@@ -102,12 +102,15 @@ def _match(index: GraphIndex, variance: onnx.NodeProto) -> NormCandidate | None:
     axis = _check_axes(index, reductions, x, chain.problems)
     _check_constant_ranks(index, core, x, chain.problems)
     x_type = index.elem_type(x) or 0
-    if x_type and x_type not in _FLOAT_TYPES:
+    if not x_type:
+        chain.problems.append(f"the element type of {x} is unknown")
+    elif x_type not in _FLOAT_TYPES:
         chain.problems.append(f"{x} is {dtype_name(x_type)}, not a float type")
 
     fused_input, x_type = _absorb_casts(index, chain, x, x_type, cast_d)
     shape = index.shape(fused_input) or index.shape(x)
     normalized = _normalized_shape(shape, axis)
+    statistics = tuple(n.name for n in chain.nodes)
     scale, bias = _absorb_affine(index, chain, kind, shape, axis)
     if scale is None and normalized is None and not chain.problems:
         chain.problems.append(
@@ -121,6 +124,7 @@ def _match(index: GraphIndex, variance: onnx.NodeProto) -> NormCandidate | None:
         output=chain.end,
         positions=tuple(index.position(n) for n in chain.nodes),
         node_names=tuple(n.name for n in chain.nodes),
+        statistics=statistics,
         epsilon=float(epsilon),
         axis=axis,
         scale=scale,

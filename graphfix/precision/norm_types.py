@@ -49,6 +49,9 @@ class NormCandidate:
 
     `positions` index the nodes that form it in the graph as indexed; the fused node replaces
     them and writes `output` (the chain's last tensor, so nothing downstream changes).
+    `statistics` names the nodes up to the normalisation, without the scale and bias: the part
+    the fused op computes in float32 whatever its input type (stash_type), so the part to keep
+    in float32 when the norm stays unfused.
     `problem` says why it cannot be fused whatever the opset (None: it can); `notes` say how the
     fused node's arithmetic differs from the chain's (e.g. it computes in float32).
     """
@@ -58,6 +61,7 @@ class NormCandidate:
     output: str
     positions: tuple[int, ...]
     node_names: tuple[str, ...]
+    statistics: tuple[str, ...]  # the nodes the fused op computes in float32 (its stash_type)
     epsilon: float
     axis: int | None = None  # LayerNorm/RMSNorm: the first normalised axis (negative)
     num_groups: int | None = None  # GroupNorm

@@ -5,6 +5,12 @@ LayerNormalization (its INormalizationLayer, float32 inside).  `fuse_norms` rewr
 chain the matchers find (norm_patterns.py, group_norm.py) into LayerNormalization (opset ≥ 17),
 RMSNormalization (≥ 23) or GroupNormalization (≥ 21).  A norm the model's opset cannot express
 is kept, and the report lists its nodes so precision conversion can keep them in float32.
+Only the top-level graph is searched; norms inside If/Loop/Scan bodies are left as they are.
+
+Graph access goes through GraphIndex/GraphEdit, the package's own view over the protobuf: on the
+corpus's largest export (a diffusers UNet at opset 14, 993 nodes) GraphIndex takes 45 ms where
+onnx-graphsurgeon's import_onnx alone takes 111 ms, and it already folds the small constants
+(ε, axes, Gemma's 1 + weight) the checks need.
 """
 
 from __future__ import annotations
@@ -55,13 +61,17 @@ class FusedNorm:
 
 @dataclass(frozen=True)
 class UnfusedNorm:
-    """A norm left as it was: `nodes` form it (keep them together, e.g. as a float32 island)."""
+    """A norm left as it was.  `nodes` is the float32 island that keeps it as precise as fusing
+    would: its statistics, up to the normalisation (Casts included), which the fused op computes
+    in float32 through stash_type; the scale and bias after them run in the input's type there.
+    `chain` is every node of the norm, scale and bias included."""
 
     kind: NormKind
     nodes: tuple[str, ...]
     input: str
     output: str
     reason: str
+    chain: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -117,8 +127,8 @@ class NormFusionReport:
                 f"  fused {f.kind.value} → {f.op_type} {f.node}: {len(f.replaced)} nodes{extra}"
             )
         for u in self.unfused:
-            where = u.nodes[-1] if u.nodes else u.output
-            lines.append(f"  kept  {u.kind.value} {where} ({len(u.nodes)} nodes): {u.reason}")
+            where = u.chain[-1] if u.chain else u.output
+            lines.append(f"  kept  {u.kind.value} {where} ({len(u.chain)} nodes): {u.reason}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -185,9 +195,15 @@ def fuse_norms(
     for candidate in candidates:
         reason = candidate.problem or _opset_reason(candidate.kind, after, note)
         if reason is not None:
-            names = tuple(n for n in candidate.node_names if n)
             unfused.append(
-                UnfusedNorm(candidate.kind, names, candidate.input, candidate.output, reason)
+                UnfusedNorm(
+                    kind=candidate.kind,
+                    nodes=tuple(n for n in candidate.statistics if n),
+                    input=candidate.input,
+                    output=candidate.output,
+                    reason=reason,
+                    chain=tuple(n for n in candidate.node_names if n),
+                )
             )
             continue
         node = _fused_node(edit, candidate)
@@ -298,7 +314,8 @@ def _name_unnamed(graph: onnx.GraphProto) -> None:
 
 def _sweep(graph: onnx.GraphProto, upstream: set[str]) -> None:
     """Remove what fed only the replaced chains: nodes whose outputs nothing reads any more
-    (Constants for ε and axes, a Gemma `1 + weight`, a Shape), then such initializers."""
+    (Constants for ε and axes, a Gemma `1 + weight`, a Shape), then such initializers, then
+    the value_info of every tensor no longer in the graph."""
     suspects, touched = set(upstream), set(upstream)
     while suspects:
         used = _read_tensors(graph)
@@ -324,6 +341,12 @@ def _sweep(graph: onnx.GraphProto, upstream: set[str]) -> None:
         kept_inputs = [v for v in graph.input if v.name not in unused]
         del graph.input[:]
         graph.input.extend(kept_inputs)
+    made = {o for n in graph.node for o in n.output} | {v.name for v in graph.input}
+    made |= {t.name for t in graph.initializer}
+    if any(v.name not in made for v in graph.value_info):
+        infos = [v for v in graph.value_info if v.name in made]
+        del graph.value_info[:]
+        graph.value_info.extend(infos)
 
 
 def _read_tensors(graph: onnx.GraphProto) -> set[str]:
