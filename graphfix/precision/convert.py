@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -38,6 +39,9 @@ from graphfix.precision.report import (
 from graphfix.selectors import parse_selectors, select_nodes
 
 TARGETS = tuple(weights.TARGETS)
+# Ops whose output keeps an input's huge magnitude (a -3.4e38 mask stays huge through them);
+# Softmax, MatMul, norms … bring values back into range.
+_CARRY_RANGE = {"Add", "Sub", "Mul", "Div", "Min", "Max", "Neg", "Abs", "Sum"}
 _RANDOM_DTYPE_DEFAULT_FLOAT = {"RandomNormal", "RandomUniform"}
 _DTYPE_ATTR_OPS = {
     "EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
@@ -263,6 +267,8 @@ class _Rewrite:
     high_initializers: set[str] = field(default_factory=set)
     duplicated: int = 0
     removed_casts: int = 0
+    saturated: list[str] = field(default_factory=list)
+    _limits: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         self.target = weights.TARGETS[self.to]
@@ -285,6 +291,7 @@ class _Rewrite:
 
     def apply(self) -> None:
         graph = self.model.graph
+        self.tainted = self._taint(self.out_of_range)
         storage_low = self._storage()
         self._plan_initializers()
         output_casts = self._rename_outputs(storage_low)
@@ -419,9 +426,12 @@ class _Rewrite:
         if key not in cache:
             output = self.unique(f"{name}_to_{'float32' if not low else self.to}")
             cache[key] = output
+            source = name
+            if low and name in self.tainted:
+                source = self._saturate(name, new_nodes)
             new_nodes.append(
                 helper.make_node(
-                    "Cast", [name], [output], name=self.unique(f"{output}_cast"), to=to
+                    "Cast", [source], [output], name=self.unique(f"{output}_cast"), to=to
                 )
             )
             producer = self.index.producer_of(name)
@@ -437,6 +447,38 @@ class _Rewrite:
             )
             storage_low[output] = low
         return cache[key]
+
+    def _saturate(self, name: str, new_nodes: list[onnx.NodeProto]) -> str:
+        """Clip a float32 value derived from an out-of-range constant to the target's finite
+        range before it is cast down: a -3.4e38 mask then reads -65504, as float16 exports
+        write it, instead of -inf (a fully masked row would turn NaN).  Reported."""
+        if self._limits is None:
+            limit = weights.LIMITS[self.to]
+            low_name, high_name = self.unique(f"{self.to}_lowest"), self.unique(f"{self.to}_max")
+            self.model.graph.initializer.extend([
+                onnx.numpy_helper.from_array(np.array(-limit, np.float32), low_name),
+                onnx.numpy_helper.from_array(np.array(limit, np.float32), high_name),
+            ])  # fmt: skip
+            self._limits = (low_name, high_name)
+        clipped = self.unique(f"{name}_saturated")
+        new_nodes.append(
+            helper.make_node(
+                "Clip", [name, *self._limits], [clipped], name=self.unique(f"{clipped}_clip")
+            )
+        )
+        self.saturated.append(name)
+        return clipped
+
+    def _taint(self, out_of_range: set[str]) -> set[str]:
+        """Tensors that may hold values beyond the target's range: out-of-range constants and
+        what float32 nodes compute from them."""
+        tainted = set(out_of_range)
+        for position, node in enumerate(self.model.graph.node):
+            carries = node.op_type in policy.MOVEMENT_OPS or node.op_type in _CARRY_RANGE
+            if carries and position in self.plan.float_nodes and not self.is_low(position):
+                if any(i in tainted for i in node.input):
+                    tainted.update(o for o in node.output if self.planner.float_tensor(o))
+        return tainted
 
     def _is_renamed_float(self, name: str, storage_low: dict[str, bool]) -> bool:
         return name in storage_low
@@ -726,4 +768,5 @@ def _report(
         attention_blocks_rewritten=rewritten,
         attention_strategy=attention_strategy,
         norms=norms_note,
+        saturated=tuple(rewrite.saturated),
     )
