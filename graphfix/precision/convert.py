@@ -467,6 +467,13 @@ class _Rewrite:
             )
         )
         self.saturated.append(name)
+        info = onnx.ValueInfoProto()
+        source_info = self.index.value_info.get(name)
+        if source_info is not None:
+            info.CopyFrom(source_info)
+        info.name = clipped
+        info.type.tensor_type.elem_type = FLOAT
+        self.model.graph.value_info.append(info)
         return clipped
 
     def _taint(self, out_of_range: set[str]) -> set[str]:
