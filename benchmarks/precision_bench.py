@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from model_corpus import entries, model_path, random_feed  # noqa: E402
 
-from graphfix.precision.census import precision_census  # noqa: E402
+from graphfix.precision.census import is_float32_model, precision_census  # noqa: E402
 from graphfix.precision.convert import convert_precision  # noqa: E402
 from graphfix.validation.compare import DEFAULT_TOLERANCES, compare_output  # noqa: E402
 
@@ -79,7 +79,9 @@ def corpus_models(only: list[str]) -> list[tuple[str, Path]]:
     for entry in entries(only=only):
         if entry.expected.dtype != "float32" or entry.export_error:
             continue
-        models.append((entry.name, model_path(entry)))
+        path = model_path(entry)
+        if is_float32_model(onnx.load(str(path), load_external_data=False)):
+            models.append((entry.name, path))
     return models
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import uuid
@@ -98,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
             link_weights=stage is not None or None,
             overwrite=args.overwrite,
         )
+        if stage is not None:  # the staged file is gone below: the output's is the only link
+            saved = dataclasses.replace(saved, weights="written as external data")
     finally:
         if stage is not None:
             shutil.rmtree(stage, ignore_errors=True)

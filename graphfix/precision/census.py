@@ -84,3 +84,12 @@ def _types(model: onnx.ModelProto) -> dict[str, int]:
             if to is not None:
                 types.setdefault(node.output[0], to)
     return types
+
+
+def is_float32_model(model: onnx.ModelProto) -> bool:
+    """A float32 model: float32 weights or inputs, and no float16/bfloat16 weights or inputs
+    (an export in 16 bits that computes a Softmax in float32 is not one)."""
+    low = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+    types = [t.data_type for t in model.graph.initializer]
+    types += [v.type.tensor_type.elem_type for v in model.graph.input]
+    return onnx.TensorProto.FLOAT in types and not low & set(types)

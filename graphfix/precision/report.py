@@ -61,6 +61,9 @@ class PrecisionReport:
     attention_blocks_rewritten: tuple[int, ...]  # rewritten with `attention_strategy`
     attention_strategy: str | None
     norms: str  # what norm fusion did (or why it did not run)
+    # float32 tensors computed from out-of-range constants (masks), clipped to the target's
+    # finite range where they are cast down
+    saturated: tuple[str, ...] = ()
 
     @property
     def low_fraction(self) -> float:
@@ -102,6 +105,12 @@ class PrecisionReport:
                 f"{item.limit:.6g}); kept float32 in {', '.join(item.consumers[:4])}"
                 + (", …" if len(item.consumers) > 4 else "")
             )
+        if self.saturated:
+            lines.append(
+                f"  saturating Casts (clipped to ±{_limit(self.to):.6g} before the Cast down, as "
+                f"{self.to} exports write masks): {', '.join(self.saturated[:4])}"
+                + (", …" if len(self.saturated) > 4 else "")
+            )
         for island in self.islands:
             why = "; ".join(f"{r.reason.value}: {r.detail}" for r in island.reasons[:3])
             more = f" (+{len(island.reasons) - 3} more)" if len(island.reasons) > 3 else ""
@@ -111,6 +120,12 @@ class PrecisionReport:
                 f"{island.casts} Cast(s): {why}{more}"
             )
         return "\n".join(lines)
+
+
+def _limit(to: str) -> float:
+    from graphfix.precision.weights import LIMITS
+
+    return LIMITS[to]
 
 
 @dataclass(frozen=True)
