@@ -259,3 +259,21 @@ def test_table_shows_placeholder_dims_as_unknown(example):
     row = table.splitlines()[2].split()
     assert row[3:6] == ["?", "?", "seq"]
     assert "unk__" not in table
+
+
+def test_exit_codes_are_documented_where_users_look(capsys):
+    from pathlib import Path
+
+    from graphfix.errors import CheckFailed, EnvironmentProblem, GraphfixError, UsageError
+
+    assert (CheckFailed.exit_code, UsageError.exit_code, EnvironmentProblem.exit_code) == (1, 2, 3)
+    assert GraphfixError.exit_code == 2
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "exit codes (every command): 0 success; 1 the check ran and failed" in text
+    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
+    assert (
+        "Exit codes, the same for every `graphfix` command: 0 success (the check passed), 1 the "
+        "check ran and failed, 2 your input or options are wrong"
+    ) in readme and "3 the environment cannot do it" in readme
