@@ -228,6 +228,8 @@ def test_fix_says_which_folders_it_created(example, tmp_path, capsys):
     assert f"created the folders {tmp_path / 'a'}, {tmp_path / 'a' / 'b'}; saved {out}" in text
     assert main(["fix", str(example), "-o", str(out.with_name("again.onnx"))]) == 0
     assert "created the folder" not in capsys.readouterr().out
+    assert main(["fix", str(example), "-o", str(tmp_path / "c" / "x.onnx"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["created_folders"] == [str(tmp_path / "c")]
 
 
 @pytest.mark.parametrize("where", ["a file", "under a file"])

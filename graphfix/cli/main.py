@@ -114,6 +114,7 @@ def _cmd_fix(args: argparse.Namespace) -> int:
             "report": report.to_dict(),
             "saved": None if saved is None else str(saved.path),
             "weights": None if saved is None else saved.weights,
+            "created_folders": [] if saved is None else [str(p) for p in saved.created_folders],
             "trtexec": trtexec,
         }
         print(json.dumps(document, indent=2, default=str))
