@@ -228,6 +228,8 @@ def test_fix_says_which_folders_it_created(example, tmp_path, capsys):
     assert f"created the folders {tmp_path / 'a'}, {tmp_path / 'a' / 'b'}; saved {out}" in text
     assert main(["fix", str(example), "-o", str(out.with_name("again.onnx"))]) == 0
     assert "created the folder" not in capsys.readouterr().out
+    assert main(["fix", str(example), "-o", str(tmp_path / "c" / "x.onnx"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["created_folders"] == [str(tmp_path / "c")]
 
 
 @pytest.mark.parametrize("where", ["a file", "under a file"])
@@ -259,3 +261,21 @@ def test_table_shows_placeholder_dims_as_unknown(example):
     row = table.splitlines()[2].split()
     assert row[3:6] == ["?", "?", "seq"]
     assert "unk__" not in table
+
+
+def test_exit_codes_are_documented_where_users_look(capsys):
+    from pathlib import Path
+
+    from graphfix.errors import CheckFailed, EnvironmentProblem, GraphfixError, UsageError
+
+    assert (CheckFailed.exit_code, UsageError.exit_code, EnvironmentProblem.exit_code) == (1, 2, 3)
+    assert GraphfixError.exit_code == 2
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "exit codes (every command): 0 success; 1 the check ran and failed" in text
+    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
+    assert (
+        "Exit codes, the same for every `graphfix` command: 0 success (the check passed), 1 the "
+        "check ran and failed, 2 your input or options are wrong"
+    ) in readme and "3 the environment cannot do it" in readme

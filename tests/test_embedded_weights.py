@@ -138,3 +138,19 @@ def test_inspect_says_why_shape_inference_failed(tmp_path: Path, capsys) -> None
     onnx.save(vit_example(), tmp_path / "good.onnx")
     assert main(["inspect", str(tmp_path / "good.onnx")]) == 0
     assert "shape inference" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("strategy", sorted(graphfix.STRATEGIES))
+def test_fix_on_disk_equals_fix_in_memory(
+    embedded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], strategy: str
+) -> None:
+    out = tmp_path / f"{strategy}.onnx"
+    assert main(["fix", str(embedded), "-o", str(out), "-s", strategy, "--always-write"]) == 0
+    capsys.readouterr()
+    expected = graphfix.fix_attention(onnx.load(embedded), strategy=strategy).model
+    saved = onnx.load(out)
+    assert list(saved.graph.node) == list(expected.graph.node)
+    assert list(saved.graph.output) == list(expected.graph.output)
+    assert _weights(saved).keys() == _weights(expected).keys()
+    for name, value in _weights(expected).items():
+        np.testing.assert_array_equal(_weights(saved)[name], value)

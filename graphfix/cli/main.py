@@ -115,6 +115,7 @@ def _cmd_fix(args: argparse.Namespace) -> int:
             "report": report.to_dict(),
             "saved": None if saved is None else str(saved.path),
             "weights": None if saved is None else saved.weights,
+            "created_folders": [] if saved is None else [str(p) for p in saved.created_folders],
             "trtexec": trtexec,
         }
         print(json.dumps(document, indent=2, default=str))
@@ -148,10 +149,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0 if result.validation.passed else 1
 
 
+EXIT_CODES = (
+    "exit codes (every command): 0 success; 1 the check ran and failed (validate, demo); 2 the "
+    "input or options are wrong (missing file, bad flag, output exists); 3 the environment cannot "
+    "do it (a runtime or TensorRT missing or unable to load the model, a build failed)"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="graphfix",
         description="Rewrite ONNX attention chains so TensorRT cannot fuse them into inaccurate kernels.",
+        epilog=EXIT_CODES,
     )
     from graphfix import __version__
 
