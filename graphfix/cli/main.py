@@ -12,6 +12,7 @@ from graphfix.attention.matcher import scan_attention
 from graphfix.attention.rewrite import fix_attention
 from graphfix.attention.strategies import DEFAULT_STRATEGY, STRATEGIES
 from graphfix.attention.table import match_table
+from graphfix.cli import locate as cli_locate
 from graphfix.cli import plugins as cli_plugins
 from graphfix.cli import validate as cli_validate
 from graphfix.cli.options import Option, add_options, api_kwargs
@@ -186,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo)
 
     cli_validate.register(sub)
+    cli_locate.register(sub)
     cli_plugins.register(sub)
     return parser
 

@@ -174,7 +174,7 @@ def locate(
     fixed = None
     if apply and found.model is not None:
         path = None
-        if output is not None:
+        if output is not None and found.passed:
             path = str(save_model(found.model, output, overwrite=overwrite).path)
         fixed = FixedModel(path, found.float32_nodes, found.passed, found.error)
     from dataclasses import replace
