@@ -13,8 +13,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from graphfix.precision.locate.reference import TensorStreamer, node_label
 from graphfix.model_io import LoadedModel
+from graphfix.precision.locate.reference import TensorStreamer, node_label
 
 WEIGHTED = ("MatMul", "Gemm", "Conv")
 
@@ -37,7 +37,11 @@ def weighted_nodes(model: onnx.ModelProto) -> list[tuple[int, onnx.NodeProto, st
             continue
         for name in node.input[:2]:
             init = inits.get(name)
-            if init is not None and init.data_type == onnx.TensorProto.FLOAT and len(init.dims) >= 2:
+            if (
+                init is not None
+                and init.data_type == onnx.TensorProto.FLOAT
+                and len(init.dims) >= 2
+            ):
                 found.append((i, node, name))
                 break
     return found
@@ -64,8 +68,9 @@ def plant_overflow(
     planted.CopyFrom(model)
     for init in planted.graph.initializer:
         if init.name == weight:
-            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * np.float32(scale),
-                                                  weight))
+            init.CopyFrom(
+                numpy_helper.from_array(numpy_helper.to_array(init) * np.float32(scale), weight)
+            )
     consumers = tuple(
         node_label(m, j) for j, m in enumerate(model.graph.node) if node.output[0] in m.input
     )

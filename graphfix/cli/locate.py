@@ -78,7 +78,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("model", help="the float32 reference .onnx")
-    parser.add_argument("candidate", nargs="?", help="a candidate .onnx sharing MODEL's tensor names")
+    parser.add_argument(
+        "candidate", nargs="?", help="a candidate .onnx sharing MODEL's tensor names"
+    )
     add_options(parser, LOCATE_OPTIONS)
     parser.add_argument("--json", action="store_true", help="print the report as one JSON document")
     parser.add_argument("--plot", metavar="DIR", help="write a PNG of error along graph depth")
@@ -112,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
     if report.fixed is not None and report.fixed.passed:
         return 0
     if kwargs["apply"] and report.fixed is None:
-        print("graphfix: error: no remedy repaired the divergence; nothing written",
-              file=sys.stderr)
+        print(
+            "graphfix: error: no remedy repaired the divergence; nothing written", file=sys.stderr
+        )
     return 1

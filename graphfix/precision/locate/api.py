@@ -84,8 +84,15 @@ def locate(
     if backend == "tensorrt":
         from graphfix.precision.locate.trt_candidate import locate_tensorrt
 
-        return locate_tensorrt(model, precision=precision, shapes=shapes, ranges=ranges,
-                               inputs=inputs, seed=seed)
+        return locate_tensorrt(
+            model,
+            precision=precision,
+            shapes=shapes,
+            ranges=ranges,
+            inputs=inputs,
+            seed=seed,
+            chunk_bytes=chunk_bytes,
+        )
     reference = load_model(model, load_weights=True)
     if output is not None:
         check_output_path(reference.model, output, source=reference.path, overwrite=overwrite)
@@ -103,11 +110,15 @@ def locate(
         computes_in = precision
         cand_label = f"{_label(reference, 'model')} converted to {precision} by {built.converter}"
         if built.converter.startswith("internal"):
-            notes.append("converted by graphfix's minimal internal builder (convert_precision is "
-                         "not available in this build)")
+            notes.append(
+                "converted by graphfix's minimal internal builder (convert_precision is "
+                "not available in this build)"
+            )
         if built.float32_for_kernels:
-            notes.append(f"{len(built.float32_for_kernels)} node(s) left in float32: onnxruntime's"
-                         " CPU has no low-precision kernel for them")
+            notes.append(
+                f"{len(built.float32_for_kernels)} node(s) left in float32: onnxruntime's"
+                " CPU has no low-precision kernel for them"
+            )
     default = DEFAULT_TOLERANCES[_SHORT[computes_in]]
     tolerance = Tolerance(
         atol=default.atol if atol is None else atol,
@@ -146,8 +157,11 @@ def locate(
             sites,
             precision=computes_in,
             attention_blocks=_attention_blocks(reference.model),
-            modules={node_label(n, i): m for i, n in enumerate(reference.model.graph.node)
-                     if (m := module_path(n))},
+            modules={
+                node_label(n, i): m
+                for i, n in enumerate(reference.model.graph.node)
+                if (m := module_path(n))
+            },
             top=top or 10,
         )
     seconds = time.perf_counter() - start
@@ -167,10 +181,14 @@ def locate(
     )
     if not diverges or precision is None or remedies is False:
         return report
-    runner = TrialRunner(reference.model, precision=precision, feeds=data.feeds,
-                         reference_outputs=ref_out, tolerance=tolerance)
-    found = search_remedies(reference.model, suspects, errors, runner,
-                            max_trials=max_trials or 24)
+    runner = TrialRunner(
+        reference.model,
+        precision=precision,
+        feeds=data.feeds,
+        reference_outputs=ref_out,
+        tolerance=tolerance,
+    )
+    found = search_remedies(reference.model, suspects, errors, runner, max_trials=max_trials or 24)
     fixed = None
     if apply and found.model is not None:
         path = None

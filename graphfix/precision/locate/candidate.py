@@ -25,7 +25,9 @@ class BuiltCandidate:
 
 
 def converter_name() -> str:
-    return "convert_precision" if _convert_precision() is not None else "internal (minimal stand-in)"
+    return (
+        "convert_precision" if _convert_precision() is not None else "internal (minimal stand-in)"
+    )
 
 
 def build_candidate(

@@ -48,9 +48,7 @@ def convert_minimal(
         makes_float = any(is_f32(t) for t in node.output if t)
         if touches and makes_float:
             converted.add(i)
-    produced_low = {
-        out for i in converted for out in graph.node[i].output if out and is_f32(out)
-    }
+    produced_low = {out for i in converted for out in graph.node[i].output if out and is_f32(out)}
     outputs = {o.name for o in graph.output}
     consumers: dict[str, list[int]] = {}
     for i, node in enumerate(graph.node):
@@ -103,8 +101,11 @@ def convert_minimal(
             for k, out in enumerate(node.output):
                 if out in renamed:
                     node.output[k] = renamed[out]
-                    tail.append(helper.make_node("Cast", [renamed[out]], [out], to=f32,
-                                                 name=f"{out}/graphfix_output"))
+                    tail.append(
+                        helper.make_node(
+                            "Cast", [renamed[out]], [out], to=f32, name=f"{out}/graphfix_output"
+                        )
+                    )
         new_nodes.append(node)
     del g.node[:]
     g.node.extend(new_nodes + tail)
@@ -160,8 +161,11 @@ def _tensor(array: np.ndarray, elem_type: int, name: str) -> onnx.TensorProto:
         finite = np.isfinite(array)
         clipped = np.where(finite, np.clip(array, -65504.0, 65504.0), array)
         return numpy_helper.from_array(clipped.astype(np.float16), name)
-    bits = (array.astype(np.float32).view(np.uint32) + 0x7FFF + ((array.astype(np.float32).view(
-        np.uint32) >> 16) & 1)) >> 16  # round to nearest even
+    bits = (
+        array.astype(np.float32).view(np.uint32)
+        + 0x7FFF
+        + ((array.astype(np.float32).view(np.uint32) >> 16) & 1)
+    ) >> 16  # round to nearest even
     tensor = helper.make_tensor(name, TensorProto.BFLOAT16, array.shape, [], raw=False)
     tensor.raw_data = bits.astype(np.uint16).tobytes()
     return tensor

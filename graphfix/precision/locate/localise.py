@@ -83,7 +83,9 @@ def measure(
     nonfinite = int(np.count_nonzero(r_finite & ~both))
     if math.isfinite(range_max):
         with np.errstate(invalid="ignore"):
-            saturated = (np.abs(r) > range_max) & (np.abs(c) >= range_max) & (np.sign(r) == np.sign(c))
+            saturated = (
+                (np.abs(r) > range_max) & (np.abs(c) >= range_max) & (np.sign(r) == np.sign(c))
+            )
         both &= ~saturated
     with np.errstate(over="ignore", invalid="ignore"):
         rb, cb = r[both], c[both]
@@ -135,12 +137,15 @@ def rank_suspects(
         amplification = e.error / max(input_error, floor)
         reasons = []
         creates_nonfinite = e.nonfinite > 0 and not any(i.nonfinite for i in inputs)
-        overflow = e.reference_absmax > limit and not any(i.reference_absmax > limit for i in inputs)
+        overflow = e.reference_absmax > limit and not any(
+            i.reference_absmax > limit for i in inputs
+        )
         if creates_nonfinite:
             reasons.append(f"creates {e.nonfinite} NaN/inf where the reference is finite")
         if overflow:
-            reasons.append(f"reference reaches {e.reference_absmax:.4g}, beyond {precision}'s "
-                           f"{limit:.6g}")
+            reasons.append(
+                f"reference reaches {e.reference_absmax:.4g}, beyond {precision}'s {limit:.6g}"
+            )
         significant = e.error > _SIGNIFICANT_ROUNDOFFS * floor
         if significant and amplification >= _AMPLIFYING:
             reasons.append(f"amplifies the error in its inputs {amplification:.3g}x")

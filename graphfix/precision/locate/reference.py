@@ -28,8 +28,12 @@ from graphfix.model_io import LoadedModel
 from graphfix.validation.backends import BackendError
 
 DEFAULT_CHUNK_BYTES = 256 << 20
-_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
-                onnx.TensorProto.DOUBLE}
+_FLOAT_TYPES = {
+    onnx.TensorProto.FLOAT,
+    onnx.TensorProto.FLOAT16,
+    onnx.TensorProto.BFLOAT16,
+    onnx.TensorProto.DOUBLE,
+}
 _UNKNOWN = -1
 
 
@@ -85,9 +89,7 @@ def plan_graph(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> Graph
     return GraphPlan(tuple(sites), nbytes)
 
 
-def chunk_tensors(
-    names: Sequence[str], nbytes: Mapping[str, int], budget: int
-) -> list[list[str]]:
+def chunk_tensors(names: Sequence[str], nbytes: Mapping[str, int], budget: int) -> list[list[str]]:
     """`names` split in order into chunks whose estimated float32 bytes stay within `budget`.
 
     A tensor of unknown size counts as the largest known one; a tensor bigger than the budget gets
@@ -129,8 +131,13 @@ class TensorStreamer:
         proto.CopyFrom(model.model)
         if not model.weights_loaded and model.base_dir is not None:
             onnx.load_external_data_for_model(proto, str(model.base_dir))
-        onnx.save(proto, folder / "full.onnx", save_as_external_data=True,
-                  location="weights.data", size_threshold=1024)
+        onnx.save(
+            proto,
+            folder / "full.onnx",
+            save_as_external_data=True,
+            location="weights.data",
+            size_threshold=1024,
+        )
         del proto
         self.graph = onnx.load(str(folder / "full.onnx"), load_external_data=False)
         self._producers = {
@@ -151,9 +158,7 @@ class TensorStreamer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def fetch(
-        self, names: Sequence[str], feeds: Mapping[str, np.ndarray]
-    ) -> dict[str, np.ndarray]:
+    def fetch(self, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The tensors `names` (node outputs or graph outputs) computed on `feeds`."""
         ort = self._ort
         chunk = self._pruned(names)

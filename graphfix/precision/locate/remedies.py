@@ -189,12 +189,17 @@ def search_remedies(
             r.block == suspect.attention_block for r in kept
         ):
             options.append(
-                Remedy(RemedyKind.ATTENTION_STRATEGY, suspect.node,
-                       block=suspect.attention_block, strategy="fp32_island")
+                Remedy(
+                    RemedyKind.ATTENTION_STRATEGY,
+                    suspect.node,
+                    block=suspect.attention_block,
+                    strategy="fp32_island",
+                )
             )
         for _ in range(max_rings + 1):
-            options.append(Remedy(RemedyKind.FLOAT32_ISLAND, suspect.node, nodes=tuple(
-                graph.ordered(island))))
+            options.append(
+                Remedy(RemedyKind.FLOAT32_ISLAND, suspect.node, nodes=tuple(graph.ordered(island)))
+            )
             grown = island | graph.around(island)
             if grown == island:
                 break
@@ -257,17 +262,19 @@ def _without(islands: Sequence[Remedy], dropped: set[str]) -> list[Remedy]:
     return result
 
 
-def _beyond_range(
-    model: onnx.ModelProto, errors: Sequence[TensorError], limit: float
-) -> set[str]:
+def _beyond_range(model: onnx.ModelProto, errors: Sequence[TensorError], limit: float) -> set[str]:
     """Nodes that write or read a float value beyond `limit` in the reference (or a weight) where
     the candidate as converted went wrong (saturating a mask constant is harmless)."""
     big = {
-        e.tensor for e in errors
+        e.tensor
+        for e in errors
         if e.reference_absmax > limit and (e.nonfinite or e.error > 16 * UNIT_ROUNDOFF["float16"])
     }
     for init in model.graph.initializer:
-        if init.data_type == onnx.TensorProto.FLOAT and init.data_location != onnx.TensorProto.EXTERNAL:
+        if (
+            init.data_type == onnx.TensorProto.FLOAT
+            and init.data_location != onnx.TensorProto.EXTERNAL
+        ):
             values = onnx.numpy_helper.to_array(init)
             if values.size and float(np.abs(values[np.isfinite(values)]).max(initial=0)) > limit:
                 big.add(init.name)
@@ -298,7 +305,9 @@ class _Neighbours:
         self.adjacent: dict[str, set[str]] = {label: set() for label in self.position}
         for tensor, source in producer.items():
             if types.get(tensor, onnx.TensorProto.FLOAT) not in (
-                onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16
+                onnx.TensorProto.FLOAT,
+                onnx.TensorProto.FLOAT16,
+                onnx.TensorProto.BFLOAT16,
             ):
                 continue
             for sink in consumers.get(tensor, []):

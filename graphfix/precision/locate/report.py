@@ -84,8 +84,9 @@ class LocateReport:
         for o in self.outputs:
             err = "n/a" if o.absolute is None else f"{o.absolute.max:.3g}"
             extra = f", {o.nonfinite_mismatches} NaN/inf" if o.nonfinite_mismatches else ""
-            lines.append(f"  output {o.name}: {'PASS' if o.passed else 'FAIL'} (max abs error "
-                         f"{err}{extra})")
+            lines.append(
+                f"  output {o.name}: {'PASS' if o.passed else 'FAIL'} (max abs error {err}{extra})"
+            )
         if not self.diverges:
             lines.append("no divergence: every output agrees within tolerance; nothing to locate")
             return "\n".join(lines)
@@ -137,6 +138,6 @@ def _plain(value):
         return [_plain(v) for v in value]
     if isinstance(value, float):
         return _num(value)
-    if hasattr(value, "value") and isinstance(getattr(value, "value"), str):  # str enums
+    if hasattr(value, "value") and isinstance(value.value, str):  # str enums
         return value.value
     return value
