@@ -13,6 +13,7 @@ from graphfix.attention.matcher import find_attention
 from graphfix.errors import UsageError
 from graphfix.model_io import LoadedModel, check_output_path, load_model, save_model
 from graphfix.precision.locate.candidate import build_candidate
+from graphfix.precision.locate.emulate import emulate_low_precision, is_low_precision
 from graphfix.precision.locate.localise import RANGE_MAX, measure, module_path, rank_suspects
 from graphfix.precision.locate.reference import (
     DEFAULT_CHUNK_BYTES,
@@ -114,11 +115,6 @@ def locate(
                 "converted by graphfix's minimal internal builder (convert_precision is "
                 "not available in this build)"
             )
-        if built.float32_for_kernels:
-            notes.append(
-                f"{len(built.float32_for_kernels)} node(s) left in float32: onnxruntime's"
-                " CPU has no low-precision kernel for them"
-            )
     default = DEFAULT_TOLERANCES[_SHORT[computes_in]]
     tolerance = Tolerance(
         atol=default.atol if atol is None else atol,
@@ -137,6 +133,12 @@ def locate(
     errors = []
     ref_out: dict[str, np.ndarray] = {}
     cand_out: dict[str, np.ndarray] = {}
+    if is_low_precision(cand.model):
+        cand = LoadedModel(emulate_low_precision(cand.model), cand.path, True)
+        notes.append(
+            f"{computes_in} rounding made explicit (a Cast pair after every {computes_in} "
+            "tensor): onnxruntime's CPU otherwise runs most float16 ops in float32"
+        )
     with (
         TensorStreamer(reference, label=_label(reference, "model")) as ref_stream,
         TensorStreamer(cand, label=cand_label) as cand_stream,

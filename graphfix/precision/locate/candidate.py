@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from graphfix.precision.locate.internal_fp16 import convert_for_onnxruntime
+from graphfix.precision.locate.internal_fp16 import convert_minimal
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,6 @@ class BuiltCandidate:
 
     model: onnx.ModelProto
     converter: str  # "convert_precision" or "internal (minimal stand-in)"
-    float32_for_kernels: tuple[str, ...] = ()  # nodes onnxruntime has no low-precision kernel for
 
 
 def converter_name() -> str:
@@ -44,13 +43,13 @@ def build_candidate(
         result = convert(model, to=precision, keep=list(keep) or None)
         built = BuiltCandidate(result.model, "convert_precision")
     else:
-        converted, no_kernel = convert_for_onnxruntime(model, to=precision, keep=keep)
-        built = BuiltCandidate(converted, "internal (minimal stand-in)", no_kernel)
+        converted = convert_minimal(model, to=precision, keep=keep)
+        built = BuiltCandidate(converted, "internal (minimal stand-in)")
     for block, strategy in attention:
         from graphfix.attention.rewrite import fix_attention
 
         fixed = fix_attention(built.model, strategy=strategy, select=[block])
-        built = BuiltCandidate(fixed.model, built.converter, built.float32_for_kernels)
+        built = BuiltCandidate(fixed.model, built.converter)
     return built
 
 

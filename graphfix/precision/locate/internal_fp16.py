@@ -6,13 +6,11 @@ does not, so that `locate` can run.  It does the least that gives real low-preci
 arithmetic in onnxruntime: every node that reads or writes float32 computes in float16 (or
 bfloat16) except the nodes in `keep`, with a Cast wherever a tensor crosses between the two;
 initializers read only by converted nodes are stored converted; graph inputs and outputs stay
-float32.  Nodes onnxruntime has no low-precision CPU kernel for stay float32 (found by asking
-onnxruntime, see `convert_for_onnxruntime`).  No norm fusion, no range analysis.
+float32.  No norm fusion, no range analysis.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 import numpy as np
@@ -24,7 +22,6 @@ from graphfix.precision.locate.reference import infer_types, node_label
 _LOW = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
 # (op_type, input index) that must stay float32 whatever the node computes in
 _FLOAT32_INPUTS = {("Resize", 1), ("Resize", 2), ("Upsample", 1)}
-_NO_KERNEL = re.compile(r"Could not find an implementation for \w+\(\d+\) node with name '([^']*)'")
 
 
 def convert_minimal(
@@ -111,37 +108,6 @@ def convert_minimal(
     g.node.extend(new_nodes + tail)
     del g.value_info[:]
     return result
-
-
-def convert_for_onnxruntime(
-    model: onnx.ModelProto, *, to: str = "float16", keep: Iterable[str] = (), attempts: int = 8
-) -> tuple[onnx.ModelProto, tuple[str, ...]]:
-    """`convert_minimal`, keeping in float32 the nodes onnxruntime's CPU has no kernel for.
-
-    Returns the model and the nodes kept for that reason.
-    """
-    import onnxruntime as ort
-
-    keep = set(keep)
-    no_kernel: list[str] = []
-    for _ in range(attempts):
-        converted = convert_minimal(model, to=to, keep=keep)
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        options.log_severity_level = 3
-        try:
-            ort.InferenceSession(
-                converted.SerializeToString(), options, providers=["CPUExecutionProvider"]
-            )
-        except Exception as exc:  # onnxruntime's pybind error types; only "no kernel" is handled
-            found = _NO_KERNEL.search(str(exc))
-            if not found or found.group(1) in keep:
-                raise
-            keep.add(found.group(1))
-            no_kernel.append(found.group(1))
-            continue
-        return converted, tuple(no_kernel)
-    return converted, tuple(no_kernel)
 
 
 def _float32_input(node: onnx.NodeProto, tensor: str, index: int | None = None) -> bool:

@@ -21,6 +21,7 @@ import onnx
 
 from graphfix.model_io import LoadedModel
 from graphfix.precision.locate.candidate import BuiltCandidate, build_candidate
+from graphfix.precision.locate.emulate import emulate_low_precision
 from graphfix.precision.locate.localise import RANGE_MAX, UNIT_ROUNDOFF, Suspect, TensorError
 from graphfix.precision.locate.reference import infer_types, node_label
 from graphfix.validation.compare import OutputComparison, Tolerance, compare_output
@@ -118,7 +119,8 @@ class TrialRunner:
         from graphfix.validation.backends.onnxruntime_backend import OnnxRuntimeRunner
 
         runner = OnnxRuntimeRunner(
-            LoadedModel(model, None, True), label="the candidate with remedies"
+            LoadedModel(emulate_low_precision(model), None, True),
+            label="the candidate with remedies",
         )
         outputs = runner.infer(self.feeds)
         return tuple(
