@@ -6,6 +6,7 @@ Public API::
     matches = graphfix.find_attention("model.onnx")
     fixed = graphfix.break_attention_fusion(model)            # a new ModelProto
     result = graphfix.fix_attention(model, strategy="plugin")  # model + report
+    report = graphfix.locate("model.onnx", precision="float16")  # where float16 diverges
 """
 
 from graphfix.attention.match_types import (
@@ -30,6 +31,7 @@ from graphfix.errors import (
 )
 from graphfix.model_io import LoadedModel, SavedModel, load_model, save_model
 from graphfix.plugins.reference import with_reference_ops
+from graphfix.precision.locate import LocateReport, locate
 from graphfix.validation.validate import ValidationReport, ValidationUsageError, validate
 
 # Drawing and plotting load on first use: `graphfix fix` starts without them.
@@ -63,6 +65,7 @@ __all__ = [
     "FixResult",
     "GraphfixError",
     "LoadedModel",
+    "LocateReport",
     "ModelLoadError",
     "OutputPathError",
     "PluginBuildError",
@@ -81,6 +84,7 @@ __all__ = [
     "find_attention",
     "fix_attention",
     "load_model",
+    "locate",
     "plot_report",
     "save_model",
     "scan_attention",
