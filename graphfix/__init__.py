@@ -32,6 +32,7 @@ from graphfix.errors import (
 from graphfix.model_io import LoadedModel, SavedModel, load_model, save_model
 from graphfix.plugins.reference import with_reference_ops
 from graphfix.precision.locate import LocateReport, locate
+from graphfix.precision.norms import NormFusionReport, NormFusionResult, fuse_norms
 from graphfix.validation.validate import ValidationReport, ValidationUsageError, validate
 
 # Drawing and plotting load on first use: `graphfix fix` starts without them.
@@ -67,6 +68,8 @@ __all__ = [
     "LoadedModel",
     "LocateReport",
     "ModelLoadError",
+    "NormFusionReport",
+    "NormFusionResult",
     "OutputPathError",
     "PluginBuildError",
     "SavedModel",
@@ -83,6 +86,7 @@ __all__ = [
     "error_histogram_figure",
     "find_attention",
     "fix_attention",
+    "fuse_norms",
     "load_model",
     "locate",
     "plot_report",
