@@ -80,13 +80,15 @@ def measure(
     c = candidate.astype(np.float32, copy=False).ravel()
     r_finite = np.isfinite(r)
     both = r_finite & np.isfinite(c)
-    nonfinite = int(np.count_nonzero(r_finite & ~both))
     if math.isfinite(range_max):
         with np.errstate(invalid="ignore"):
             saturated = (
                 (np.abs(r) > range_max) & (np.abs(c) >= range_max) & (np.sign(r) == np.sign(c))
             )
         both &= ~saturated
+        nonfinite = int(np.count_nonzero(r_finite & ~np.isfinite(c) & ~saturated))
+    else:
+        nonfinite = int(np.count_nonzero(r_finite & ~both))
     with np.errstate(over="ignore", invalid="ignore"):
         rb, cb = r[both], c[both]
         diff = cb - rb

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from graphfix.model_io import LoadedModel
+from graphfix.precision import policy
 from graphfix.precision.locate.candidate import BuiltCandidate, build_candidate
 from graphfix.precision.locate.emulate import emulate_low_precision
 from graphfix.precision.locate.localise import RANGE_MAX, UNIT_ROUNDOFF, Suspect, TensorError
@@ -31,6 +32,7 @@ DATA_MOVEMENT = frozenset(
     "Cast Concat Constant ConstantOfShape Expand Flatten Gather GatherElements GatherND Identity "
     "Pad Range Reshape Shape Size Slice Split Squeeze Tile Transpose Trilu Unsqueeze Where".split()
 )
+_FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 _RANGE_MARGIN = 0.5  # values above this fraction of the type's range go to float32 at once
 
 
@@ -80,14 +82,17 @@ class SearchResult:
 
 
 def float32_compute_nodes(model: onnx.ModelProto) -> tuple[str, ...]:
-    """Nodes that compute (not just move data) with a float32 output, as labels."""
+    """Compute nodes (`graphfix.precision.policy.is_compute`, as `precision_census` counts them)
+    whose first float output is float32, as labels."""
     types = infer_types(model)
-    return tuple(
-        node_label(node, i)
-        for i, node in enumerate(model.graph.node)
-        if node.op_type not in DATA_MOVEMENT
-        and any(types.get(o) == onnx.TensorProto.FLOAT for o in node.output if o)
-    )
+    found = []
+    for i, node in enumerate(model.graph.node):
+        if not policy.is_compute(node.op_type):
+            continue
+        floats = [types[o] for o in node.output if types.get(o) in _FLOAT_TYPES]
+        if floats and floats[0] == onnx.TensorProto.FLOAT:
+            found.append(node_label(node, i))
+    return tuple(found)
 
 
 class TrialRunner:
