@@ -52,7 +52,7 @@ class Suspect:
     tensor: str
     position: int
     error: float
-    input_error: float  # the largest error among its inputs (0 for weights and graph inputs)
+    input_error: float  # largest error among its inputs (0: weights, graph inputs; inf: NaN/inf)
     amplification: float  # error / max(input_error, unit roundoff)
     nonfinite: int
     reference_absmax: float
@@ -95,7 +95,7 @@ def measure(
     ref_norm = math.sqrt(float(np.dot(rb.astype(np.float64), rb)))
     diff_norm = math.sqrt(float(np.dot(diff.astype(np.float64), diff)))
     if rb.size == 0:
-        error = 0.0
+        error = math.inf if nonfinite else 0.0
     elif ref_norm == 0:
         error = 0.0 if diff_norm == 0 else math.inf
     else:
@@ -135,8 +135,9 @@ def rank_suspects(
     candidates: list[tuple[tuple, Suspect]] = []
     for e in by_tensor.values():
         inputs = [by_tensor[t] for t in sites[e.tensor].inputs if t in by_tensor]
-        input_error = max((i.error for i in inputs), default=0.0)
-        amplification = e.error / max(input_error, floor)
+        # an input holding NaN/inf already carries unbounded error, whatever its finite part says
+        input_error = max((math.inf if i.nonfinite else i.error for i in inputs), default=0.0)
+        amplification = 0.0 if math.isinf(input_error) else e.error / max(input_error, floor)
         reasons = []
         creates_nonfinite = e.nonfinite > 0 and not any(i.nonfinite for i in inputs)
         overflow = e.reference_absmax > limit and not any(
