@@ -24,6 +24,9 @@ RANGE_MAX = {"float16": 65504.0, "bfloat16": 3.3895e38, "float32": 3.4028e38}
 # Below this many unit roundoffs an output error is rounding noise, whatever its amplification.
 _SIGNIFICANT_ROUNDOFFS = 16
 _AMPLIFYING = 4.0
+# Values this large are sentinels (masks built from float32's lowest value), not activations:
+# every converter saturates them, and they neither count as error nor as range overflow.
+SENTINEL = 1e30
 
 
 @dataclass(frozen=True)
@@ -70,9 +73,10 @@ def measure(
 ) -> TensorError | None:
     """Statistics of one tensor pair (the candidate cast to float32); None when not comparable.
 
-    Elements where the reference is beyond `range_max` and the candidate saturated to the same
-    sign (±range_max or ±inf, as a -3.4e38 mask constant does in float16) are left out of the
-    error: saturation there is the intended meaning, and what it breaks shows up downstream.
+    Elements where the reference is a sentinel (|r| ≥ 1e30, a mask built from float32's lowest
+    value) and the candidate saturated to the same sign (±range_max or ±inf) are left out: that
+    saturation is the intended meaning.  A real activation beyond `range_max` that becomes inf
+    counts as non-finite: that is the overflow `locate` looks for.
     """
     if reference.dtype.kind != "f" or candidate.shape != reference.shape:
         return None
@@ -83,7 +87,7 @@ def measure(
     if math.isfinite(range_max):
         with np.errstate(invalid="ignore"):
             saturated = (
-                (np.abs(r) > range_max) & (np.abs(c) >= range_max) & (np.sign(r) == np.sign(c))
+                (np.abs(r) >= SENTINEL) & (np.abs(c) >= range_max) & (np.sign(r) == np.sign(c))
             )
         both &= ~saturated
         nonfinite = int(np.count_nonzero(r_finite & ~np.isfinite(c) & ~saturated))
@@ -107,11 +111,15 @@ def measure(
         position=site.position,
         error=error,
         max_abs_error=float(np.abs(diff).max()) if diff.size else 0.0,
-        reference_absmax=float(np.abs(r[r_finite]).max()) if r_finite.any() else 0.0,
+        reference_absmax=_absmax(r[r_finite & (np.abs(r) < SENTINEL)]),
         candidate_absmax=float(np.abs(c[np.isfinite(c)]).max()) if np.isfinite(c).any() else 0.0,
         nonfinite=nonfinite,
         size=int(r.size),
     )
+
+
+def _absmax(values: np.ndarray) -> float:
+    return float(np.abs(values).max()) if values.size else 0.0
 
 
 def rank_suspects(
@@ -125,9 +133,11 @@ def rank_suspects(
 ) -> tuple[Suspect, ...]:
     """The nodes that create error, most suspect first (at most `top`).
 
-    Order: nodes that create non-finite values or range overflow (earliest first: what follows
-    inherits it), then nodes that amplify a significant error (largest amplification first).
-    Nodes whose output error is rounding noise are left out.
+    Order: nodes that create non-finite values, or where the reference first leaves the type's
+    range (earliest first: what follows inherits it; a converter may keep the overflowing node
+    itself in float32, so the inf appears at its first low-precision consumer), then nodes that
+    amplify a significant error (largest amplification first).  Nodes whose output error is
+    rounding noise are left out.
     """
     by_tensor = {e.tensor: e for e in errors}
     floor = UNIT_ROUNDOFF[precision]
@@ -154,10 +164,8 @@ def rank_suspects(
             reasons.append(f"amplifies the error in its inputs {amplification:.3g}x")
         if not reasons:
             continue
-        if creates_nonfinite or (overflow and significant):
+        if creates_nonfinite or overflow:
             key = (0, e.position, 0.0)
-        elif not (significant and amplification >= _AMPLIFYING):
-            continue  # out of range but saturating harmlessly (a mask constant)
         else:
             key = (1, 0, -amplification)
         candidates.append(
