@@ -221,6 +221,24 @@ def test_user_candidate_with_shared_names(planted_files, tmp_path, capsys):
     assert document["suspects"] and document["remedies"]["tried"] == []
 
 
+def test_streaming_carries_the_frontier_instead_of_recomputing(planted_files):
+    from graphfix.model_io import load_model
+    from graphfix.precision.locate.reference import TensorStreamer, chunk_tensors, plan_graph
+
+    model = load_model(planted_files)
+    feeds = make_inputs(model.model).feeds
+    plan = plan_graph(model.model, feeds)
+    names = [s.tensor for s in plan.sites]
+    chunks = chunk_tensors(names, plan.nbytes, 1)  # one tensor per chunk
+    with TensorStreamer(model, label="test") as streamer:
+        streamed = {k: v for chunk in streamer.stream(chunks, feeds) for k, v in chunk.items()}
+        assert streamer.runs == len(chunks) == len(names)
+        assert streamer.nodes_run == len(model.model.graph.node)  # each node ran once
+        whole = streamer.fetch(names, feeds)
+    for name in names:
+        np.testing.assert_array_equal(streamed[name], whole[name])
+
+
 def test_streaming_in_small_chunks_gives_the_same_suspects(planted_files):
     whole = locate(planted_files, precision="float16", remedies=False)
     chunked = locate(planted_files, precision="float16", remedies=False, chunk_bytes=8 << 10)

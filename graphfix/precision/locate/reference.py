@@ -5,13 +5,15 @@ for a subset of them: measured, 500 MB held for 24 declared outputs of which 4 w
 all intermediates of a large model cannot be read in one run.  Instead the tensors are split, in
 topological order, into chunks whose estimated size stays under a byte budget; each chunk is a
 session over the pruned graph (only the nodes its tensors depend on) with those tensors as its
-outputs.  The weights are written once to an external data file that every chunk's graph
-references, so a chunk costs a small protobuf and a session, not a copy of the weights.
+outputs.  The tensors a later chunk reads (the frontier) are carried over and fed to the next
+chunk's graph as inputs, so each node runs about once however many chunks there are.  The
+weights are written once to an external data file that every chunk's graph references, so a
+chunk costs a small protobuf and a session, not a copy of the weights.
 
-Peak memory of one side is therefore about: onnxruntime's own working set for the model (weights +
-the activations live at once in a plain run) + one chunk (the budget), independent of how many
-intermediates the model has.  `locate` holds both sides' chunk at once (2 × budget) plus the
-float32 copies made for comparison of one tensor pair.
+Peak memory of one side is therefore about: onnxruntime's working set for the chunk's subgraph
++ the frontier (at most what a plain run keeps alive at that point) + the chunk's tensors twice
+(onnxruntime's buffers and the returned arrays), independent of how many intermediates the model
+has.  `locate` holds the reference's chunk while the candidate's runs: about 3 × the budget.
 """
 
 from __future__ import annotations
@@ -143,11 +145,8 @@ class TensorStreamer:
         self._producers = {
             out: i for i, node in enumerate(self.graph.graph.node) for out in node.output if out
         }
-        self._runs = 0
-
-    @property
-    def runs(self) -> int:
-        return self._runs
+        self.runs = 0  # sessions run
+        self.nodes_run = 0  # node executions over all runs (recomputation shows here)
 
     def close(self) -> None:
         self._folder.cleanup()
@@ -160,10 +159,50 @@ class TensorStreamer:
 
     def fetch(self, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The tensors `names` (node outputs or graph outputs) computed on `feeds`."""
+        nodes = self._ancestors(names, set())
+        values = self._run(nodes, list(names), {}, feeds)
+        return {name: values[name] for name in names if name in values}
+
+    def stream(
+        self, chunks: Sequence[Sequence[str]], feeds: Mapping[str, np.ndarray]
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """The tensors of each chunk in turn, each node computed about once over all chunks.
+
+        Between chunks the streamer keeps the frontier: the tensors already computed that a
+        later node reads.  The next chunk's graph takes them as inputs instead of recomputing its
+        ancestors, so the whole stream costs about one run of the model plus a session per
+        chunk; memory holds the frontier (the activations a plain run keeps alive at that point)
+        and one chunk.
+        """
+        graph = self.graph.graph
+        last_read: dict[str, int] = {}
+        for i, node in enumerate(graph.node):
+            for tensor in _node_reads(node):
+                last_read[tensor] = i
+        frontier: dict[str, np.ndarray] = {}
+        for chunk in chunks:
+            nodes = self._ancestors(chunk, set(frontier))
+            horizon = max((self._producers.get(n, -1) for n in chunk), default=-1)
+            produced = {o for i in nodes for o in graph.node[i].output if o}
+            later = [t for t in produced if last_read.get(t, -1) > horizon and t not in chunk]
+            values = self._run(nodes, [*chunk, *later], frontier, feeds)
+            frontier = {t: a for t, a in frontier.items() if last_read.get(t, -1) > horizon}
+            for tensor in (*later, *chunk):
+                if tensor in values and last_read.get(tensor, -1) > horizon:
+                    frontier[tensor] = values[tensor]
+            yield {name: values[name] for name in chunk if name in values}
+            del values
+
+    def _run(
+        self,
+        nodes: set[int],
+        outputs: Sequence[str],
+        frontier: Mapping[str, np.ndarray],
+        feeds: Mapping[str, np.ndarray],
+    ) -> dict[str, np.ndarray]:
         ort = self._ort
-        chunk = self._pruned(names)
         path = Path(self._folder.name) / "chunk.onnx"
-        onnx.save(chunk, path)
+        onnx.save(self._pruned(nodes, outputs, frontier), path)
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         options.log_severity_level = 3
@@ -172,21 +211,24 @@ class TensorStreamer:
                 str(path), sess_options=options, providers=["CPUExecutionProvider"]
             )
             wanted = {i.name for i in session.get_inputs()}
-            values = session.run(list(names), {k: v for k, v in feeds.items() if k in wanted})
+            given = {**feeds, **frontier}
+            values = session.run(list(outputs), {k: v for k, v in given.items() if k in wanted})
         except Exception as exc:  # onnxruntime raises its own pybind types; the message matters
             message = " ".join(str(exc).split()) or type(exc).__name__
             raise BackendError(
                 f"onnxruntime cannot run {self.label}: {message}; check that onnxruntime "
                 "supports every op and opset in it and that --shape/--range/--inputs fit it"
             ) from exc
-        self._runs += 1
+        self.runs += 1
+        self.nodes_run += len(nodes)
         return {
             name: value
-            for name, value in zip(names, values, strict=True)
+            for name, value in zip(outputs, values, strict=True)
             if isinstance(value, np.ndarray)
         }
 
-    def _pruned(self, names: Sequence[str]) -> onnx.ModelProto:
+    def _ancestors(self, names: Sequence[str], available: set[str]) -> set[int]:
+        """Nodes needed to compute `names`, stopping at tensors already `available`."""
         graph = self.graph.graph
         needed: set[int] = set()
         stack = [self._producers[n] for n in names if n in self._producers]
@@ -197,18 +239,32 @@ class TensorStreamer:
             needed.add(i)
             for tensor in _node_reads(graph.node[i]):
                 j = self._producers.get(tensor)
-                if j is not None and j not in needed:
+                if j is not None and j not in needed and tensor not in available:
                     stack.append(j)
-        reads = {t for i in needed for t in _node_reads(graph.node[i])} | set(names)
+        return needed
+
+    def _pruned(
+        self, nodes: set[int], outputs: Sequence[str], frontier: Mapping[str, np.ndarray]
+    ) -> onnx.ModelProto:
+        graph = self.graph.graph
+        reads = {t for i in nodes for t in _node_reads(graph.node[i])} | set(outputs)
+        produced = {o for i in nodes for o in graph.node[i].output}
         pruned = onnx.ModelProto()
         pruned.CopyFrom(self.graph)
         g = pruned.graph
         del g.node[:]
-        g.node.extend(graph.node[i] for i in sorted(needed))
+        g.node.extend(graph.node[i] for i in sorted(nodes))
         del g.initializer[:]
         g.initializer.extend(t for t in graph.initializer if t.name in reads)
+        for name, array in frontier.items():
+            if name in reads and name not in produced:
+                g.input.append(
+                    onnx.helper.make_tensor_value_info(
+                        name, onnx.helper.np_dtype_to_tensor_dtype(array.dtype), array.shape
+                    )
+                )
         del g.output[:]
-        for name in names:
+        for name in outputs:
             value = onnx.ValueInfoProto()
             value.name = name  # untyped: onnxruntime takes the type the graph gives it
             g.output.append(value)
@@ -223,12 +279,14 @@ def stream_pairs(
     chunks: Sequence[Sequence[str]],
 ) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
     """(name, reference array, candidate array) for every tensor, one chunk in memory at a time."""
-    for chunk in chunks:
-        ref = reference.fetch(chunk, feeds_reference)
-        cand = candidate.fetch(chunk, feeds_candidate)
-        for name in chunk:
-            r, c = ref.pop(name, None), cand.pop(name, None)
-            if r is not None and c is not None:
+    for ref, cand in zip(
+        reference.stream(chunks, feeds_reference),
+        candidate.stream(chunks, feeds_candidate),
+        strict=True,
+    ):
+        for name in list(ref):
+            r, c = ref.pop(name), cand.pop(name, None)
+            if c is not None:
                 yield name, r, c
         del ref, cand
 
