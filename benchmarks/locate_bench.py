@@ -81,7 +81,8 @@ class Row:
     graphfix_ok: bool
     autocast_nodes: int | None
     autocast_ok: bool | None
-    cost: float
+    cost: float  # wall time, locate / validate
+    cost_cpu: float  # CPU time, locate / validate
     trials: int
     note: str = ""
 
@@ -103,8 +104,12 @@ def run_case(entry, folder: Path) -> Row | str:
     onnx.save(build_candidate(fault.model, precision="float16").model, planted16)
     if agrees(fault.model, onnx.load(str(planted16))):
         return "planted float16 model still agrees"
-    validate_seconds = best_of(3, lambda: validate(planted, planted16, backend="onnxruntime"))
-    locate_seconds = best_of(3, lambda: locate(planted, precision="float16", remedies=False))
+    validate_wall, validate_cpu = best_of(
+        3, lambda: validate(planted, planted16, backend="onnxruntime")
+    )
+    locate_wall, locate_cpu = best_of(
+        3, lambda: locate(planted, precision="float16", remedies=False)
+    )
     report = locate(planted, precision="float16", apply=True)
     hits = {fault.node, *fault.consumers}
     rank = next((s.rank for s in report.suspects if s.node in hits), None)
@@ -122,20 +127,25 @@ def run_case(entry, folder: Path) -> Row | str:
         ok,
         auto_nodes,
         auto_ok,
-        locate_seconds / validate_seconds,
+        locate_wall / validate_wall,
+        locate_cpu / validate_cpu,
         len(report.remedies_tried),
         note,
     )
 
 
-def best_of(repeat: int, call) -> float:
-    """The fastest of `repeat` wall times (the first run also pays one-time imports)."""
-    times = []
+def best_of(repeat: int, call) -> tuple[float, float]:
+    """The fastest of `repeat` runs: (wall seconds, CPU seconds of this process, all threads).
+
+    The first run also pays one-time imports; CPU time is the steadier figure on a shared machine.
+    """
+    walls, cpus = [], []
     for _ in range(repeat):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         call()
-        times.append(time.perf_counter() - start)
-    return min(times)
+        walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - start_cpu)
+    return min(walls), min(cpus)
 
 
 def autocast(planted: Path, feeds, folder: Path, model) -> tuple[int | None, bool | None, str]:
@@ -162,8 +172,9 @@ def autocast(planted: Path, feeds, folder: Path, model) -> tuple[int | None, boo
 def agrees(reference: onnx.ModelProto, candidate: onnx.ModelProto) -> bool:
     """`graphfix validate` with float16 rounding made explicit (onnxruntime's CPU otherwise runs
     most float16 ops in float32, see graphfix/precision/locate/emulate.py)."""
-    return validate(reference, emulate_low_precision(candidate), backend="onnxruntime",
-                    atol=1e-2, rtol=1e-2).passed
+    return validate(
+        reference, emulate_low_precision(candidate), backend="onnxruntime", atol=1e-2, rtol=1e-2
+    ).passed
 
 
 def table(rows: list[Row]) -> str:
@@ -185,7 +196,7 @@ def table(rows: list[Row]) -> str:
             f"{'n/a' if r.autocast_nodes is None else r.autocast_nodes} | "
             f"{'yes' if r.graphfix_ok else 'NO'} | "
             f"{'n/a' if r.autocast_ok is None else ('yes' if r.autocast_ok else 'no')} | "
-            f"{r.cost:.2f}x | {r.trials} |" + (f" {r.note}" if r.note else "")
+            f"{r.cost:.2f}x | {r.cost_cpu:.2f}x | {r.trials} |" + (f" {r.note}" if r.note else "")
         )
     return "\n".join(lines)
 
@@ -219,9 +230,11 @@ else:
     from graphfix.precision.locate import locate
     r = locate(model, precision="float16", remedies=False, chunk_bytes=int(sys.argv[2]) << 20)
     print("chunks", r.chunks, "tensors", len(r.tensors))
+usage = resource.getrusage(resource.RUSAGE_SELF)
 print("activations MB", 2 * layers * rows * width * 4 / 2**20, "weights MB", layers * 4,
-      "peak RSS MB", round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-      "after building MB", round(base / 1024), "seconds", round(time.perf_counter() - start, 2))
+      "peak RSS MB", round(usage.ru_maxrss / 1024),
+      "after building MB", round(base / 1024), "seconds", round(time.perf_counter() - start, 2),
+      "CPU seconds", round(usage.ru_utime + usage.ru_stime, 2))
 """
     for mode, chunk in (("validate", 0), ("locate", chunk_mb), ("locate", 4 * chunk_mb)):
         done = subprocess.run(
