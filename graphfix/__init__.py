@@ -32,6 +32,7 @@ from graphfix.errors import (
 from graphfix.model_io import LoadedModel, SavedModel, load_model, save_model
 from graphfix.plugins.reference import with_reference_ops
 from graphfix.precision.locate import LocateReport, locate
+from graphfix.precision.locate.emulate import emulate_low_precision
 from graphfix.precision.norms import NormFusionReport, NormFusionResult, fuse_norms
 from graphfix.validation.validate import ValidationReport, ValidationUsageError, validate
 
@@ -40,6 +41,8 @@ _LAZY = {
     "draw_attention_block": "graphfix.attention.draw",
     "draw_before_after": "graphfix.attention.draw",
     "plot_report": "graphfix.validation.plot",
+    "plot_locate": "graphfix.precision.locate.plot",
+    "error_by_depth_figure": "graphfix.precision.locate.plot",
     "error_histogram_figure": "graphfix.validation.plot",
     "error_heatmap_figure": "graphfix.validation.plot",
 }
@@ -82,6 +85,8 @@ __all__ = [
     "break_attention_fusion",
     "draw_attention_block",
     "draw_before_after",
+    "emulate_low_precision",
+    "error_by_depth_figure",
     "error_heatmap_figure",
     "error_histogram_figure",
     "find_attention",
@@ -89,6 +94,7 @@ __all__ = [
     "fuse_norms",
     "load_model",
     "locate",
+    "plot_locate",
     "plot_report",
     "save_model",
     "scan_attention",
