@@ -235,7 +235,15 @@ def search_remedies(
     )
 
 
-def _bisect(kept, required, current, built, run, max_trials, trials):
+def _bisect(
+    kept: list[Remedy],
+    required: set[str],
+    current: Trial,
+    built: BuiltCandidate,
+    run: Callable[[str, Sequence[Remedy]], tuple[Trial, BuiltCandidate]],
+    max_trials: int,
+    trials: list[Trial],
+) -> tuple[list[Remedy], Trial, BuiltCandidate]:
     """Drop contiguous runs of island nodes (never the out-of-range ones) while it still passes."""
     islands = [r for r in kept if r.kind is RemedyKind.FLOAT32_ISLAND]
     others = [r for r in kept if r.kind is not RemedyKind.FLOAT32_ISLAND]
