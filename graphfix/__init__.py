@@ -6,6 +6,7 @@ Public API::
     matches = graphfix.find_attention("model.onnx")
     fixed = graphfix.break_attention_fusion(model)            # a new ModelProto
     result = graphfix.fix_attention(model, strategy="plugin")  # model + report
+    report = graphfix.locate("model.onnx", precision="float16")  # where float16 diverges
 """
 
 from graphfix.attention.match_types import (
@@ -30,6 +31,8 @@ from graphfix.errors import (
 )
 from graphfix.model_io import LoadedModel, SavedModel, load_model, save_model
 from graphfix.plugins.reference import with_reference_ops
+from graphfix.precision.locate import LocateReport, locate
+from graphfix.precision.locate.emulate import emulate_low_precision
 from graphfix.precision.norm_types import NormKind
 from graphfix.precision.norms import NormFusionReport, NormFusionResult, fuse_norms
 from graphfix.validation.validate import ValidationReport, ValidationUsageError, validate
@@ -39,6 +42,8 @@ _LAZY = {
     "draw_attention_block": "graphfix.attention.draw",
     "draw_before_after": "graphfix.attention.draw",
     "plot_report": "graphfix.validation.plot",
+    "plot_locate": "graphfix.precision.locate.plot",
+    "error_by_depth_figure": "graphfix.precision.locate.plot",
     "error_histogram_figure": "graphfix.validation.plot",
     "error_heatmap_figure": "graphfix.validation.plot",
 }
@@ -65,6 +70,7 @@ __all__ = [
     "FixResult",
     "GraphfixError",
     "LoadedModel",
+    "LocateReport",
     "ModelLoadError",
     "NormFusionReport",
     "NormFusionResult",
@@ -81,12 +87,16 @@ __all__ = [
     "break_attention_fusion",
     "draw_attention_block",
     "draw_before_after",
+    "emulate_low_precision",
+    "error_by_depth_figure",
     "error_heatmap_figure",
     "error_histogram_figure",
     "find_attention",
     "fix_attention",
     "fuse_norms",
     "load_model",
+    "locate",
+    "plot_locate",
     "plot_report",
     "save_model",
     "scan_attention",

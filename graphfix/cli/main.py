@@ -12,6 +12,7 @@ from graphfix.attention.matcher import scan_attention
 from graphfix.attention.rewrite import fix_attention
 from graphfix.attention.strategies import DEFAULT_STRATEGY, STRATEGIES
 from graphfix.attention.table import match_table
+from graphfix.cli import locate as cli_locate
 from graphfix.cli import plugins as cli_plugins
 from graphfix.cli import precision as cli_precision
 from graphfix.cli import validate as cli_validate
@@ -215,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_precision.register(sub)
     cli_validate.register(sub)
+    cli_locate.register(sub)
     cli_plugins.register(sub)
     return parser
 

@@ -1,0 +1,243 @@
+"""`graphfix.locate`: find where a candidate diverges from the float32 reference, and repair it."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from graphfix.attention.matcher import find_attention
+from graphfix.errors import UsageError
+from graphfix.model_io import LoadedModel, check_output_path, load_model, save_model
+from graphfix.precision.locate.candidate import build_candidate
+from graphfix.precision.locate.emulate import emulate_low_precision, is_low_precision
+from graphfix.precision.locate.localise import RANGE_MAX, measure, module_path, rank_suspects
+from graphfix.precision.locate.reference import (
+    DEFAULT_CHUNK_BYTES,
+    TensorStreamer,
+    chunk_tensors,
+    node_label,
+    plan_graph,
+    stream_pairs,
+)
+from graphfix.precision.locate.remedies import TrialRunner, search_remedies
+from graphfix.precision.locate.report import FixedModel, LocateReport
+from graphfix.validation.compare import DEFAULT_TOLERANCES, Tolerance, compare_output
+from graphfix.validation.inputs import ValueRange, check_same_inputs, input_specs, make_inputs
+from graphfix.validation.validate import _model_precision
+
+PRECISIONS = ("float16", "bfloat16")
+BACKENDS = ("onnxruntime", "tensorrt")
+_SHORT = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+_LONG = {v: k for k, v in _SHORT.items()}
+ModelArg = onnx.ModelProto | LoadedModel | str | os.PathLike[str]
+
+
+def locate(
+    model: ModelArg,
+    candidate: ModelArg | None = None,
+    *,
+    precision: str | None = None,
+    backend: str | None = None,
+    inputs: str | os.PathLike[str] | Mapping[str, np.ndarray] | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    ranges: Mapping[str, ValueRange | tuple[float, float]] | None = None,
+    atol: float | None = None,
+    rtol: float | None = None,
+    quantile: float | None = None,
+    seed: int | None = None,
+    remedies: bool | None = None,
+    apply: bool | None = None,
+    output: str | os.PathLike[str] | None = None,
+    overwrite: bool | None = None,
+    chunk_bytes: int | None = None,
+    max_trials: int | None = None,
+    top: int | None = None,
+) -> LocateReport:
+    """Compare every intermediate tensor of `candidate` (or of `model` converted to `precision`)
+    with `model` run in float32, rank the nodes that create the error, and search remedies.
+
+    `candidate`: an ONNX sharing `model`'s tensor names (e.g. the user's own float16 export).
+    `precision` ("float16"/"bfloat16"): the candidate is `model` converted, and the remedy search
+    (on unless `remedies=False`) looks for the fewest float32 nodes / attention strategies that
+    make it pass validate's tolerance.  `apply`: keep the repaired model in the report; with
+    `output`, write it (same rules as `graphfix fix`).  `backend="tensorrt"` builds TensorRT
+    engines instead (see `trt_candidate`).  `chunk_bytes` bounds the intermediates held per side.
+    """
+    if backend not in (None, *BACKENDS):
+        raise UsageError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    if precision is not None and precision not in PRECISIONS:
+        raise UsageError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if (candidate is None) == (precision is None):
+        raise UsageError(
+            "give either a CANDIDATE model or --precision float16|bfloat16 (the candidate is then "
+            "MODEL converted), not " + ("both" if candidate is not None else "neither")
+        )
+    if apply and precision is None:
+        raise UsageError("--apply repairs MODEL converted by --precision; pass --precision too")
+    if output is not None and not apply:
+        raise UsageError("-o/--output is where --apply writes the repaired model; pass --apply")
+    if apply and output is None and remedies is False:
+        raise UsageError("--apply needs the remedy search; drop remedies=False")
+    if backend == "tensorrt":
+        from graphfix.precision.locate.trt_candidate import locate_tensorrt
+
+        return locate_tensorrt(
+            model,
+            precision=precision,
+            shapes=shapes,
+            ranges=ranges,
+            inputs=inputs,
+            seed=seed,
+            chunk_bytes=chunk_bytes,
+        )
+    reference = load_model(model, load_weights=True)
+    if output is not None:
+        check_output_path(reference.model, output, source=reference.path, overwrite=overwrite)
+    data = make_inputs(reference.model, shapes=shapes, ranges=ranges, npz=inputs, seed=seed or 0)
+    notes = list(data.notes)
+    if candidate is not None:
+        cand = load_model(candidate, load_weights=True)
+        notes += check_same_inputs(input_specs(reference.model), input_specs(cand.model))
+        _check_comparable(reference.model, cand.model)
+        computes_in = _LONG[_model_precision(cand.model)]
+        cand_label = _label(cand, "candidate")
+    else:
+        built = build_candidate(reference.model, precision=precision)
+        cand = LoadedModel(built.model, None, True)
+        computes_in = precision
+        cand_label = f"{_label(reference, 'model')} converted to {precision} by {built.converter}"
+        if built.converter.startswith("internal"):
+            notes.append(
+                "converted by graphfix's minimal internal builder (convert_precision is "
+                "not available in this build)"
+            )
+    default = DEFAULT_TOLERANCES[_SHORT[computes_in]]
+    tolerance = Tolerance(
+        atol=default.atol if atol is None else atol,
+        rtol=default.rtol if rtol is None else rtol,
+        quantile=quantile,
+    )
+
+    start = time.perf_counter()
+    plan = plan_graph(reference.model, data.feeds)
+    cand_tensors = {o for n in cand.model.graph.node for o in n.output if o}
+    outputs = [o.name for o in reference.model.graph.output]
+    names = [s.tensor for s in plan.sites if s.tensor in cand_tensors]
+    names += [o for o in outputs if o not in names and o in cand_tensors]
+    chunks = chunk_tensors(names, plan.nbytes, chunk_bytes or DEFAULT_CHUNK_BYTES)
+    sites = {s.tensor: s for s in plan.sites}
+    errors = []
+    ref_out: dict[str, np.ndarray] = {}
+    cand_out: dict[str, np.ndarray] = {}
+    if is_low_precision(cand.model):
+        cand = LoadedModel(emulate_low_precision(cand.model), cand.path, True)
+        notes.append(
+            f"{computes_in} rounding made explicit (a Cast pair after every {computes_in} "
+            "tensor): onnxruntime's CPU otherwise runs most float16 ops in float32"
+        )
+    with (
+        TensorStreamer(reference, label=_label(reference, "model")) as ref_stream,
+        TensorStreamer(cand, label=cand_label) as cand_stream,
+    ):
+        for name, r, c in stream_pairs(ref_stream, cand_stream, data.feeds, data.feeds, chunks):
+            if name in outputs:
+                ref_out[name], cand_out[name] = r, c
+            if name in sites:
+                measured = measure(sites[name], r, c, range_max=RANGE_MAX[computes_in])
+                if measured is not None:
+                    errors.append(measured)
+    comparisons = tuple(compare_output(n, ref_out[n], cand_out[n], tolerance) for n in ref_out)
+    diverges = not all(c.passed for c in comparisons)
+    suspects = ()
+    if diverges:
+        suspects = rank_suspects(
+            errors,
+            sites,
+            precision=computes_in,
+            attention_blocks=_attention_blocks(reference.model),
+            modules={
+                node_label(n, i): m
+                for i, n in enumerate(reference.model.graph.node)
+                if (m := module_path(n))
+            },
+            top=top or 10,
+        )
+    seconds = time.perf_counter() - start
+    report = LocateReport(
+        reference=f"onnxruntime (CPU, float32, graph optimisations off) on "
+        f"{_label(reference, 'model')}",
+        candidate=f"onnxruntime (CPU) on {cand_label}",
+        precision=computes_in,
+        tolerance=tolerance,
+        diverges=diverges,
+        outputs=comparisons,
+        suspects=suspects,
+        tensors=tuple(errors),
+        chunks=len(chunks),
+        seconds_localise=seconds,
+        notes=tuple(notes),
+    )
+    if not diverges or precision is None or remedies is False:
+        return report
+    runner = TrialRunner(
+        reference.model,
+        precision=precision,
+        feeds=data.feeds,
+        reference_outputs=ref_out,
+        tolerance=tolerance,
+    )
+    found = search_remedies(reference.model, suspects, errors, runner, max_trials=max_trials or 24)
+    fixed = None
+    if apply and found.model is not None:
+        path = None
+        if output is not None and found.passed:
+            path = str(save_model(found.model, output, overwrite=overwrite).path)
+        fixed = FixedModel(path, found.float32_nodes, found.passed, found.error)
+    from dataclasses import replace
+
+    return replace(
+        report,
+        remedies_tried=found.trials,
+        remedies_kept=found.kept,
+        fixed=fixed,
+        fixed_model=found.model if apply else None,
+    )
+
+
+def _label(model: LoadedModel, fallback: str) -> str:
+    return str(model.path) if model.path is not None else f"the {fallback} (in memory)"
+
+
+def _check_comparable(reference: onnx.ModelProto, candidate: onnx.ModelProto) -> None:
+    ref_out = [o.name for o in reference.graph.output]
+    cand_out = {o.name for o in candidate.graph.output}
+    if set(ref_out) != cand_out:
+        raise UsageError(
+            "MODEL and CANDIDATE produce different outputs: only MODEL has "
+            f"{sorted(set(ref_out) - cand_out) or 'none'}, only CANDIDATE has "
+            f"{sorted(cand_out - set(ref_out)) or 'none'}; locate compares a model with its own "
+            "conversion"
+        )
+    ref_tensors = {o for n in reference.graph.node for o in n.output if o} - set(ref_out)
+    cand_tensors = {o for n in candidate.graph.node for o in n.output if o}
+    shared = ref_tensors & cand_tensors
+    if not shared:
+        raise UsageError(
+            f"CANDIDATE shares no intermediate tensor name with MODEL ({len(ref_tensors)} in MODEL,"
+            f" {len(cand_tensors)} in CANDIDATE), so nothing can be compared tensor by tensor; "
+            "export both from the same graph, or pass --precision to convert MODEL instead"
+        )
+
+
+def _attention_blocks(model: onnx.ModelProto) -> dict[str, int]:
+    blocks: dict[str, int] = {}
+    for match in find_attention(model):
+        for name, position in zip(match.chain_nodes, match.chain_positions, strict=False):
+            blocks[node_label(model.graph.node[position], position) if not name else name] = (
+                match.index
+            )
+    return blocks

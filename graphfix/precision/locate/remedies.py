@@ -1,0 +1,336 @@
+"""The smallest set of graph fixes with which the candidate passes validate's tolerance.
+
+Remedies: a float32 island (nodes kept in float32 by the converter) grown from a suspect, and, for
+a suspect inside an attention block, that block's `fp32_island` attention strategy.  The search is
+greedy over the ranked suspects — per suspect the attention strategy, then the island in rings
+(the suspect plus every node whose reference values exceed the type's range, then its neighbours,
+ring by ring) until the candidate passes — followed by a bisection that drops contiguous runs of
+island nodes the verdict does not need.  Every trial is one candidate build and run, recorded with
+its error.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+import onnx
+
+from graphfix.model_io import LoadedModel
+from graphfix.precision import policy
+from graphfix.precision.locate.candidate import BuiltCandidate, build_candidate
+from graphfix.precision.locate.emulate import emulate_low_precision
+from graphfix.precision.locate.localise import RANGE_MAX, UNIT_ROUNDOFF, Suspect, TensorError
+from graphfix.precision.locate.reference import infer_types, node_label
+from graphfix.validation.compare import OutputComparison, Tolerance, compare_output
+
+# Ops that move or select data without arithmetic: not counted as float32 compute nodes.
+DATA_MOVEMENT = frozenset(
+    "Cast Concat Constant ConstantOfShape Expand Flatten Gather GatherElements GatherND Identity "
+    "Pad Range Reshape Shape Size Slice Split Squeeze Tile Transpose Trilu Unsqueeze Where".split()
+)
+_FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+_RANGE_MARGIN = 0.5  # values above this fraction of the type's range go to float32 at once
+
+
+class RemedyKind(str, Enum):
+    FLOAT32_ISLAND = "float32_island"
+    ATTENTION_STRATEGY = "attention_strategy"
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """One graph fix: nodes computed in float32, or an attention block's strategy."""
+
+    kind: RemedyKind
+    suspect: str  # the suspect it was grown from
+    nodes: tuple[str, ...] = ()
+    block: int | None = None
+    strategy: str | None = None
+
+    def describe(self) -> str:
+        if self.kind is RemedyKind.ATTENTION_STRATEGY:
+            return f"attention block {self.block}: strategy {self.strategy}"
+        return f"float32 island of {len(self.nodes)} node(s) around {self.suspect}"
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One candidate run with a set of remedies, and its verdict."""
+
+    step: str  # "as converted", "greedy", "bisect"
+    remedies: tuple[Remedy, ...]
+    float32_nodes: int  # float32 compute nodes in the trial's model
+    error: float  # the largest absolute error over the outputs (inf: NaN/inf where finite)
+    passed: bool
+    seconds: float
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What the search tried, what it kept, and the model it kept."""
+
+    trials: tuple[Trial, ...]
+    kept: tuple[Remedy, ...]
+    passed: bool
+    error: float
+    float32_nodes: tuple[str, ...]
+    model: onnx.ModelProto | None = field(default=None, repr=False, compare=False)
+
+
+def float32_compute_nodes(model: onnx.ModelProto) -> tuple[str, ...]:
+    """Compute nodes (`graphfix.precision.policy.is_compute`, as `precision_census` counts them)
+    whose first float output is float32, as labels."""
+    types = infer_types(model)
+    found = []
+    for i, node in enumerate(model.graph.node):
+        if not policy.is_compute(node.op_type):
+            continue
+        floats = [types[o] for o in node.output if types.get(o) in _FLOAT_TYPES]
+        if floats and floats[0] == onnx.TensorProto.FLOAT:
+            found.append(node_label(node, i))
+    return tuple(found)
+
+
+class TrialRunner:
+    """Builds and runs candidates with remedies against the reference outputs."""
+
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        *,
+        precision: str,
+        feeds: Mapping[str, np.ndarray],
+        reference_outputs: Mapping[str, np.ndarray],
+        tolerance: Tolerance,
+    ) -> None:
+        self.model = model
+        self.precision = precision
+        self.feeds = feeds
+        self.reference_outputs = reference_outputs
+        self.tolerance = tolerance
+
+    def build(self, remedies: Sequence[Remedy]) -> BuiltCandidate:
+        keep = sorted({n for r in remedies if r.kind is RemedyKind.FLOAT32_ISLAND for n in r.nodes})
+        attention = [
+            (r.block, r.strategy) for r in remedies if r.kind is RemedyKind.ATTENTION_STRATEGY
+        ]
+        return build_candidate(self.model, precision=self.precision, keep=keep, attention=attention)
+
+    def compare(self, model: onnx.ModelProto) -> tuple[OutputComparison, ...]:
+        from graphfix.validation.backends.onnxruntime_backend import OnnxRuntimeRunner
+
+        runner = OnnxRuntimeRunner(
+            LoadedModel(emulate_low_precision(model), None, True),
+            label="the candidate with remedies",
+        )
+        outputs = runner.infer(self.feeds)
+        return tuple(
+            compare_output(name, ref, outputs[name], self.tolerance)
+            for name, ref in self.reference_outputs.items()
+        )
+
+    def trial(self, step: str, remedies: Sequence[Remedy]) -> tuple[Trial, BuiltCandidate]:
+        start = time.perf_counter()
+        built = self.build(remedies)
+        comparisons = self.compare(built.model)
+        return (
+            Trial(
+                step=step,
+                remedies=tuple(remedies),
+                float32_nodes=len(float32_compute_nodes(built.model)),
+                error=worst_error(comparisons),
+                passed=all(c.passed for c in comparisons),
+                seconds=time.perf_counter() - start,
+            ),
+            built,
+        )
+
+
+def worst_error(comparisons: Sequence[OutputComparison]) -> float:
+    """The largest absolute error over outputs; inf when an output has NaN/inf disagreements."""
+    worst = 0.0
+    for c in comparisons:
+        if c.nonfinite_mismatches or c.absolute is None:
+            return float("inf") if c.size else worst
+        worst = max(worst, c.absolute.max)
+    return worst
+
+
+def search_remedies(
+    model: onnx.ModelProto,
+    suspects: Sequence[Suspect],
+    errors: Sequence[TensorError],
+    runner: TrialRunner,
+    *,
+    max_trials: int = 24,
+    max_rings: int = 3,
+    max_suspects: int = 5,
+    progress: Callable[[Trial], None] | None = None,
+) -> SearchResult:
+    """Greedy over `suspects`, then bisection; at most `max_trials` candidate runs."""
+    graph = _Neighbours(model)
+    trials: list[Trial] = []
+
+    def run(step: str, remedies: Sequence[Remedy]) -> tuple[Trial, BuiltCandidate]:
+        trial, built = runner.trial(step, remedies)
+        trials.append(trial)
+        if progress is not None:
+            progress(trial)
+        return trial, built
+
+    current, built = run("as converted", [])
+    kept: list[Remedy] = []
+    required = _beyond_range(model, errors, RANGE_MAX[runner.precision] * _RANGE_MARGIN)
+    for suspect in suspects[:max_suspects]:
+        if current.passed or len(trials) >= max_trials:
+            break
+        island = {suspect.node} | required
+        if any(suspect.node in r.nodes for r in kept):
+            continue
+        options: list[Remedy] = []
+        if suspect.attention_block is not None and not any(
+            r.block == suspect.attention_block for r in kept
+        ):
+            options.append(
+                Remedy(
+                    RemedyKind.ATTENTION_STRATEGY,
+                    suspect.node,
+                    block=suspect.attention_block,
+                    strategy="fp32_island",
+                )
+            )
+        for _ in range(max_rings + 1):
+            options.append(
+                Remedy(RemedyKind.FLOAT32_ISLAND, suspect.node, nodes=tuple(graph.ordered(island)))
+            )
+            grown = island | graph.around(island)
+            if grown == island:
+                break
+            island = grown
+        best: tuple[Trial, BuiltCandidate, Remedy] | None = None
+        for option in options:
+            if len(trials) >= max_trials:
+                break
+            trial, candidate = run("greedy", [*kept, option])
+            if best is None or trial.error < best[0].error:
+                best = (trial, candidate, option)
+            if trial.passed:
+                break
+        if best is not None and (best[0].passed or best[0].error < 0.5 * current.error):
+            current, built, _ = best
+            kept.append(best[2])
+    if current.passed:
+        kept, current, built = _bisect(kept, required, current, built, run, max_trials, trials)
+    return SearchResult(
+        trials=tuple(trials),
+        kept=tuple(kept),
+        passed=current.passed,
+        error=current.error,
+        float32_nodes=float32_compute_nodes(built.model),
+        model=built.model if kept else None,
+    )
+
+
+def _bisect(
+    kept: list[Remedy],
+    required: set[str],
+    current: Trial,
+    built: BuiltCandidate,
+    run: Callable[[str, Sequence[Remedy]], tuple[Trial, BuiltCandidate]],
+    max_trials: int,
+    trials: list[Trial],
+) -> tuple[list[Remedy], Trial, BuiltCandidate]:
+    """Drop contiguous runs of island nodes (never the out-of-range ones) while it still passes."""
+    islands = [r for r in kept if r.kind is RemedyKind.FLOAT32_ISLAND]
+    others = [r for r in kept if r.kind is not RemedyKind.FLOAT32_ISLAND]
+    if not islands:
+        return kept, current, built
+    order: list[str] = []
+    for r in islands:
+        order += [n for n in r.nodes if n not in order]
+    removable = [n for n in order if n not in required]
+    dropped: set[str] = set()
+    segments = [removable] if removable else []
+    while segments and len(trials) < max_trials:
+        segment = segments.pop(0)
+        attempt = _without(islands, dropped | set(segment))
+        trial, candidate = run("bisect", [*others, *attempt])
+        if trial.passed:
+            dropped |= set(segment)
+            current, built = trial, candidate
+        elif len(segment) > 1:
+            half = len(segment) // 2
+            segments += [segment[:half], segment[half:]]
+    return [*others, *_without(islands, dropped)], current, built
+
+
+def _without(islands: Sequence[Remedy], dropped: set[str]) -> list[Remedy]:
+    result = []
+    for r in islands:
+        nodes = tuple(n for n in r.nodes if n not in dropped)
+        if nodes:
+            result.append(Remedy(r.kind, r.suspect, nodes=nodes))
+    return result
+
+
+def _beyond_range(model: onnx.ModelProto, errors: Sequence[TensorError], limit: float) -> set[str]:
+    """Nodes that write or read a float value beyond `limit` in the reference (or a weight) where
+    the candidate as converted went wrong (saturating a mask constant is harmless)."""
+    big = {
+        e.tensor
+        for e in errors
+        if e.reference_absmax > limit and (e.nonfinite or e.error > 16 * UNIT_ROUNDOFF["float16"])
+    }
+    for init in model.graph.initializer:
+        if (
+            init.data_type == onnx.TensorProto.FLOAT
+            and init.data_location != onnx.TensorProto.EXTERNAL
+        ):
+            values = onnx.numpy_helper.to_array(init)
+            if values.size and float(np.abs(values[np.isfinite(values)]).max(initial=0)) > limit:
+                big.add(init.name)
+    nodes = set()
+    for i, node in enumerate(model.graph.node):
+        if node.op_type in DATA_MOVEMENT and node.op_type != "Where":
+            continue
+        if big.intersection(node.output) or big.intersection(node.input):
+            nodes.add(node_label(node, i))
+    return nodes
+
+
+class _Neighbours:
+    """Nodes adjacent through float tensors, by label, and topological order."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        types = infer_types(model)
+        self.position: dict[str, int] = {}
+        producer: dict[str, str] = {}
+        consumers: dict[str, list[str]] = {}
+        for i, node in enumerate(model.graph.node):
+            label = node_label(node, i)
+            self.position[label] = i
+            for out in node.output:
+                producer[out] = label
+            for t in node.input:
+                consumers.setdefault(t, []).append(label)
+        self.adjacent: dict[str, set[str]] = {label: set() for label in self.position}
+        for tensor, source in producer.items():
+            if types.get(tensor, onnx.TensorProto.FLOAT) not in (
+                onnx.TensorProto.FLOAT,
+                onnx.TensorProto.FLOAT16,
+                onnx.TensorProto.BFLOAT16,
+            ):
+                continue
+            for sink in consumers.get(tensor, []):
+                self.adjacent[source].add(sink)
+                self.adjacent[sink].add(source)
+
+    def around(self, nodes: set[str]) -> set[str]:
+        return {n for node in nodes for n in self.adjacent.get(node, ())} - nodes
+
+    def ordered(self, nodes: set[str]) -> list[str]:
+        return sorted(nodes, key=lambda n: self.position.get(n, -1))
