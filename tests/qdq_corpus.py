@@ -189,11 +189,18 @@ def modelopt_quantized_path(model: str, mode: str) -> Path:
     calibration = path.with_suffix(".calib.npz")
     np.savez(calibration, **feeds[0])  # one sample: ModelOpt splits arrays on the batch axis
     partial = path.with_suffix(f".{os.getpid()}.partial.onnx")
+    # A CalibrationDataReader, not `calibration_data`: ModelOpt splits arrays on their first
+    # axis, which a 0-d timestep does not have.
     script = (
         "import sys, numpy as np\n"
+        "from onnxruntime.quantization import CalibrationDataReader\n"
         "from modelopt.onnx.quantization import quantize\n"
-        "data = dict(np.load(sys.argv[2]))\n"
-        "quantize(sys.argv[1], quantize_mode=sys.argv[4], calibration_data=data,\n"
+        "class Reader(CalibrationDataReader):\n"
+        "    def __init__(self):\n"
+        "        self.feeds = iter([dict(np.load(sys.argv[2]))])\n"
+        "    def get_next(self):\n"
+        "        return next(self.feeds, None)\n"
+        "quantize(sys.argv[1], quantize_mode=sys.argv[4], calibration_data_reader=Reader(),\n"
         "         calibration_method='max', output_path=sys.argv[3],\n"
         "         calibration_eps=['cpu'])\n"
     )

@@ -1,4 +1,4 @@
-"""`graphfix` command line: inspect, fix, validate, plugins."""
+"""`graphfix` command line: inspect, fix, validate, plugins, qdq."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from graphfix.attention.rewrite import fix_attention
 from graphfix.attention.strategies import DEFAULT_STRATEGY, STRATEGIES
 from graphfix.attention.table import match_table
 from graphfix.cli import plugins as cli_plugins
+from graphfix.cli import qdq as cli_qdq
 from graphfix.cli import validate as cli_validate
 from graphfix.cli.options import Option, add_options, api_kwargs
 from graphfix.errors import GraphfixError
@@ -187,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_validate.register(sub)
     cli_plugins.register(sub)
+    cli_qdq.register(sub)
     return parser
 
 

@@ -27,8 +27,8 @@ def inspect_qdq(model: LoadedModel | onnx.ModelProto | str | os.PathLike[str]) -
     return lint_view(view)
 
 
-def lint_view(view: QdqView) -> QdqReport:
-    attention = attention_sites(view)
+def lint_view(view: QdqView, *, sites: tuple[AttentionSite, ...] | None = None) -> QdqReport:
+    attention = attention_sites(view) if sites is None else sites
     ctx = LintContext(view, attention)
     findings: list[Finding] = []
     findings += rules.check_operands(ctx)
@@ -36,6 +36,7 @@ def lint_view(view: QdqView) -> QdqReport:
     findings += rules.check_residual(ctx)
     findings += rules.check_alignment(ctx)
     findings += rules.check_concat(ctx)
+    findings += rules.check_duplicates(ctx)
     split = list(rules.check_myelin_split(ctx))
     findings += split
     residual_qs = {

@@ -86,6 +86,10 @@ RULES: tuple[Rule, ...] = (
          "a Q/DQ pair inside an attention score chain or a normalization splits what Myelin fuses",
          "[EQ] explicit Q/DQ fix precision conversions exactly where written; [MO] disable_mha_qdq",
          "remove the pair (exact: the fused region reads the float tensor)"),
+    Rule("duplicate-quantizer", Severity.SLOW,
+         "several Q (or DQ) nodes with identical parameters read one tensor",
+         "[TREx] QDQLinter: unfused Quantize/Dequantize layers are wasteful",
+         "merge them into one (exact)"),
     Rule("attention-placement", Severity.FLOAT,
          "quantized attention needs Q/DQ before both inputs of the first MatMul, after the "
          "Softmax and on V (and on the second MatMul's output for the out-projection)",
@@ -421,6 +425,27 @@ def check_concat(ctx: LintContext) -> Iterator[Finding]:
         )
 
 
+def check_duplicates(ctx: LintContext) -> Iterator[Finding]:
+    """duplicate-quantizer."""
+    view = ctx.view
+    groups: dict[tuple[str, str], list[onnx.NodeProto]] = {}
+    for node in view.nodes:
+        if view.is_q(node) or view.is_dq(node):
+            groups.setdefault((node.op_type, node.input[0]), []).append(node)
+    for (op, tensor), nodes in groups.items():
+        for i, node in enumerate(nodes):
+            twin = next(
+                (k for k in nodes[:i] if view.quantizer(k).same_params(view.quantizer(node))), None
+            )
+            if twin is not None:
+                yield ctx.finding(
+                    "duplicate-quantizer",
+                    view.label(node),
+                    f"{op} on '{tensor}' duplicates {view.label(twin)} (same parameters): one "
+                    "more kernel for the same values",
+                )
+
+
 def activation_pairs(view: QdqView) -> Iterator[tuple[onnx.NodeProto, onnx.NodeProto]]:
     """(Q, DQ) for every DQ fed by a Q of a non-constant tensor."""
     for node in view.nodes:
@@ -505,7 +530,7 @@ def pair_use(ctx: LintContext, dq: onnx.NodeProto) -> tuple[bool, tuple[str, ...
             op = consumer.op_type
             if op in COMPUTE_OPS or view.is_q(consumer):
                 return True, ()
-            if op in COMMUTING_OPS or op == "Concat":
+            if view.commutes(consumer) or op == "Concat":
                 pending.extend(o for o in consumer.output if o)
                 continue
             if op in QUANTIZABLE_OPS and all(

@@ -133,9 +133,12 @@ class Operand:
 class QdqView:
     """Quantizers, operands and shapes of one model's top-level graph."""
 
-    def __init__(self, model: onnx.ModelProto, *, base_dir=None) -> None:
+    def __init__(self, model: onnx.ModelProto, *, base_dir=None, infer_shapes: bool = True) -> None:
+        """`infer_shapes=False` indexes `model` itself (no copy), trusting its value_info: for
+        re-indexing a model this view's inference already annotated."""
         self.model = model
-        self.index = GraphIndex(_with_static_shapes(model), base_dir=base_dir)
+        indexed = _with_static_shapes(model) if infer_shapes else model
+        self.index = GraphIndex(indexed, base_dir=base_dir)
         self._quantizers: dict[str, Quantizer] = {}
         self._constant: dict[str, bool] = {}
 
@@ -240,15 +243,19 @@ class QdqView:
                     first = parts[0]
                     return Operand(tensor, False, first.dq, first.quantizer, (*path, "Concat"))
                 break
-            if node.op_type in COMMUTING_OPS or node.op_type == "Cast" and self._is_weight(node):
+            if self.commutes(node):
                 path.append(node.op_type)
                 current = node.input[0]
                 continue
             break
         return Operand(tensor, self.is_constant(tensor), None, None, tuple(path))
 
-    def _is_weight(self, node: onnx.NodeProto) -> bool:
-        return self.is_constant(node.input[0])
+    def commutes(self, node: onnx.NodeProto) -> bool:
+        """A DQ moves across `node` unchanged: data movement, max-pooling, nearest Resize."""
+        if node.op_type == "Resize":
+            mode = self.attribute(node, "mode", b"nearest")
+            return (mode.decode() if isinstance(mode, bytes) else mode) == "nearest"
+        return node.op_type in COMMUTING_OPS
 
     def pair_source(self, dq: onnx.NodeProto) -> onnx.NodeProto | None:
         """The Q feeding `dq` (an activation pair), else None."""
