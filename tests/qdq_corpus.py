@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import model_corpus  # noqa: E402
+import model_corpus
 
 PEERS_PYTHON = Path(os.environ.get("GRAPHFIX_PEERS_PYTHON", "/work/venvs/peers/bin/python"))
 MODELS = ("unet", "svd_unet", "vae")
@@ -67,7 +67,12 @@ def _svd_unet() -> model_corpus.Exportable:
                 return_dict=False,
             )[0]
 
-    args = (torch.randn(1, 2, 8, 8, 8), torch.tensor(10.0), torch.randn(1, 1, 32), torch.randn(1, 3))
+    args = (
+        torch.randn(1, 2, 8, 8, 8),
+        torch.tensor(10.0),
+        torch.randn(1, 1, 32),
+        torch.randn(1, 3),
+    )
     return model_corpus.Exportable(
         VideoDenoiser().eval(), args, ("sample", "timestep", "context", "time_ids")
     )
@@ -92,7 +97,9 @@ def float_path(model: str) -> Path:
         raise ValueError(f"unknown model {model!r}; expected one of {MODELS}")
     directory = model_corpus.corpus_dir()
     versions = model_corpus._versions(
-        model_corpus.CorpusEntry("svd_unet", _svd_unet, "legacy", 17, model_corpus.Expected(), "diffusers")
+        model_corpus.CorpusEntry(
+            "svd_unet", _svd_unet, "legacy", 17, model_corpus.Expected(), "diffusers"
+        )
     )
     path = directory / f"qdq-svd_unet-legacy17-{_key(versions)}.onnx"
     if not path.exists():
@@ -124,7 +131,9 @@ def calibration_feeds(model_path: Path, *, count: int = CALIBRATION_SAMPLES) -> 
 def ort_quantized_path(model: str) -> Path:
     """`model` quantized by onnxruntime's quantize_static: QDQ, int8 symmetric, per-channel weights."""
     source = float_path(model)
-    path = model_corpus.corpus_dir() / f"qdq-{model}-ort_int8-{_key(source.name, _ort_version())}.onnx"
+    path = (
+        model_corpus.corpus_dir() / f"qdq-{model}-ort_int8-{_key(source.name, _ort_version())}.onnx"
+    )
     if path.exists():
         return path
     from onnxruntime.quantization import (
@@ -212,7 +221,9 @@ def modelopt_quantized_path(model: str, mode: str) -> Path:
             check=False,
         )
         if done.returncode != 0 or not partial.exists():
-            raise RuntimeError(f"ModelOpt {mode} quantization of {model} failed:\n{done.stderr[-3000:]}")
+            raise RuntimeError(
+                f"ModelOpt {mode} quantization of {model} failed:\n{done.stderr[-3000:]}"
+            )
         partial.replace(path)
     finally:
         partial.unlink(missing_ok=True)

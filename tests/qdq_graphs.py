@@ -46,7 +46,10 @@ def add_pair(
     z_name = _unique(m, f"{q_name}_zp")
     zero = np.zeros((), dtype=helper.tensor_dtype_to_np_dtype(dtype))
     g.initializer.extend(
-        [numpy_helper.from_array(np.array(scale, np.float32), s_name), numpy_helper.from_array(zero, z_name)]
+        [
+            numpy_helper.from_array(np.array(scale, np.float32), s_name),
+            numpy_helper.from_array(zero, z_name),
+        ]
     )
     q = helper.make_node("QuantizeLinear", [tensor, s_name, z_name], [f"{q_name}_out"], name=q_name)
     dq = helper.make_node(
@@ -97,7 +100,11 @@ def quantize_weight(m: onnx.ModelProto, name: str, *, axis: int | None = 0) -> s
     )
     attrs = {} if axis is None else {"axis": axis}
     dq = helper.make_node(
-        "DequantizeLinear", [f"{name}_q", f"{name}_scale", f"{name}_zp"], [name], name=f"{name}_DQ", **attrs
+        "DequantizeLinear",
+        [f"{name}_q", f"{name}_scale", f"{name}_zp"],
+        [name],
+        name=f"{name}_DQ",
+        **attrs,
     )
     g.node.insert(0, dq)
     return dq.name
@@ -108,7 +115,9 @@ def conv_block(
 ) -> onnx.ModelProto:
     """x [1,C,8,8] → Conv(3×3, C→C) → y, weights quantized, input optionally Q/DQ'd."""
     rng = np.random.default_rng(0)
-    w = numpy_helper.from_array(rng.standard_normal((channels, channels, 3, 3)).astype(np.float32) * 0.1, "W")
+    w = numpy_helper.from_array(
+        rng.standard_normal((channels, channels, 3, 3)).astype(np.float32) * 0.1, "W"
+    )
     conv = helper.make_node("Conv", ["x", "W"], ["y"], name="conv", pads=[1, 1, 1, 1])
     m = model([conv], [value("x", (1, channels, 8, 8))], [value("y", (1, channels, 8, 8))], [w])
     quantize_weight(m, "W", axis=weight_axis)

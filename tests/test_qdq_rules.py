@@ -55,7 +55,9 @@ def test_float_weights_keep_conv_in_float():
     g = m.graph
     dq = next(n for n in g.node if n.name == "W_DQ")
     q_data = next(t for t in g.initializer if t.name == "W_q")
-    g.initializer.append(numpy_helper.from_array(numpy_helper.to_array(q_data).astype(np.float32), "W_float"))
+    g.initializer.append(
+        numpy_helper.from_array(numpy_helper.to_array(q_data).astype(np.float32), "W_float")
+    )
     next(n for n in g.node if n.name == "conv").input[1] = "W_float"
     g.node.remove(dq)
     report = inspect_qdq(m)
@@ -69,7 +71,9 @@ def test_float_weights_through_q_dq_count_as_quantized():
     g = m.graph
     g.node.remove(next(n for n in g.node if n.name == "W_DQ"))
     rng = np.random.default_rng(1)
-    g.initializer.append(numpy_helper.from_array(rng.standard_normal((32, 32, 3, 3)).astype(np.float32), "W"))
+    g.initializer.append(
+        numpy_helper.from_array(rng.standard_normal((32, 32, 3, 3)).astype(np.float32), "W")
+    )
     add_pair(m, "W", consumers=("conv",))
     report = inspect_qdq(m)
     assert report.nodes[0].quantized
@@ -85,15 +89,27 @@ def test_per_tensor_weights_are_flagged_but_still_quantized():
 
 @pytest.mark.parametrize(
     ("op", "axis", "bad"),
-    [("Conv", 0, False), ("Conv", 1, True), ("ConvTranspose", 1, False), ("ConvTranspose", 0, True)],
+    [
+        ("Conv", 0, False),
+        ("Conv", 1, True),
+        ("ConvTranspose", 1, False),
+        ("ConvTranspose", 0, True),
+    ],
 )
 def test_weight_axis_must_be_the_output_channel_axis(op, axis, bad):
     rng = np.random.default_rng(0)
-    w = rng.standard_normal((32, 48, 3, 3)).astype(np.float32)  # Conv: [Cout, Cin]; ConvT: [Cin, Cout]
+    w = rng.standard_normal((32, 48, 3, 3)).astype(
+        np.float32
+    )  # Conv: [Cout, Cin]; ConvT: [Cin, Cout]
     cin = 48 if op == "Conv" else 32
     cout = 32 if op == "Conv" else 48
     node = helper.make_node(op, ["x", "W"], ["y"], name="node", pads=[1, 1, 1, 1])
-    m = model([node], [value("x", (1, cin, 8, 8))], [value("y", (1, cout, 8, 8))], [numpy_helper.from_array(w, "W")])
+    m = model(
+        [node],
+        [value("x", (1, cin, 8, 8))],
+        [value("y", (1, cout, 8, 8))],
+        [numpy_helper.from_array(w, "W")],
+    )
     quantize_weight(m, "W", axis=axis)
     add_pair(m, "x")
     report = inspect_qdq(m)
@@ -105,7 +121,12 @@ def test_weight_axis_must_be_the_output_channel_axis(op, axis, bad):
 def test_matmul_weight_scales_belong_on_n(axis, bad):
     w = np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)
     node = helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")
-    m = model([node], [value("x", (1, 8, 32))], [value("y", (1, 8, 64))], [numpy_helper.from_array(w, "W")])
+    m = model(
+        [node],
+        [value("x", (1, 8, 32))],
+        [value("y", (1, 8, 64))],
+        [numpy_helper.from_array(w, "W")],
+    )
     quantize_weight(m, "W", axis=axis)
     add_pair(m, "x")
     report = inspect_qdq(m)
@@ -163,7 +184,9 @@ def test_alignment_is_not_asked_of_float_nodes():
 
 def concat_model(scales: tuple[float, float], *, output_q: bool) -> onnx.ModelProto:
     nodes = [helper.make_node("Concat", ["a", "b"], ["c"], name="concat", axis=1)]
-    m = model(nodes, [value("a", (1, 4, 8, 8)), value("b", (1, 4, 8, 8))], [value("y", (1, 8, 8, 8))])
+    m = model(
+        nodes, [value("a", (1, 4, 8, 8)), value("b", (1, 4, 8, 8))], [value("y", (1, 8, 8, 8))]
+    )
     add_pair(m, "a", scale=scales[0])
     add_pair(m, "b", scale=scales[1])
     m.graph.node.append(helper.make_node("Relu", ["c"], ["y"], name="relu"))
@@ -213,7 +236,9 @@ def test_pair_feeding_only_a_norm_is_a_reformat():
 
 
 def test_pair_feeding_a_linear_resize_is_a_reformat_and_a_requantized_nearest_one_is_not():
-    assert "qdq-reformat" in {f.rule for f in inspect_qdq(norm_then("Resize", mode="linear")).findings}
+    assert "qdq-reformat" in {
+        f.rule for f in inspect_qdq(norm_then("Resize", mode="linear")).findings
+    }
     m = norm_then("Resize", mode="nearest")
     g = m.graph
     g.node[-1].output[0] = "up"
@@ -283,12 +308,20 @@ def test_qdq_on_attention_scores_splits_the_fused_attention():
 @pytest.mark.parametrize(("second_scale", "duplicate"), [(0.05, True), (0.07, False)])
 def test_duplicate_quantizers(second_scale, duplicate):
     rng = np.random.default_rng(0)
-    ws = [numpy_helper.from_array(rng.standard_normal((32, 32, 1, 1)).astype(np.float32), f"W{i}") for i in (1, 2)]
+    ws = [
+        numpy_helper.from_array(rng.standard_normal((32, 32, 1, 1)).astype(np.float32), f"W{i}")
+        for i in (1, 2)
+    ]
     nodes = [
         helper.make_node("Conv", ["x", "W1"], ["y1"], name="c1"),
         helper.make_node("Conv", ["x", "W2"], ["y2"], name="c2"),
     ]
-    m = model(nodes, [value("x", (1, 32, 8, 8))], [value("y1", (1, 32, 8, 8)), value("y2", (1, 32, 8, 8))], ws)
+    m = model(
+        nodes,
+        [value("x", (1, 32, 8, 8))],
+        [value("y1", (1, 32, 8, 8)), value("y2", (1, 32, 8, 8))],
+        ws,
+    )
     for w in ("W1", "W2"):
         quantize_weight(m, w, axis=0)
     add_pair(m, "x", consumers=("c1",), scale=0.05)

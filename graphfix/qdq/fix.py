@@ -138,7 +138,9 @@ def _guarded(model, step: Pass, sites, guard, base_dir):
 # --- passes ----------------------------------------------------------------------------------
 
 
-def merge_duplicates(view: QdqView, ctx: LintContext, allow: Allow = _everything) -> list[QdqChange]:
+def merge_duplicates(
+    view: QdqView, ctx: LintContext, allow: Allow = _everything
+) -> list[QdqChange]:
     """Q nodes reading one tensor with identical parameters, and DQs reading one Q, become one."""
     changes: list[QdqChange] = []
     for op in ("QuantizeLinear", "DequantizeLinear"):

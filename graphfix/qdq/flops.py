@@ -1,9 +1,9 @@
 """FLOPs of Conv, ConvTranspose, MatMul and Gemm from inferred shapes (a multiply-add is 2 FLOPs).
 
-    Conv           2 · N · Cout · ∏(output spatial) · Cin/groups · ∏(kernel)
-    ConvTranspose  2 · N · Cin  · ∏(input spatial)  · Cout/groups · ∏(kernel)
-    MatMul         2 · ∏(output dims) · K
-    Gemm           2 · M · N · K
+Conv           2 · N · Cout · ∏(output spatial) · Cin/groups · ∏(kernel)
+ConvTranspose  2 · N · Cin  · ∏(input spatial)  · Cout/groups · ∏(kernel)
+MatMul         2 · ∏(output dims) · K
+Gemm           2 · M · N · K
 """
 
 from __future__ import annotations

@@ -61,9 +61,7 @@ def attention_sites(view: QdqView) -> tuple[AttentionSite, ...]:
     (the matcher reads float chains; node names are unchanged)."""
     plain = onnx.ModelProto()
     plain.CopyFrom(view.model)
-    bypass = {
-        dq.output[0]: q.input[0] for q, dq in rules.activation_pairs(view)
-    }
+    bypass = {dq.output[0]: q.input[0] for q, dq in rules.activation_pairs(view)}
     for node in plain.graph.node:
         for i, name in enumerate(node.input):
             if name in bypass:

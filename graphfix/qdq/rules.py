@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import onnx
 
 from graphfix.qdq.report import Finding, Severity
-from graphfix.qdq.view import COMMUTING_OPS, COMPUTE_OPS, Operand, QdqView, block_of
+from graphfix.qdq.view import COMPUTE_OPS, Operand, QdqView, block_of
 
 
 @dataclass(frozen=True)
@@ -134,10 +134,14 @@ class LintContext:
         self.operands = {view.label(n): compute_operands(view, n) for n in self.compute}
         self.attention_nodes = {s.qk: s for s in attention} | {s.pv: s for s in attention}
         self.quantized = {
-            view.label(n) for n in self.compute if not _blocking(view, n, self.operands[view.label(n)])
+            view.label(n)
+            for n in self.compute
+            if not _blocking(view, n, self.operands[view.label(n)])
         }
 
-    def finding(self, rule_id: str, node: str, detail: str, *, fixable: bool | None = None) -> Finding:
+    def finding(
+        self, rule_id: str, node: str, detail: str, *, fixable: bool | None = None
+    ) -> Finding:
         rule = RULES_BY_ID[rule_id]
         return Finding(
             node=node,
@@ -258,7 +262,9 @@ def check_attention(ctx: LintContext) -> Iterator[Finding]:
             if ops is None:
                 continue
             missing = [
-                role for role, operand in zip(roles, ops.activations, strict=False) if operand.dq is None
+                role
+                for role, operand in zip(roles, ops.activations, strict=False)
+                if operand.dq is None
             ]
             if missing:
                 where = "first (Q·Kᵀ)" if name == site.qk else "second (P·V)"
@@ -282,7 +288,9 @@ def _compute_branch(view: QdqView, tensor: str) -> onnx.NodeProto | None:
     return node if node is not None and node.op_type in COMPUTE_OPS else None
 
 
-def residual_adds(ctx: LintContext) -> Iterator[tuple[onnx.NodeProto, int, onnx.NodeProto, onnx.NodeProto | None]]:
+def residual_adds(
+    ctx: LintContext,
+) -> Iterator[tuple[onnx.NodeProto, int, onnx.NodeProto, onnx.NodeProto | None]]:
     """(Add, main input index, compute node, DQ on the main branch or None) per residual Add.
 
     The main branch is the one TensorRT fuses into the compute node; where both inputs come from
@@ -290,7 +298,11 @@ def residual_adds(ctx: LintContext) -> Iterator[tuple[onnx.NodeProto, int, onnx.
     """
     view = ctx.view
     for add in view.nodes:
-        if add.op_type != "Add" or len(add.input) != 2 or any(view.is_constant(i) for i in add.input):
+        if (
+            add.op_type != "Add"
+            or len(add.input) != 2
+            or any(view.is_constant(i) for i in add.input)
+        ):
             continue
         branches = []
         for position, tensor in enumerate(add.input):
@@ -533,12 +545,16 @@ def pair_use(ctx: LintContext, dq: onnx.NodeProto) -> tuple[bool, tuple[str, ...
             if view.commutes(consumer) or op == "Concat":
                 pending.extend(o for o in consumer.output if o)
                 continue
-            if op in QUANTIZABLE_OPS and all(
-                view.is_q(c) for c in view.consumers(consumer.output[0])
-            ) and view.consumers(consumer.output[0]):
+            if (
+                op in QUANTIZABLE_OPS
+                and all(view.is_q(c) for c in view.consumers(consumer.output[0]))
+                and view.consumers(consumer.output[0])
+            ):
                 return True, ()
             if op == "Add" and any(
-                _compute_branch(view, other) is not None for other in consumer.input if other != tensor
+                _compute_branch(view, other) is not None
+                for other in consumer.input
+                if other != tensor
             ):
                 return True, ()
             float_ops.append(op)

@@ -72,7 +72,7 @@ def _with_static_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         inferred = SymbolicShapeInference.infer_shapes(copy, auto_merge=True)
         if inferred is not None:
             return inferred
-    except Exception:  # noqa: BLE001 — any failure falls back to onnx's inference below
+    except Exception:  # its failures come as any type (assertions included): use onnx's below
         pass
     try:
         return onnx.shape_inference.infer_shapes(copy, strict_mode=False, data_prop=True)
@@ -158,14 +158,14 @@ class QdqView:
 
     @staticmethod
     def is_q(node: onnx.NodeProto | None) -> bool:
-        return node is not None and node.op_type == "QuantizeLinear" and node.domain in _ONNX_DOMAINS
+        return (
+            node is not None and node.op_type == "QuantizeLinear" and node.domain in _ONNX_DOMAINS
+        )
 
     @staticmethod
     def is_dq(node: onnx.NodeProto | None) -> bool:
         return (
-            node is not None
-            and node.op_type == "DequantizeLinear"
-            and node.domain in _ONNX_DOMAINS
+            node is not None and node.op_type == "DequantizeLinear" and node.domain in _ONNX_DOMAINS
         )
 
     def quantizer(self, node: onnx.NodeProto) -> Quantizer:
@@ -236,7 +236,9 @@ class QdqView:
                 constant = self.is_constant(source) or (
                     self.is_q(q) and self.is_constant(q.input[0])
                 )
-                return Operand(tensor, constant, self.label(node), self.quantizer(node), tuple(path))
+                return Operand(
+                    tensor, constant, self.label(node), self.quantizer(node), tuple(path)
+                )
             if node.op_type == "Concat" and node.input:
                 parts = [self.operand(i) for i in node.input if i]
                 if parts and all(p.dq for p in parts):
