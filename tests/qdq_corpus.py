@@ -199,14 +199,17 @@ def modelopt_quantized_path(model: str, mode: str) -> Path:
     np.savez(calibration, **feeds[0])  # one sample: ModelOpt splits arrays on the batch axis
     partial = path.with_suffix(f".{os.getpid()}.partial.onnx")
     # A CalibrationDataReader, not `calibration_data`: ModelOpt splits arrays on their first
-    # axis, which a 0-d timestep does not have.
+    # axis, which a 0-d timestep does not have; it also asks the reader for `get_first`.
     script = (
         "import sys, numpy as np\n"
         "from onnxruntime.quantization import CalibrationDataReader\n"
         "from modelopt.onnx.quantization import quantize\n"
         "class Reader(CalibrationDataReader):\n"
         "    def __init__(self):\n"
-        "        self.feeds = iter([dict(np.load(sys.argv[2]))])\n"
+        "        self.first = dict(np.load(sys.argv[2]))\n"
+        "        self.feeds = iter([self.first])\n"
+        "    def get_first(self):\n"
+        "        return self.first\n"
         "    def get_next(self):\n"
         "        return next(self.feeds, None)\n"
         "quantize(sys.argv[1], quantize_mode=sys.argv[4], calibration_data_reader=Reader(),\n"

@@ -163,3 +163,25 @@ def attention_block(*, quantize: tuple[str, ...] = ("q", "k", "p", "v"), scores_
     if scores_qdq:
         add_pair(m, "scores", consumers=("scale_mul",))
     return m
+
+
+def layernorm_model(*, qdq_inside: bool) -> onnx.ModelProto:
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["mean"], name="mean", axes=[-1]),
+        helper.make_node("Sub", ["x", "mean"], ["centred"], name="centre"),
+        helper.make_node("Mul", ["centred", "centred"], ["sq"], name="square"),
+        helper.make_node("ReduceMean", ["sq"], ["var"], name="var", axes=[-1]),
+        helper.make_node("Add", ["var", "eps"], ["var_eps"], name="add_eps"),
+        helper.make_node("Sqrt", ["var_eps"], ["std"], name="std"),
+        helper.make_node("Div", ["centred", "std"], ["y"], name="normalise"),
+    ]
+    inits = [numpy_helper.from_array(np.array(1e-5, np.float32), "eps")]
+    m = model(nodes, [value("x", (1, 8, 32))], [value("y", (1, 8, 32))], inits)
+    if qdq_inside:
+        add_pair(m, "centred", consumers=("normalise",))
+    return m
+
+
+def layernorm_model_for_fix() -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """(a LayerNorm with a Q/DQ pair on its centred input, the same LayerNorm without it)."""
+    return layernorm_model(qdq_inside=True), layernorm_model(qdq_inside=False)

@@ -10,6 +10,7 @@ from qdq_graphs import (
     add_pair,
     attention_block,
     conv_block,
+    layernorm_model,
     model,
     quantize_weight,
     residual_block,
@@ -253,23 +254,6 @@ def test_pair_feeding_a_conv_is_not_a_reformat():
 
 
 # --- Myelin regions and attention ------------------------------------------------------------
-
-
-def layernorm_model(*, qdq_inside: bool) -> onnx.ModelProto:
-    nodes = [
-        helper.make_node("ReduceMean", ["x"], ["mean"], name="mean", axes=[-1]),
-        helper.make_node("Sub", ["x", "mean"], ["centred"], name="centre"),
-        helper.make_node("Mul", ["centred", "centred"], ["sq"], name="square"),
-        helper.make_node("ReduceMean", ["sq"], ["var"], name="var", axes=[-1]),
-        helper.make_node("Add", ["var", "eps"], ["var_eps"], name="add_eps"),
-        helper.make_node("Sqrt", ["var_eps"], ["std"], name="std"),
-        helper.make_node("Div", ["centred", "std"], ["y"], name="normalise"),
-    ]
-    inits = [numpy_helper.from_array(np.array(1e-5, np.float32), "eps")]
-    m = model(nodes, [value("x", (1, 8, 32))], [value("y", (1, 8, 32))], inits)
-    if qdq_inside:
-        add_pair(m, "centred", consumers=("normalise",))
-    return m
 
 
 def test_qdq_inside_a_normalization_splits_it():
