@@ -6,6 +6,8 @@ Public API::
     matches = graphfix.find_attention("model.onnx")
     fixed = graphfix.break_attention_fusion(model)            # a new ModelProto
     result = graphfix.fix_attention(model, strategy="plugin")  # model + report
+    report = graphfix.inspect_qdq("unet.int8.onnx")            # Q/DQ lint + FLOP coverage
+    fixed = graphfix.fix_qdq("unet.int8.onnx", reference="unet.onnx")  # model + report
 """
 
 from graphfix.attention.match_types import (
@@ -30,6 +32,9 @@ from graphfix.errors import (
 )
 from graphfix.model_io import LoadedModel, SavedModel, load_model, save_model
 from graphfix.plugins.reference import with_reference_ops
+from graphfix.qdq.fix import fix_qdq
+from graphfix.qdq.lint import inspect_qdq
+from graphfix.qdq.report import QdqFixReport, QdqFixResult, QdqReport
 from graphfix.validation.validate import ValidationReport, ValidationUsageError, validate
 
 # Drawing and plotting load on first use: `graphfix fix` starts without them.
@@ -37,6 +42,7 @@ _LAZY = {
     "draw_attention_block": "graphfix.attention.draw",
     "draw_before_after": "graphfix.attention.draw",
     "plot_report": "graphfix.validation.plot",
+    "plot_coverage": "graphfix.qdq.plot",
     "error_histogram_figure": "graphfix.validation.plot",
     "error_heatmap_figure": "graphfix.validation.plot",
 }
@@ -66,6 +72,9 @@ __all__ = [
     "ModelLoadError",
     "OutputPathError",
     "PluginBuildError",
+    "QdqFixReport",
+    "QdqFixResult",
+    "QdqReport",
     "SavedModel",
     "Scale",
     "SelectionError",
@@ -80,7 +89,10 @@ __all__ = [
     "error_histogram_figure",
     "find_attention",
     "fix_attention",
+    "fix_qdq",
+    "inspect_qdq",
     "load_model",
+    "plot_coverage",
     "plot_report",
     "save_model",
     "scan_attention",

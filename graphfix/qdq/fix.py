@@ -246,7 +246,7 @@ def concat_scales(view: QdqView, ctx: LintContext, allow: Allow = _everything) -
 def reformat_only(view: QdqView, ctx: LintContext, allow: Allow = _everything) -> list[QdqChange]:
     changes = []
     for q, dq in list(rules.activation_pairs(view)):
-        if not allow(view.label(q)):
+        if not allow(view.label(q)) or rules.quantizes_compute_output(ctx, q):
             continue
         used, float_ops = rules.pair_use(ctx, dq)
         if not used and _bypass(view, q, dq):

@@ -478,7 +478,9 @@ def myelin_split_reason(ctx: LintContext, q: onnx.NodeProto) -> str | None:
     for site in ctx.attention:
         if name in site.chain and name != site.softmax:
             return f"on the attention scores between '{site.qk}' and Softmax '{site.softmax}'"
-    if producer.op_type in _NORM_STATISTICS:
+    if producer.op_type in ("ReduceMean", "InstanceNormalization") or (
+        producer.op_type in _NORM_STATISTICS and _reaches(view, producer, "ReduceMean", 3)
+    ):
         return f"inside a normalization (after {producer.op_type} '{name}')"
     if producer.op_type == "Reshape":
         before = view.producer(producer.input[0])
@@ -561,11 +563,19 @@ def pair_use(ctx: LintContext, dq: onnx.NodeProto) -> tuple[bool, tuple[str, ...
     return False, tuple(dict.fromkeys(float_ops))
 
 
+def quantizes_compute_output(ctx: LintContext, q: onnx.NodeProto) -> bool:
+    """The Q reads the output of a quantized Conv/GEMM (after its bias): TensorRT fuses it into
+    the kernel, which then writes INT8/FP8 ([EQ] Fig. 3; [TREx] mixed_precision_lint: a
+    quantized convolution with float outputs is ill-advised for memory-bound convolutions)."""
+    compute = _compute_branch(ctx.view, q.input[0])
+    return compute is not None and ctx.view.label(compute) in ctx.quantized
+
+
 def check_reformat(ctx: LintContext, *, skip: set[str]) -> Iterator[Finding]:
     """qdq-reformat, for pairs not already reported by another rule (`skip`: Q names)."""
     view = ctx.view
     for q, dq in activation_pairs(view):
-        if view.label(q) in skip:
+        if view.label(q) in skip or quantizes_compute_output(ctx, q):
             continue
         used, float_ops = pair_use(ctx, dq)
         if not used:

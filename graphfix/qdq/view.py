@@ -247,17 +247,28 @@ class QdqView:
                 break
             if self.commutes(node):
                 path.append(node.op_type)
-                current = node.input[0]
+                scalar_first = node.op_type == "Mul" and self.is_scalar(node.input[0])
+                current = node.input[1] if scalar_first else node.input[0]
                 continue
             break
         return Operand(tensor, self.is_constant(tensor), None, None, tuple(path))
 
     def commutes(self, node: onnx.NodeProto) -> bool:
-        """A DQ moves across `node` unchanged: data movement, max-pooling, nearest Resize."""
+        """A per-tensor DQ moves across `node`: data movement, max-pooling, nearest Resize, and a
+        Mul/Div by a scalar (it folds into the DQ's scale; ModelOpt places attention Q/DQ before
+        the √scale Muls of exported SDPA for this reason)."""
+        if node.op_type in ("Mul", "Div") and len(node.input) == 2:
+            return self.is_scalar(node.input[1]) or (
+                node.op_type == "Mul" and self.is_scalar(node.input[0])
+            )
         if node.op_type == "Resize":
             mode = self.attribute(node, "mode", b"nearest")
             return (mode.decode() if isinstance(mode, bytes) else mode) == "nearest"
         return node.op_type in COMMUTING_OPS
+
+    def is_scalar(self, tensor: str) -> bool:
+        shape = self.shape(tensor)
+        return shape is not None and all(d == 1 for d in shape)
 
     def pair_source(self, dq: onnx.NodeProto) -> onnx.NodeProto | None:
         """The Q feeding `dq` (an activation pair), else None."""
