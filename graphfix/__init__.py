@@ -7,6 +7,8 @@ Public API::
     fixed = graphfix.break_attention_fusion(model)            # a new ModelProto
     result = graphfix.fix_attention(model, strategy="plugin")  # model + report
     report = graphfix.locate("model.onnx", precision="float16")  # where float16 diverges
+    report = graphfix.inspect_qdq("unet.int8.onnx")            # Q/DQ lint + FLOP coverage
+    fixed = graphfix.fix_qdq("unet.int8.onnx", reference="unet.onnx")  # model + report
 """
 
 from graphfix.attention.match_types import (
@@ -35,6 +37,9 @@ from graphfix.precision.locate import LocateReport, locate
 from graphfix.precision.locate.emulate import emulate_low_precision
 from graphfix.precision.norm_types import NormKind
 from graphfix.precision.norms import NormFusionReport, NormFusionResult, fuse_norms
+from graphfix.qdq.fix import fix_qdq
+from graphfix.qdq.lint import inspect_qdq
+from graphfix.qdq.report import QdqFixReport, QdqFixResult, QdqReport
 from graphfix.validation.validate import ValidationReport, ValidationUsageError, validate
 
 # Drawing and plotting load on first use: `graphfix fix` starts without them.
@@ -44,6 +49,7 @@ _LAZY = {
     "plot_report": "graphfix.validation.plot",
     "plot_locate": "graphfix.precision.locate.plot",
     "error_by_depth_figure": "graphfix.precision.locate.plot",
+    "plot_coverage": "graphfix.qdq.plot",
     "error_histogram_figure": "graphfix.validation.plot",
     "error_heatmap_figure": "graphfix.validation.plot",
 }
@@ -77,6 +83,9 @@ __all__ = [
     "NormKind",
     "OutputPathError",
     "PluginBuildError",
+    "QdqFixReport",
+    "QdqFixResult",
+    "QdqReport",
     "SavedModel",
     "Scale",
     "SelectionError",
@@ -93,9 +102,12 @@ __all__ = [
     "error_histogram_figure",
     "find_attention",
     "fix_attention",
+    "fix_qdq",
     "fuse_norms",
+    "inspect_qdq",
     "load_model",
     "locate",
+    "plot_coverage",
     "plot_locate",
     "plot_report",
     "save_model",

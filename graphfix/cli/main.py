@@ -1,4 +1,4 @@
-"""`graphfix` command line: inspect, fix, precision, validate, plugins."""
+"""`graphfix` command line: inspect, fix, precision, validate, locate, plugins, qdq."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from graphfix.attention.table import match_table
 from graphfix.cli import locate as cli_locate
 from graphfix.cli import plugins as cli_plugins
 from graphfix.cli import precision as cli_precision
+from graphfix.cli import qdq as cli_qdq
 from graphfix.cli import validate as cli_validate
 from graphfix.cli.options import Option, add_options, api_kwargs
 from graphfix.errors import GraphfixError, SelectionError
@@ -218,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_validate.register(sub)
     cli_locate.register(sub)
     cli_plugins.register(sub)
+    cli_qdq.register(sub)
     return parser
 
 
