@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from graphfix.attention.match_types import AttentionMatch
+from graphfix.attention.match_types import AttentionMatch, BiasStep, KTransposedBy, MaskStep
 from graphfix.attention.matcher import scan_attention
 from graphfix.errors import GraphfixError, SelectionError, UnsupportedModelError
 from graphfix.model_io import load_model
@@ -208,12 +208,15 @@ def _find_block(
     nodes = model.graph.node
     chain = [nodes[p] for p in chosen.chain_positions]
     qk, pv = chain[0], chain[-1]
-    labels = {t: "mask" for t in chosen.mask_inputs}
+    labels = {s.source: "mask" for s in chosen.steps if isinstance(s, (MaskStep, BiasStep))}
+    if chosen.sink is not None:
+        labels[chosen.sink.sink] = "sink"
     labels.update({chosen.q: "Q", chosen.k: "K", chosen.v: "V"})
     # the tensors as the two products see them (after any scale or transpose) name the edges drawn
     labels[qk.input[0]] = "Q"
     if len(qk.input) > 1:
-        labels[qk.input[1]] = "Kᵀ" if chosen.k_transposed_by != "einsum" else "K"
+        einsum = chosen.k_transposed_by is KTransposedBy.EINSUM
+        labels[qk.input[1]] = "K" if einsum else "Kᵀ"
     if len(pv.input) > 1:
         labels[pv.input[1]] = "V"
     return _Block(

@@ -6,10 +6,14 @@ Accepted layouts (what exporters emit; see notes/attention_patterns.md):
              Q and Kᵀ may each carry a scalar Mul/Div (PyTorch's √scale split)
              Kᵀ comes from a Transpose of K, or K is already laid out transposed
     scores → any of: Mul/Div by a scale, Add(mask or bias), Where(mask, scores, -inf),
-             Cast, Reshape/Squeeze/Unsqueeze (heads folded into batch), Tanh softcap
+             Cast/CastLike, Reshape/Squeeze/Unsqueeze (heads folded into batch), Tanh softcap,
+             QuantizeLinear → DequantizeLinear, Concat(scores, sink) on the key axis
            → Softmax over the last (key) axis
-           → any of: Cast, Where(IsNaN(p), 0, p), Dropout, Identity, Reshape
+           → any of: Cast, Where(IsNaN(p), 0, p), Dropout, Identity, Reshape,
+             QuantizeLinear → DequantizeLinear, Slice (the sink column off, after a sink Concat)
            → MatMul(P, V) | Einsum(P, V)
+
+The chain is described once, as typed steps (match_types.ChainStep), which every consumer reads.
 
 A Softmax that does not sit in such a chain is left alone and reported with the reason: the
 matcher refuses rather than guesses.
@@ -29,8 +33,26 @@ from graphfix.attention.match_types import (
     AttentionMatch,
     AttentionOpNode,
     AttentionScan,
+    BiasStep,
+    CastStep,
+    ChainStep,
+    KTransposedBy,
+    Layout,
+    MaskKind,
+    MaskStep,
+    NanGuardStep,
+    PassStep,
+    QdqSite,
+    QdqStep,
+    ReshapeStep,
     Scale,
+    ScaleOp,
+    ScaleSide,
+    ScaleStep,
+    ShiftStep,
+    SinkStep,
     SkippedSoftmax,
+    SoftcapStep,
 )
 from graphfix.errors import UnsupportedModelError
 from graphfix.graph.index import GraphIndex, dtype_name
@@ -41,8 +63,12 @@ _MAX_PROB_HOPS = 8
 _MAX_SOURCE_HOPS = 40
 _MAX_MASK_SLICE = 200
 
-_PASS_THROUGH_UP = {"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze"}
-_PASS_THROUGH_DOWN = {"Cast", "Identity", "Dropout", "Reshape", "Squeeze", "Unsqueeze"}
+_PASS_THROUGH_UP = {"Cast", "CastLike", "Identity", "Reshape", "Squeeze", "Unsqueeze"}
+_PASS_THROUGH_DOWN = {
+    "Cast", "Identity", "Dropout", "Reshape", "Squeeze", "Unsqueeze", "QuantizeLinear",
+    "DequantizeLinear", "Slice",
+}  # fmt: skip
+_QDQ = ("QuantizeLinear", "DequantizeLinear")
 _COMPARISONS = {"Less", "LessOrEqual", "Greater", "GreaterOrEqual"}
 
 
@@ -59,6 +85,7 @@ class _ScoreChain:
     mask_inputs: list[str] = field(default_factory=list)
     scale_factors: list[tuple[str, str]] = field(default_factory=list)  # (scalar, "Mul"|"Div")
     tanh: onnx.NodeProto | None = None
+    sink_concat: onnx.NodeProto | None = None
 
 
 def find_attention(model: onnx.ModelProto | str | Path) -> list[AttentionMatch]:
@@ -161,10 +188,15 @@ def _match_softmax(
     chain = _ScoreChain()
     qk = _trace_scores(index, scores, chain, depth=0)
     q, k_t, q_scale, k_scale = _qk_operands(index, qk)
-    k, k_transposed_by = _untranspose_k(index, qk, k_t)
+    k, k_transposed_by, k_perm = _untranspose_k(index, qk, k_t)
 
-    scale = _scale(index, chain, q_scale, k_scale, q)
-    softcap = _softcap(index, chain)
+    up_nodes = list(reversed(chain.nodes))
+    in_chain, sink_concat = _chain_steps(index, qk, up_nodes)
+    after, sink_slice = _after_steps(index, softmax, down_nodes)
+    sink = _sink_step(index, sink_concat, sink_slice, in_chain, qk)
+    steps = (*_operand_steps(index, q_scale, k_scale), *in_chain)
+    scale = _scale(index, steps, q)
+    softcap = next((s.cap for s in steps if isinstance(s, SoftcapStep)), None)
     mask_nodes = tuple(sorted(chain.mask_nodes, key=index.position))
     mask_inputs = tuple(dict.fromkeys(chain.mask_inputs))
     causal = _is_causal(index, mask_inputs)
@@ -178,8 +210,9 @@ def _match_softmax(
     heads = shape[1] if len(shape) == 4 else None
     q_len = shape[-2] if len(shape) >= 3 else None
     kv_len = shape[-1] if len(shape) >= 3 else None
-    up_nodes = [qk, *reversed(chain.nodes)]
-    ordered = (*up_nodes, softmax, *down_nodes, pv)
+    if sink is not None and isinstance(kv_len, int):
+        kv_len -= 1  # the sink column is not a key
+    ordered = (qk, *up_nodes, softmax, *down_nodes, pv)
     chain_nodes = tuple(_display(n, index.position(n)) for n in ordered)
     chain_positions = tuple(index.position(n) for n in ordered)
     in_cast = index.producer_of(scores)
@@ -191,6 +224,23 @@ def _match_softmax(
         and any(n.op_type == "Cast" for n in down_nodes)
     )
     elem = index.elem_type(scores)
+    operand_qdq = (
+        _operand_qdq(index, qk.input[0], QdqSite.Q),
+        _operand_qdq(index, qk.input[1], QdqSite.K),
+        _operand_qdq(index, v, QdqSite.V),
+    )
+    quantized = tuple(s for s in (*operand_qdq, *in_chain, *after) if isinstance(s, QdqStep))
+    layout = Layout(
+        qk_op=qk.op_type,
+        pv_op=pv.op_type,
+        k_transposed_by=k_transposed_by,
+        k_perm=k_perm,
+        qk_equation=_equation(qk),
+        pv_equation=_equation(pv),
+        q_rank=index.rank(q),
+        k_rank=index.rank(k),
+        v_rank=index.rank(v),
+    )
     return AttentionMatch(
         index=match_index,
         softmax=softmax.name,
@@ -217,7 +267,19 @@ def _match_softmax(
         heads=heads,
         q_len=q_len,
         kv_len=kv_len,
+        layout=layout,
+        steps=steps,
+        after=tuple(after),
+        sink=sink,
+        quantized=quantized,
     )
+
+
+def _equation(node: onnx.NodeProto) -> str | None:
+    if node.op_type != "Einsum":
+        return None
+    text = next((a.s.decode() for a in node.attribute if a.name == "equation"), "")
+    return text.replace(" ", "")
 
 
 def _softmax_axis(index: GraphIndex, softmax: onnx.NodeProto) -> int:
@@ -308,6 +370,17 @@ def _trace_scores(index: GraphIndex, tensor: str, chain: _ScoreChain, depth: int
     if op in _PASS_THROUGH_UP:
         chain.nodes.append(node)
         return _trace_scores(index, node.input[0], chain, depth + 1)
+    if op == "DequantizeLinear":
+        quantize = index.producer_of(node.input[0])
+        if quantize is None or quantize.op_type != "QuantizeLinear":
+            raise _NoMatch(
+                f"softmax scores come from DequantizeLinear '{node.name}' of a stored integer "
+                "tensor, not from Q·Kᵀ"
+            )
+        chain.nodes.extend((node, quantize))
+        return _trace_scores(index, quantize.input[0], chain, depth + 1)
+    if op == "Concat" and len(node.input) == 2 and chain.sink_concat is None:
+        return _trace_sink_concat(index, node, chain, depth)
     if op == "Tanh":
         chain.nodes.append(node)
         chain.tanh = node
@@ -348,13 +421,43 @@ def _trace_binary(
             chain.scale_factors.append((others[0], op))
         elif op == "Sub":
             _require_max_subtract(index, node)
-        chain.nodes.extend(trial.nodes)
-        chain.mask_nodes.extend(trial.mask_nodes)
-        chain.mask_inputs.extend(trial.mask_inputs)
-        chain.scale_factors.extend(trial.scale_factors)
-        chain.tanh = chain.tanh or trial.tanh
+        _merge(chain, trial)
         return qk
     raise failure or _NoMatch(f"{op} '{node.name}' upstream of the softmax has no Q·Kᵀ input")
+
+
+def _trace_sink_concat(
+    index: GraphIndex, node: onnx.NodeProto, chain: _ScoreChain, depth: int
+) -> onnx.NodeProto:
+    """Concat(scores, sink) on the key axis: attention sinks (GPT-OSS, StreamingLLM)."""
+    axis = next((a.i for a in node.attribute if a.name == "axis"), None)
+    rank = index.rank(node.output[0])
+    if axis is None or not (axis == -1 or (rank is not None and axis == rank - 1)):
+        raise _NoMatch(f"Concat '{node.name}' before the softmax joins scores off the key axis")
+    failure: _NoMatch | None = None
+    for main in (0, 1):
+        if index.is_constant(node.input[main]):
+            continue
+        trial = _ScoreChain()
+        try:
+            qk = _trace_scores(index, node.input[main], trial, depth + 1)
+        except _NoMatch as exc:
+            failure = failure or exc
+            continue
+        chain.nodes.append(node)
+        chain.sink_concat = node
+        _merge(chain, trial)
+        return qk
+    raise failure or _NoMatch(f"Concat '{node.name}' upstream of the softmax has no Q·Kᵀ input")
+
+
+def _merge(chain: _ScoreChain, trial: _ScoreChain) -> None:
+    chain.nodes.extend(trial.nodes)
+    chain.mask_nodes.extend(trial.mask_nodes)
+    chain.mask_inputs.extend(trial.mask_inputs)
+    chain.scale_factors.extend(trial.scale_factors)
+    chain.tanh = chain.tanh or trial.tanh
+    chain.sink_concat = chain.sink_concat or trial.sink_concat
 
 
 def _require_max_subtract(index: GraphIndex, sub: onnx.NodeProto) -> None:
@@ -369,11 +472,18 @@ def _is_scalar_constant(index: GraphIndex, tensor: str) -> bool:
 
 
 @dataclass(frozen=True)
+class _Factor:
+    scalar: str
+    op: str  # "Mul" | "Div"
+    node: onnx.NodeProto
+
+
+@dataclass(frozen=True)
 class _OperandScale:
     """Scalar factors found on one Q·Kᵀ operand: peeled at the MatMul, or baked in upstream."""
 
-    peeled: tuple[tuple[str, str], ...] = ()  # (scalar tensor, "Mul"|"Div") right at the MatMul
-    baked: tuple[tuple[str, str], ...] = ()  # before a Reshape/Transpose: part of the operand
+    peeled: tuple[_Factor, ...] = ()  # right at the MatMul, nearest first
+    baked: tuple[_Factor, ...] = ()  # before a Reshape/Transpose: part of the operand
 
 
 _LAYOUT_OPS = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Cast"}
@@ -390,17 +500,17 @@ def _qk_operands(
 
 
 def _operand_scale(index: GraphIndex, tensor: str) -> tuple[str, _OperandScale]:
-    peeled: list[tuple[str, str]] = []
-    while (factor := _scalar_factor(index, tensor)) is not None:
-        tensor, scalar, op = factor
-        peeled.append((scalar, op))
-    baked: list[tuple[str, str]] = []
+    peeled: list[_Factor] = []
+    while (found := _scalar_factor(index, tensor)) is not None:
+        tensor, factor = found
+        peeled.append(factor)
+    baked: list[_Factor] = []
     current = tensor
     for _ in range(_MAX_OPERAND_HOPS):  # e.g. Whisper: q_proj(x) * scale, then split into heads
-        factor = _scalar_factor(index, current)
-        if factor is not None:
-            current, scalar, op = factor
-            baked.append((scalar, op))
+        found = _scalar_factor(index, current)
+        if found is not None:
+            current, factor = found
+            baked.append(factor)
             continue
         node = index.producer_of(current)
         if node is None or node.op_type not in _LAYOUT_OPS:
@@ -409,15 +519,15 @@ def _operand_scale(index: GraphIndex, tensor: str) -> tuple[str, _OperandScale]:
     return tensor, _OperandScale(peeled=tuple(peeled), baked=tuple(baked))
 
 
-def _scalar_factor(index: GraphIndex, tensor: str) -> tuple[str, str, str] | None:
-    """(input, scalar, op) when `tensor` is input·scalar or input/scalar."""
+def _scalar_factor(index: GraphIndex, tensor: str) -> tuple[str, _Factor] | None:
+    """(input, factor) when `tensor` is input·scalar or input/scalar."""
     node = index.producer_of(tensor)
     if node is None or node.op_type not in ("Mul", "Div"):
         return None
     for main in (0, 1) if node.op_type == "Mul" else (0,):
         other = node.input[1 - main]
         if not index.is_constant(node.input[main]) and _is_scalar(index, other):
-            return node.input[main], other, node.op_type
+            return node.input[main], _Factor(other, node.op_type, node)
     return None
 
 
@@ -429,87 +539,314 @@ def _is_scalar(index: GraphIndex, tensor: str) -> bool:
     return shape is not None and all(d == 1 for d in shape)
 
 
-def _untranspose_k(index: GraphIndex, qk: onnx.NodeProto, k_t: str) -> tuple[str, str]:
+def _untranspose_k(
+    index: GraphIndex, qk: onnx.NodeProto, k_t: str
+) -> tuple[str, KTransposedBy, tuple[int, ...] | None]:
     if qk.op_type == "Einsum":
-        return k_t, "einsum"
+        return k_t, KTransposedBy.EINSUM, None
     node = index.producer_of(k_t)
     if node is not None and node.op_type == "Transpose":
-        return node.input[0], "transpose"
-    return k_t, "layout"
+        perm = next((tuple(a.ints) for a in node.attribute if a.name == "perm"), None)
+        return node.input[0], KTransposedBy.TRANSPOSE, perm
+    return k_t, KTransposedBy.LAYOUT, None
 
 
-# --- scale, softcap, mask, kind ---------------------------------------------------------------
-def _scale(
+# --- the typed description: scale, softcap, mask, casts, Q/DQ, sink ---------------------------
+def _operand_steps(
+    index: GraphIndex, q_scale: _OperandScale, k_scale: _OperandScale
+) -> list[ChainStep]:
+    steps: list[ChainStep] = []
+    for factors, side in (
+        (q_scale.baked, ScaleSide.Q_BAKED),
+        (k_scale.baked, ScaleSide.K_BAKED),
+        (q_scale.peeled, ScaleSide.Q),
+        (k_scale.peeled, ScaleSide.K),
+    ):
+        steps.extend(_scale_step(index, f, side) for f in reversed(factors))  # upstream first
+    return steps
+
+
+def _scale_step(index: GraphIndex, factor: _Factor, side: ScaleSide) -> ScaleStep:
+    value = _uniform_value(index, factor.scalar)
+    if value is not None and factor.op == "Div":
+        value = None if value == 0 else 1.0 / value
+    return ScaleStep(
+        factor=value,
+        op=ScaleOp(factor.op.lower()),
+        side=side,
+        scalar=factor.scalar,
+        node=_display(factor.node, index.position(factor.node)),
+        output=factor.node.output[0],
+    )
+
+
+def _uniform_value(index: GraphIndex, tensor: str) -> float | None:
+    """The one value of a constant whose elements are all equal (a scalar, or a filled tensor)."""
+    value = index.constant_value(tensor)
+    if value is None or value.size == 0:
+        return None
+    flat = np.asarray(value, dtype=np.float64).reshape(-1)
+    first = flat[0]
+    if not (np.all(flat == first) or (np.isnan(first) and np.all(np.isnan(flat)))):
+        return None
+    return float(first)
+
+
+def _other_input(node: onnx.NodeProto, main: str) -> str:
+    return node.input[1] if node.input[0] == main else node.input[0]
+
+
+def _cast_target(index: GraphIndex, node: onnx.NodeProto) -> str:
+    if node.op_type == "Cast":
+        to = next((a.i for a in node.attribute if a.name == "to"), 0)
+        return dtype_name(to) if to else "unknown"
+    like = index.elem_type(node.input[1])  # CastLike
+    return dtype_name(like) if like else "unknown"
+
+
+def _qdq_step(
+    index: GraphIndex, quantize: onnx.NodeProto, dequantize: onnx.NodeProto, site: QdqSite
+) -> QdqStep:
+    zero_point = quantize.input[2] if len(quantize.input) > 2 and quantize.input[2] else None
+    quant = index.elem_type(quantize.output[0])
+    if quant is None and zero_point is not None:
+        quant = index.elem_type(zero_point)
+    return QdqStep(
+        site=site,
+        quantize=_display(quantize, index.position(quantize)),
+        dequantize=_display(dequantize, index.position(dequantize)),
+        scale=quantize.input[1],
+        zero_point=zero_point,
+        input=quantize.input[0],
+        output=dequantize.output[0],
+        quant_type=dtype_name(quant) if quant else "uint8",  # QuantizeLinear's default
+    )
+
+
+def _operand_qdq(index: GraphIndex, tensor: str, site: QdqSite) -> QdqStep | None:
+    """A QuantizeLinear → DequantizeLinear pair producing `tensor` (seen through layout ops)."""
+    current = tensor
+    for _ in range(_MAX_OPERAND_HOPS):
+        node = index.producer_of(current)
+        if node is None:
+            return None
+        if node.op_type == "DequantizeLinear":
+            quantize = index.producer_of(node.input[0])
+            if quantize is not None and quantize.op_type == "QuantizeLinear":
+                return _qdq_step(index, quantize, node, site)
+            return None
+        if node.op_type not in _LAYOUT_OPS:
+            return None
+        current = node.input[0]
+    return None
+
+
+def _chain_steps(
+    index: GraphIndex, qk: onnx.NodeProto, nodes: list[onnx.NodeProto]
+) -> tuple[list[ChainStep], onnx.NodeProto | None]:
+    """Q·Kᵀ → Softmax as steps, in order; also the sink Concat, if any (its step needs the
+    Slice after the Softmax)."""
+    steps: list[ChainStep | onnx.NodeProto] = []  # a Tanh stays a node until the softcap merge
+    sink_concat: onnx.NodeProto | None = None
+    main = qk.output[0]
+    position = 0
+    while position < len(nodes):
+        node = nodes[position]
+        position += 1
+        op, name, out = node.op_type, _display(node, index.position(node)), node.output[0]
+        if op in ("Mul", "Div"):
+            steps.append(
+                _scale_step(index, _Factor(_other_input(node, main), op, node), ScaleSide.SCORES)
+            )
+        elif op == "Tanh":
+            steps.append(node)
+        elif op == "Add":
+            steps.append(BiasStep(source=_other_input(node, main), node=name, output=out))
+        elif op == "Where":
+            kind = MaskKind.KEEP if node.input[1] == main else MaskKind.BLOCKED
+            fill = node.input[2] if kind is MaskKind.KEEP else node.input[1]
+            steps.append(
+                MaskStep(
+                    kind=kind,
+                    source=node.input[0],
+                    fill=_uniform_value(index, fill),
+                    fill_tensor=fill,
+                    node=name,
+                    output=out,
+                )
+            )
+        elif op == "Sub":
+            steps.append(ShiftStep(node=name, output=out))
+        elif op in ("Cast", "CastLike"):
+            steps.append(CastStep(to=_cast_target(index, node), node=name, output=out))
+        elif op == "Identity":
+            steps.append(PassStep(op=op, node=name, output=out))
+        elif op in ("Reshape", "Squeeze", "Unsqueeze"):
+            steps.append(
+                ReshapeStep(
+                    op=op,
+                    node=name,
+                    output=out,
+                    input_shape=index.shape(node.input[0]),
+                    output_shape=index.shape(out),
+                )
+            )
+        elif op == "QuantizeLinear":
+            dequantize = nodes[position]
+            position += 1
+            steps.append(_qdq_step(index, node, dequantize, QdqSite.SCORES))
+            out = dequantize.output[0]
+        elif op == "Concat":
+            sink_concat = node
+        main = out
+    return _merge_softcaps(index, steps), sink_concat
+
+
+def _merge_softcaps(index: GraphIndex, steps: list[ChainStep | onnx.NodeProto]) -> list[ChainStep]:
+    """Div(cap) → Tanh → Mul(cap) becomes one SoftcapStep; a Tanh whose neighbours do not
+    agree on the cap becomes a SoftcapStep with cap None."""
+    merged: list[ChainStep] = []
+    position = 0
+    while position < len(steps):
+        step = steps[position]
+        position += 1
+        if not isinstance(step, onnx.NodeProto):
+            merged.append(step)
+            continue
+        tanh_name = _display(step, index.position(step))
+        after = steps[position] if position < len(steps) else None
+        cap: float | None = None
+        names = [tanh_name]
+        output = step.output[0]
+        if _is_scores_scale(after) and after.op is ScaleOp.MUL:
+            cap, output = after.factor, after.output
+            names.append(after.node)
+            position += 1
+        before = merged[-1] if merged else None
+        if (
+            cap is not None
+            and _is_scores_scale(before)
+            and before.factor is not None
+            and math.isclose(before.factor * cap, 1.0, rel_tol=1e-3)
+        ):
+            names.insert(0, before.node)
+            merged.pop()
+        else:
+            cap = None
+        merged.append(SoftcapStep(cap=cap, nodes=tuple(names), output=output))
+    return merged
+
+
+def _is_scores_scale(step: object) -> bool:
+    return isinstance(step, ScaleStep) and step.side is ScaleSide.SCORES
+
+
+def _after_steps(
+    index: GraphIndex, softmax: onnx.NodeProto, nodes: list[onnx.NodeProto]
+) -> tuple[list[ChainStep], onnx.NodeProto | None]:
+    """Softmax → P·V as steps, in order; also the Slice that drops a sink column, if any."""
+    steps: list[ChainStep] = []
+    sink_slice: onnx.NodeProto | None = None
+    position = 0
+    while position < len(nodes):
+        node = nodes[position]
+        position += 1
+        op, name, out = node.op_type, _display(node, index.position(node)), node.output[0]
+        if op == "Cast":
+            steps.append(CastStep(to=_cast_target(index, node), node=name, output=out))
+        elif op in ("Identity", "Dropout"):
+            steps.append(PassStep(op=op, node=name, output=out))
+        elif op in ("Reshape", "Squeeze", "Unsqueeze"):
+            steps.append(ReshapeStep(op, name, out, index.shape(node.input[0]), index.shape(out)))
+        elif op == "Where":
+            is_nan = index.producer_of(node.input[0])
+            steps.append(
+                NanGuardStep(node=name, is_nan=_display(is_nan, index.position(is_nan)), output=out)
+            )
+        elif op == "QuantizeLinear":
+            if position >= len(nodes) or nodes[position].op_type != "DequantizeLinear":
+                raise _NoMatch(
+                    f"QuantizeLinear '{node.name}' after the softmax is not followed by a "
+                    "DequantizeLinear before P·V"
+                )
+            steps.append(_qdq_step(index, node, nodes[position], QdqSite.PROBS))
+            position += 1
+        elif op == "DequantizeLinear":
+            raise _NoMatch(
+                f"DequantizeLinear '{node.name}' after the softmax has no QuantizeLinear"
+            )
+        elif op == "Slice":
+            if sink_slice is not None:
+                raise _NoMatch("two Slices between the softmax and P·V")
+            sink_slice = node
+    return steps, sink_slice
+
+
+def _sink_step(
     index: GraphIndex,
-    chain: _ScoreChain,
-    q_scale: _OperandScale,
-    k_scale: _OperandScale,
-    q: str,
-) -> Scale:
-    # A softcap's Div/Mul around its Tanh is the cap, not the scale (see _softcap).
-    factors = [
-        (t, op)
-        for t, op in chain.scale_factors
-        if chain.tanh is None or not _touches(index, chain.tanh, t)
-    ]
-    forms = [op.lower() for _, op in factors]
-    q_factors = q_scale.peeled + q_scale.baked
-    k_factors = k_scale.peeled + k_scale.baked
-    if q_factors and k_factors:
+    concat: onnx.NodeProto | None,
+    slice_node: onnx.NodeProto | None,
+    steps: list[ChainStep],
+    qk: onnx.NodeProto,
+) -> SinkStep | None:
+    if concat is None and slice_node is None:
+        return None
+    if concat is None:
+        raise _NoMatch(f"Slice '{slice_node.name}' cuts the probabilities before P·V, not a sink")
+    if slice_node is None:
+        raise _NoMatch(
+            f"Concat '{concat.name}' extends the scores, but no Slice drops the extra column "
+            "before P·V"
+        )
+    chain_outputs = {qk.output[0], *(getattr(s, "output", "") for s in steps)}
+    scores_first = concat.input[0] in chain_outputs
+    sink = concat.input[1] if scores_first else concat.input[0]
+    return SinkStep(
+        sink=sink,
+        concat=_display(concat, index.position(concat)),
+        slice=_display(slice_node, index.position(slice_node)),
+        scores_first=scores_first,
+        output=slice_node.output[0],
+    )
+
+
+def _scale(index: GraphIndex, steps: tuple[ChainStep, ...], q: str) -> Scale:
+    """The factors of `steps` folded into one summary (the table's and the JSON's view)."""
+    factors = [s for s in steps if isinstance(s, ScaleStep)]
+    sides = {s.side for s in factors}
+    forms = [s.op.value for s in factors if s.side is ScaleSide.SCORES]
+    q_side = sides & {ScaleSide.Q, ScaleSide.Q_BAKED}
+    k_side = sides & {ScaleSide.K, ScaleSide.K_BAKED}
+    if q_side and k_side:
         forms.insert(0, "sqrt_qk")
-    elif q_factors or k_factors:
-        forms.insert(0, "q_scale" if q_factors else "k_scale")
-    in_chain, computed = _product(index, [*factors, *q_scale.peeled, *k_scale.peeled])
-    baked, baked_nodes = _product(index, [*q_scale.baked, *k_scale.baked])
+    elif q_side or k_side:
+        forms.insert(0, "q_scale" if q_side else "k_scale")
+    baked_sides = (ScaleSide.Q_BAKED, ScaleSide.K_BAKED)
+    in_chain = _product(f for f in factors if f.side not in baked_sides)
+    baked = _product(f for f in factors if f.side in baked_sides)
     value = None if in_chain is None or baked is None else in_chain * baked
+    computed: list[str] = []
+    for f in factors:
+        if f.factor is None:
+            computed.extend(_backward_slice(index, f.scalar, limit=24))
     if index.is_constant(q):  # a learned probe query with its scale folded in (SigLIP MAP head)
         value = None
         forms.append("folded_into_constant_q")
     return Scale(
         value=value,
         form="+".join(dict.fromkeys(forms)) or "none",
-        nodes=tuple(dict.fromkeys(computed + baked_nodes)),
+        nodes=tuple(dict.fromkeys(computed)),
         in_chain=in_chain,
     )
 
 
-def _product(index: GraphIndex, factors: list[tuple[str, str]]) -> tuple[float | None, list[str]]:
-    value: float | None = 1.0
-    computed: list[str] = []
-    for tensor, op in factors:
-        const = index.constant_value(tensor)
-        if const is None or const.size != 1:
-            value = None
-            computed.extend(_backward_slice(index, tensor, limit=24))
-            continue
-        factor = float(np.asarray(const, dtype=np.float64).reshape(()))
-        if value is not None:
-            value = value / factor if op == "Div" else value * factor
-    return value, computed
-
-
-def _touches(index: GraphIndex, tanh: onnx.NodeProto, scale_tensor: str) -> bool:
-    """Whether the Mul/Div consuming `scale_tensor` is directly before or after the Tanh."""
-    before = index.producer_of(tanh.input[0])
-    after = index.consumers_of(tanh.output[0])
-    near = [n for n in (before, *after) if n is not None and n.op_type in ("Mul", "Div")]
-    return any(scale_tensor in n.input for n in near)
-
-
-def _softcap(index: GraphIndex, chain: _ScoreChain) -> float | None:
-    if chain.tanh is None:
-        return None
-    for consumer in index.consumers_of(chain.tanh.output[0]):
-        if consumer.op_type == "Mul":
-            other = (
-                consumer.input[1]
-                if consumer.input[0] == chain.tanh.output[0]
-                else consumer.input[0]
-            )
-            value = index.constant_value(other)
-            if value is not None and value.size == 1:
-                return float(np.asarray(value, dtype=np.float64).reshape(()))
-    return math.nan
+def _product(factors) -> float | None:
+    value = 1.0
+    for f in factors:
+        if f.factor is None:
+            return None
+        value *= f.factor
+    return value
 
 
 def _backward_slice(index: GraphIndex, tensor: str, *, limit: int) -> list[str]:

@@ -55,7 +55,7 @@ def fix_attention(
             BlockOutcome(
                 index=match.index,
                 softmax=match.softmax or f"#{match.softmax_position}",
-                kind=match.kind.value,
+                kind=match.kind,
                 rewritten=rewritten,
                 detail=detail,
             )

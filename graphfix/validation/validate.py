@@ -12,6 +12,7 @@ import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from graphfix.validation.backends import BackendError, Runner
 from graphfix.validation.backends.tensorrt_backend import (
     PRECISIONS,
     FusionProof,
+    Precision,
     TensorRTRunner,
     TensorRTStatus,
     classify_blocks,
@@ -48,7 +50,15 @@ from graphfix.validation.inputs import (
     make_inputs,
 )
 
-BACKENDS = ("tensorrt", "onnxruntime")
+
+class Backend(str, Enum):
+    """Where the candidate runs (the JSON and the CLI spell the values)."""
+
+    TENSORRT = "tensorrt"
+    ONNXRUNTIME = "onnxruntime"
+
+
+BACKENDS = tuple(b.value for b in Backend)
 ModelArg = onnx.ModelProto | str | os.PathLike[str]
 _ARRAYS = {"json": False}
 _LOOSENESS = ("fp32", "fp16", "bf16")  # order: each looser than the one before
@@ -61,7 +71,7 @@ class ValidationReport:
     """The verdict, per-output statistics, what ran on each side, and the fusion proof."""
 
     passed: bool
-    backend: str
+    backend: Backend
     reference: str
     candidate: str
     outputs: tuple[OutputComparison, ...]
@@ -168,8 +178,8 @@ def validate(
     _check_same_outputs(reference.model, candidate.model)
 
     status = tensorrt_status()
-    chosen = backend or ("tensorrt" if status.available else "onnxruntime")
-    if chosen == "onnxruntime" and precision not in (None, "fp32"):
+    chosen = Backend(backend or (Backend.TENSORRT if status.available else Backend.ONNXRUNTIME))
+    if chosen is Backend.ONNXRUNTIME and precision not in (None, Precision.FP32):
         raise ValidationUsageError(
             f"precision {precision!r} applies to the TensorRT backend only; with onnxruntime the "
             "candidate runs in the precision its ONNX is written in"
@@ -188,7 +198,7 @@ def validate(
 
     reference_runner = OnnxRuntimeRunner(reference, label=ref_name)
     candidate_runner: Runner
-    if chosen == "tensorrt":
+    if chosen is Backend.TENSORRT:
         # TensorRT itself and the precision first, then the plugin library
         engine_options(precision, tensorrt_version=require_tensorrt().version)
         candidate_runner = TensorRTRunner(
@@ -330,8 +340,8 @@ def _fusion_proof(
     return FusionProof(runner.tensorrt_version, candidate_blocks, original_blocks)
 
 
-def _tensorrt_note(status: TensorRTStatus, chosen: str, runner: Runner) -> str | None:
-    if chosen == "tensorrt":
+def _tensorrt_note(status: TensorRTStatus, chosen: Backend, runner: Runner) -> str | None:
+    if chosen is Backend.TENSORRT:
         return None
     what = "the candidate ONNX with onnxruntime"
     if getattr(runner, "lowered_nodes", None):

@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,27 @@ from graphfix.plugins.spec import PLUGIN_DOMAIN
 from graphfix.validation.backends import BackendError
 from graphfix.validation.inputs import ValidationUsageError, cast_feeds, input_specs
 
-PRECISIONS = ("fp32", "fp16", "bf16")
+
+class Precision(str, Enum):
+    """A TensorRT build precision (the JSON and the CLI spell the values)."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+PRECISIONS = tuple(p.value for p in Precision)
+
+
+class FusionStatus(str, Enum):
+    """What TensorRT made of one attention block."""
+
+    PLUGIN = "plugin"  # ran the graphfix plugin
+    FUSED = "fused"  # inside Myelin or an MHA kernel
+    UNFUSED = "unfused"  # its own non-attention layer
+    NOT_FOUND = "not found"  # no layer names it
+
+
 _NAME_MARKERS = ("foreignnode", "myelin", "_gemm_mha_", "fmha")
 _TYPE_OR_TACTIC_MARKERS = ("myelin", "mha")
 _NAME_SPLIT = re.compile(r" \+ |, |\.\.\.|PWN\(|\{ForeignNode\[|\]\}|[()]")
@@ -181,12 +202,11 @@ def _nodes_in_name(name: str) -> tuple[str, ...]:
 class BlockFusion:
     """What TensorRT made of one attention block, found by its Softmax/plugin node name.
 
-    status: "plugin" (ran the graphfix plugin), "fused" (inside Myelin or an MHA kernel),
-    "unfused" (its own non-attention layer), "not found" (no layer names it).
+    status: see FusionStatus.
     """
 
     node: str
-    status: str
+    status: FusionStatus
     layer: str | None
     evidence: str
 
@@ -201,23 +221,29 @@ def classify_blocks(layers: Sequence[EngineLayer], nodes: Sequence[str]) -> tupl
         fused = next((layer for layer in covering if layer.is_fused_attention), None)
         if plugin is not None:
             results.append(
-                BlockFusion(node, "plugin", plugin.name, f"plugin layer ({plugin.layer_type})")
+                BlockFusion(
+                    node, FusionStatus.PLUGIN, plugin.name, f"plugin layer ({plugin.layer_type})"
+                )
             )
         elif fused is not None:
-            results.append(BlockFusion(node, "fused", fused.name, _describe(fused)))
+            results.append(BlockFusion(node, FusionStatus.FUSED, fused.name, _describe(fused)))
         elif covering:
             layer = covering[0]
             results.append(
-                BlockFusion(node, "unfused", layer.name, f"own layer ({layer.layer_type or '?'})")
+                BlockFusion(
+                    node, FusionStatus.UNFUSED, layer.name, f"own layer ({layer.layer_type or '?'})"
+                )
             )
         elif myelin:
             evidence = (
                 f"no layer of its own; the engine has {len(myelin)} fused region(s) "
                 f"(e.g. '{myelin[0].name}') that hide the nodes inside them"
             )
-            results.append(BlockFusion(node, "fused", None, evidence))
+            results.append(BlockFusion(node, FusionStatus.FUSED, None, evidence))
         else:
-            results.append(BlockFusion(node, "not found", None, "no engine layer names this node"))
+            results.append(
+                BlockFusion(node, FusionStatus.NOT_FOUND, None, "no engine layer names this node")
+            )
     return tuple(results)
 
 
@@ -239,14 +265,18 @@ class FusionProof:
 
     @property
     def candidate_fused(self) -> int:
-        return sum(b.status == "fused" for b in self.candidate)
+        return sum(b.status is FusionStatus.FUSED for b in self.candidate)
 
     @property
     def original_fused(self) -> int | None:
-        return None if self.original is None else sum(b.status == "fused" for b in self.original)
+        return (
+            None
+            if self.original is None
+            else sum(b.status is FusionStatus.FUSED for b in self.original)
+        )
 
     def summary_lines(self) -> list[str]:
-        ran = sum(b.status == "plugin" for b in self.candidate)
+        ran = sum(b.status is FusionStatus.PLUGIN for b in self.candidate)
         lines = [
             f"fusion proof (TensorRT {self.tensorrt_version} engine layers):",
             f"  fixed model: {ran} of {len(self.candidate)} rewritten block(s) ran the plugin, "
