@@ -133,6 +133,7 @@ class ReshapeStep:
     output: str
     input_shape: tuple[int | str | None, ...] | None
     output_shape: tuple[int | str | None, ...] | None
+    target: tuple[int, ...] | None = None  # a Reshape's constant shape input (-1 and 0 as given)
     step: str = field(default="reshape", init=False)  # names the step in JSON
 
 

@@ -689,6 +689,7 @@ def _chain_steps(
                     output=out,
                     input_shape=index.shape(node.input[0]),
                     output_shape=index.shape(out),
+                    target=_reshape_target(index, node),
                 )
             )
         elif op == "QuantizeLinear":
@@ -700,6 +701,13 @@ def _chain_steps(
             sink_concat = node
         main = out
     return _merge_softcaps(index, steps), sink_concat
+
+
+def _reshape_target(index: GraphIndex, node: onnx.NodeProto) -> tuple[int, ...] | None:
+    if node.op_type != "Reshape" or len(node.input) < 2:
+        return None
+    value = index.constant_value(node.input[1])
+    return None if value is None else tuple(int(d) for d in np.asarray(value).reshape(-1))
 
 
 def _merge_softcaps(index: GraphIndex, steps: list[ChainStep | onnx.NodeProto]) -> list[ChainStep]:

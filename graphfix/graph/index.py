@@ -22,6 +22,7 @@ _FOLDABLE = {
     "Reshape", "Unsqueeze", "Squeeze", "Expand", "Transpose", "Slice",
     "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal", "Not", "And", "Or",
     "Range", "ConstantOfShape", "Trilu", "Where", "Concat", "Gather", "Abs",
+    "QuantizeLinear", "DequantizeLinear",
 }  # fmt: skip
 _MAX_FOLD_ELEMENTS = 1 << 16
 

@@ -75,6 +75,10 @@ class _Operands:
     k_transposed: bool
     scale: float
     cast_output_to: int | None  # Cast the node's output to this type (float16 V promoted)
+    nodes: tuple[onnx.NodeProto, ...] = ()  # Transposes/Unsqueezes into the node's layout
+    initializers: tuple[onnx.TensorProto, ...] = ()
+    output_perm: tuple[int, ...] | None = None  # Transpose the node's output into the graph's
+    describe: str = ""
 
 
 class FusedPluginStrategy:
@@ -91,21 +95,25 @@ class FusedPluginStrategy:
         base = match.softmax or f"graphfix_attention_{match.index}"
         try:
             softcap = _read_steps(match)
-            operands = _operands(index, match)
-            mask = _mask_plan(edit, match, base)
+            operands = _operands(edit, match, base)
+            mask = _mask_plan(edit, match, base, operands.q)
             removed = _removed_positions(index, match, operands, mask)
         except _Unsupported as reason:
             fallback = PluginStrategy().apply(edit, match)
             return Outcome(fallback.rewritten, f"fell back to {fallback.detail}: {reason}")
         pv = edit.node_at(match.chain_positions[-1])
-        nodes = list(mask.nodes)
-        for tensor in mask.initializers:
+        nodes = [*operands.nodes, *mask.nodes]
+        for tensor in (*operands.initializers, *mask.initializers):
             edit.add_initializer(tensor)
         inputs = [operands.q, operands.k, operands.v]
         if mask.tensor is not None:
             inputs.append(mask.tensor)
         output = pv.output[0]
-        node_output = output if operands.cast_output_to is None else edit.unique(f"{base}/out")
+        node_output = output
+        if operands.cast_output_to is not None or operands.output_perm is not None:
+            node_output = edit.unique(f"{base}/out")
+        if operands.output_perm is not None:
+            transposed = output if operands.cast_output_to is None else edit.unique(f"{base}/out_t")
         nodes.append(
             make_attention_node(
                 inputs,
@@ -119,6 +127,17 @@ class FusedPluginStrategy:
                 name=edit.unique(f"{base}/GraphfixAttention"),
             )
         )
+        if operands.output_perm is not None:
+            nodes.append(
+                onnx.helper.make_node(
+                    "Transpose",
+                    [node_output],
+                    [transposed],
+                    name=edit.unique(f"{base}/to_graph_layout"),
+                    perm=list(operands.output_perm),
+                )
+            )
+            node_output = transposed
         if operands.cast_output_to is not None:
             nodes.append(
                 onnx.helper.make_node(
@@ -140,8 +159,10 @@ class FusedPluginStrategy:
         features += [f for f, on in (("causal", mask.causal), ("softcap", softcap)) if on]
         if operands.cast_output_to is not None:
             features.append("float16 V read before the exporter's float32 promotion")
+        if operands.describe:
+            features.append(operands.describe)
         detail = f"chain → {ATTENTION.op_type} ({', '.join(features)})"
-        if index.elem_type(operands.q) == onnx.TensorProto.FLOAT or softcap:
+        if index.elem_type(match.q) == onnx.TensorProto.FLOAT or softcap:
             detail += (
                 "; note: float32 and softcap run on graphfix's own kernel, slower than the "
                 "unfused chain"
@@ -162,10 +183,7 @@ def _read_steps(match: AttentionMatch) -> float:
         if isinstance(step, (CastStep, PassStep, ShiftStep)):
             continue
         if isinstance(step, ReshapeStep):
-            raise _Unsupported(
-                f"{step.op} '{step.node}' reshapes the scores inside the chain "
-                f"({_shape(step.input_shape)} → {_shape(step.output_shape)})"
-            )
+            continue  # only Swin's window view is expressible; _mask_plan reads it
         if isinstance(step, QdqStep):
             raise _Unsupported(
                 f"the scores are quantized ({step.quantize} → {step.dequantize}); the node has "
@@ -211,7 +229,8 @@ def _shape(shape: tuple | None) -> str:
     )
 
 
-def _operands(index: GraphIndex, match: AttentionMatch) -> _Operands:
+def _operands(edit: GraphEdit, match: AttentionMatch, base: str) -> _Operands:
+    index = edit.index
     layout = match.layout
     assert layout is not None
     qk = index.graph.node[match.chain_positions[0]]
@@ -239,15 +258,10 @@ def _operands(index: GraphIndex, match: AttentionMatch) -> _Operands:
     if not ranks <= {3, 4}:
         raise _Unsupported(f"Q/V ranks {sorted(r for r in ranks if r)} (the node takes 3-D or 4-D)")
     if layout.qk_op == "Einsum":
-        if not (
-            _einsum_is(layout.qk_equation, "abid,abjd->abij")
-            and _einsum_is(layout.pv_equation, "abij,abjd->abid")
-        ):
-            raise _Unsupported(
-                f"Einsum {layout.qk_equation} / {layout.pv_equation} (the node takes "
-                "bhid,bhjd->bhij and bhij,bhjd->bhid, any letters)"
-            )
-        k, k_transposed = k_operand, False
+        if layout.pv_op != "Einsum":
+            raise _Unsupported("a MatMul P·V after an Einsum Q·Kᵀ")
+        q, k, v, cast_to = _types(index, match, q, k_operand)
+        return _einsum_operands(edit, base, layout, q, k, v, scale, cast_to)
     elif layout.pv_op == "Einsum":
         raise _Unsupported("an Einsum P·V after a MatMul Q·Kᵀ")
     elif (
@@ -304,26 +318,131 @@ def _swaps_last_two(perm: tuple[int, ...] | None, rank: int | None) -> bool:
     return list(perm) == [*range(n - 2), n - 1, n - 2]
 
 
-def _einsum_is(equation: str | None, pattern: str) -> bool:
-    """`equation` is `pattern` up to a renaming of its letters."""
-    if equation is None or len(equation) != len(pattern):
-        return False
-    mapping: dict[str, str] = {}
-    for got, want in zip(equation, pattern, strict=True):
-        if (got in ",->") != (want in ",->") or (got in ",->" and got != want):
-            return False
-        if want.isalpha() and mapping.setdefault(want, got) != got:
-            return False
-    return len(set(mapping.values())) == len(mapping)
+def _einsum_operands(
+    edit: GraphEdit,
+    base: str,
+    layout,
+    q: str,
+    k: str,
+    v: str,
+    scale: float,
+    cast_to: int | None,
+) -> _Operands:
+    """Einsum Q·Kᵀ and P·V in any letters and axis orders, with K/V heads optional
+    (multi-query `bhid,bjd->bhij`): Transposes and Unsqueezes bring Q, K, V into the node's
+    [B, H, S, D] layout (pure data movement, exact) and one Transpose takes the output back."""
+    reason = (
+        f"Einsum {layout.qk_equation} / {layout.pv_equation}: the node takes products over the "
+        "last axis of Q and K with the same batch and head axes"
+    )
+    try:
+        (q_sub, k_sub), s_sub = _split_equation(layout.qk_equation)
+        (p_sub, v_sub), o_sub = _split_equation(layout.pv_equation)
+    except ValueError:
+        raise _Unsupported(reason) from None
+    if len(s_sub) not in (3, 4) or len(p_sub) != len(s_sub):
+        raise _Unsupported(reason)
+    batch, i, j = s_sub[:-2], s_sub[-2], s_sub[-1]
+    contracted = set(q_sub) - set(s_sub)
+    if len(contracted) != 1:
+        raise _Unsupported(reason)
+    (d,) = contracted
+    if set(q_sub) != {*batch, i, d} or not set(k_sub) <= {*batch, j, d}:
+        raise _Unsupported(reason)
+    # P·V: P's letters name the axes of the scores by position
+    rename = dict(zip(p_sub, s_sub, strict=True))
+    extra = [c for c in v_sub if c not in rename]
+    if len(extra) != 1:
+        raise _Unsupported(reason)
+    (e,) = extra
+    rename[e] = e if e not in s_sub and e != d else "\0"
+    v_named = "".join(rename[c] for c in v_sub)
+    o_named = "".join(rename.get(c, "?") for c in o_sub)
+    want_out = (*batch, i, rename[e])
+    if sorted(o_named) != sorted(want_out) or not set(v_named) <= {*batch, j, rename[e]}:
+        raise _Unsupported(reason)
+    for sub in (k_sub, v_named):
+        if batch[0] not in sub or j not in sub:
+            raise _Unsupported(reason)
+    nodes: list[onnx.NodeProto] = []
+    inits: list[onnx.TensorProto] = []
+    notes: list[str] = []
+
+    def to_layout(tensor: str, sub: str, want: tuple[str, ...], what: str) -> str:
+        present = [c for c in want if c in sub]
+        perm = [sub.index(c) for c in present]
+        if perm != list(range(len(sub))):
+            out = edit.unique(f"{base}/{what}_bhsd")
+            nodes.append(
+                onnx.helper.make_node(
+                    "Transpose",
+                    [tensor],
+                    [out],
+                    name=edit.unique(f"{base}/{what}_Transpose"),
+                    perm=perm,
+                )
+            )
+            tensor = out
+            notes.append(f"{what} transposed")
+        missing = [want.index(c) for c in want if c not in sub]
+        if missing:
+            axes = edit.unique(f"{base}/{what}_axes")
+            inits.append(numpy_helper.from_array(np.array(missing, dtype=np.int64), axes))
+            out = edit.unique(f"{base}/{what}_one_head")
+            nodes.append(
+                onnx.helper.make_node(
+                    "Unsqueeze", [tensor, axes], [out], name=edit.unique(f"{base}/{what}_Unsqueeze")
+                )
+            )
+            tensor = out
+            notes.append(f"{what} shared by all heads")
+        return tensor
+
+    q = to_layout(q, q_sub, (*batch, i, d), "q")
+    k = to_layout(k, k_sub, (*batch, j, d), "k")
+    v = to_layout(v, v_named, (*batch, j, rename[e]), "v")
+    output_perm = tuple(want_out.index(c) for c in o_named)
+    if output_perm == tuple(range(len(output_perm))):
+        output_perm = None
+    else:
+        notes.append("output transposed")
+    return _Operands(
+        q,
+        k,
+        v,
+        False,
+        scale,
+        cast_to,
+        tuple(nodes),
+        tuple(inits),
+        output_perm,
+        f"Einsum layout: {', '.join(notes)}" if notes else "",
+    )
 
 
-def _mask_plan(edit: GraphEdit, match: AttentionMatch, base: str) -> _MaskPlan:
+def _split_equation(equation: str | None) -> tuple[tuple[str, str], str]:
+    """ "ab,cd->ef" → (("ab", "cd"), "ef"); ValueError for anything else (ellipses, repeats)."""
+    if equation is None or "..." in equation or "->" not in equation:
+        raise ValueError(equation)
+    inputs, output = equation.split("->")
+    operands = inputs.split(",")
+    if len(operands) != 2 or any(len(set(t)) != len(t) for t in (*operands, output)):
+        raise ValueError(equation)
+    if not all(t.isalpha() for t in (*operands, output)):
+        raise ValueError(equation)
+    return (operands[0], operands[1]), output
+
+
+def _mask_plan(edit: GraphEdit, match: AttentionMatch, base: str, q: str) -> _MaskPlan:
     """The node's one mask input from the chain's Where masks and additive biases."""
     index = edit.index
     wheres = [s for s in match.steps if isinstance(s, MaskStep)]
+    windows = _windowed_biases(match)
     biases = [s for s in match.steps if isinstance(s, BiasStep)]
     if not wheres and not biases:
         return _MaskPlan(None, None)
+    if windows and wheres:
+        raise _Unsupported("a Where mask in a chain with Swin's window view of the scores")
     nodes: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
 
@@ -334,14 +453,34 @@ def _mask_plan(edit: GraphEdit, match: AttentionMatch, base: str) -> _MaskPlan:
         )
         return out
 
+    def const(value: list[int]) -> str:
+        name = edit.unique(f"{base}/mask_shape")
+        inits.append(numpy_helper.from_array(np.array(value, dtype=np.int64), name))
+        return name
+
+    def unwindow(source: str, windows_per_image: int) -> str:
+        """bias [1|B, nW, h, n, m] as the node sees it: [B·nW, h, n, m] (B from Q's batch)."""
+        shape = index.shape(source)
+        if shape is None or len(shape) != 5 or not all(isinstance(d, int) for d in shape[2:]):
+            raise _Unsupported(f"the windowed mask '{source}' has no static 5-D shape")
+        images = add(
+            "Div",
+            [add("Gather", [add("Shape", [q]), const([0])], axis=0), const([windows_per_image])],
+        )
+        target = add("Concat", [images, const([windows_per_image, 1, 1, 1])], axis=0)
+        return add("Reshape", [add("Expand", [source, target]), const([-1, *shape[2:]])])
+
     bias = None
     if biases:
         types = {index.elem_type(b.source) for b in biases}
         if len(types) != 1 or None in types:
             raise _Unsupported("the additive masks/biases have different or unknown element types")
-        bias = biases[0].source
-        for extra in biases[1:]:  # (s + m1) + m2 as s + (m1 + m2): same to rounding
-            bias = add("Add", [bias, extra.source])
+        sources = [
+            unwindow(b.source, windows[id(b)]) if id(b) in windows else b.source for b in biases
+        ]
+        bias = sources[0]
+        for extra in sources[1:]:  # (s + m1) + m2 as s + (m1 + m2): same to rounding
+            bias = add("Add", [bias, extra])
     keep = None
     fill = None
     if wheres:
@@ -359,11 +498,12 @@ def _mask_plan(edit: GraphEdit, match: AttentionMatch, base: str) -> _MaskPlan:
                 this = add("Not", [this])
             keep = this if keep is None else add("And", [keep, this])
     if keep is None:
-        plan = _MaskPlan(bias, None, tuple(nodes), describe="additive mask")
+        what = "additive mask, per-window mask tiled over images" if windows else "additive mask"
+        plan = _MaskPlan(bias, None, tuple(nodes), tuple(inits), describe=what)
     elif bias is None:
-        plan = _MaskPlan(keep, fill, tuple(nodes), describe="boolean mask")
+        plan = _MaskPlan(keep, fill, tuple(nodes), tuple(inits), describe="boolean mask")
     else:
-        if fill != -math.inf:
+        if fill != -math.inf and not _keeps_a_key_per_row(index, wheres, fill):
             raise _Unsupported(
                 f"a Where mask with the finite fill {fill:g} combined with an additive bias: "
                 "folding them into one mask would change rows whose every key is blocked"
@@ -371,7 +511,7 @@ def _mask_plan(edit: GraphEdit, match: AttentionMatch, base: str) -> _MaskPlan:
         elem = index.elem_type(bias)
         blocked = edit.unique(f"{base}/blocked_fill")
         dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
-        inits.append(numpy_helper.from_array(np.array(-np.inf, dtype=dtype), blocked))
+        inits.append(numpy_helper.from_array(np.array(fill, dtype=dtype), blocked))
         mask = add("Where", [keep, bias, blocked])
         plan = _MaskPlan(mask, None, tuple(nodes), tuple(inits), describe="boolean mask with bias")
     single = wheres[0] if len(wheres) == 1 and not biases else None
@@ -380,6 +520,7 @@ def _mask_plan(edit: GraphEdit, match: AttentionMatch, base: str) -> _MaskPlan:
     )
     if (
         source is not None
+        and not windows
         and match.causal
         and match.q_len is not None
         and match.q_len == match.kv_len
@@ -387,6 +528,68 @@ def _mask_plan(edit: GraphEdit, match: AttentionMatch, base: str) -> _MaskPlan:
     ):
         return _MaskPlan(None, None, causal=True)
     return plan
+
+
+def _keeps_a_key_per_row(index: GraphIndex, wheres: list[MaskStep], fill: float) -> bool:
+    """Constant Where masks that leave every row a kept key, with a fill that is -inf in effect.
+
+    Then where(keep, s, fill) + b and s + where(keep, b, fill) give the same probabilities: a
+    blocked score is fill (+ a bias that rounds away) on both sides, exp(fill - row max)
+    underflows to 0 because the row max is a kept, finite score, and no row is all blocked.
+    """
+    if fill > -1e4:
+        return False
+    keep = None
+    for where in wheres:
+        value = index.constant_value(where.source)
+        if value is None or value.dtype != bool:
+            return False
+        this = ~value if where.kind is MaskKind.BLOCKED else value
+        keep = this if keep is None else keep & this
+    return keep is not None and keep.ndim >= 1 and bool(keep.any(axis=-1).all())
+
+
+def _windowed_biases(match: AttentionMatch) -> dict[int, int]:
+    """Swin's shifted-window mask: scores [B·nW, H, N, N] viewed as [B, nW, H, N, N], a bias
+    added, viewed back.  Returns id(BiasStep) → nW for the biases inside such a view; any other
+    Reshape of the scores is unsupported."""
+    windowed: dict[int, int] = {}
+    windows: int | None = None
+    outer: tuple[int, ...] | None = None
+    for step in match.steps:
+        if isinstance(step, ReshapeStep):
+            target = step.target
+            if windows is None and target is not None and len(target) == 5 and target[1] > 0:
+                inner = step.input_shape
+                if inner is None or len(inner) != 4 or not _agrees(inner[1:], target[2:]):
+                    raise _reshape_unsupported(step)
+                windows, outer = target[1], target[2:]
+                continue
+            if windows is not None and target is not None and len(target) == 4:
+                if target[0] != -1 or tuple(target[1:]) != tuple(outer):
+                    raise _reshape_unsupported(step)
+                windows = None
+                continue
+            raise _reshape_unsupported(step)
+        if windows is not None:
+            if not isinstance(step, (BiasStep, CastStep, PassStep)):
+                raise _Unsupported(f"'{_node_of(step)}' inside Swin's window view of the scores")
+            if isinstance(step, BiasStep):
+                windowed[id(step)] = windows
+    if windows is not None:
+        raise _Unsupported("the scores stay in a window view up to the Softmax")
+    return windowed
+
+
+def _agrees(dims: tuple, target: tuple[int, ...]) -> bool:
+    return all(not isinstance(d, int) or d == t for d, t in zip(dims, target, strict=True))
+
+
+def _reshape_unsupported(step: ReshapeStep) -> _Unsupported:
+    return _Unsupported(
+        f"{step.op} '{step.node}' reshapes the scores inside the chain "
+        f"({_shape(step.input_shape)} → {_shape(step.output_shape)})"
+    )
 
 
 def _is_pure_causal(index: GraphIndex, source: str, where: MaskStep | None) -> bool:
@@ -419,7 +622,8 @@ def _removed_positions(
     removed |= _guard_positions(index, match, chain)
     _check_nothing_escapes(index, match, removed, pv)
     sources = (s.source for s in match.steps if isinstance(s, (MaskStep, BiasStep)))
-    keep = {operands.q, operands.k, operands.v, mask.tensor, *sources}
+    added = (i for n in (*operands.nodes, *mask.nodes) for i in n.input)
+    keep = {operands.q, operands.k, operands.v, mask.tensor, *sources, *added}
     removed |= _dead_ancestors(index, removed, keep)
     return sorted(removed)
 
