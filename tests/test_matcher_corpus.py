@@ -168,3 +168,17 @@ def test_fused_plugin_expresses_97_percent_of_real_chains(corpus_dir: Path) -> N
         {name: count for name, (count, _) in FALLBACKS.items()}
     )
     assert len(by_contract) == 5
+
+
+def test_decomposed_onnx_attention_op_fuses(corpus_dir: Path) -> None:
+    """Opset 23's Attention op, decomposed: its CastLikes read Q, not the scores, so the whole
+    chain becomes one node (it fell back when they read the intermediate scores)."""
+    entry = next(e for e in model_corpus.CORPUS if e.opset == 23)
+    original = onnx.load(str(model_corpus.model_path(entry, cache_dir=corpus_dir)))
+    result = graphfix.fix_attention(original, strategy="fused_plugin", decompose_attention_ops=True)
+    (block,) = result.report.blocks
+    assert block.rewritten and not block.detail.startswith("fell back"), block.detail
+    feed = model_corpus.random_feed(original, np.random.default_rng(SEED))
+    (want,) = _run(original, feed)
+    (got,) = _run(graphfix.with_reference_ops(result.model), feed)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
