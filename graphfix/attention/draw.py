@@ -184,7 +184,8 @@ def _find_block(
     from when that differs (a rewrite whose plugin nodes were lowered into `model`)."""
     if isinstance(block, bool) or not isinstance(block, (int, str, type(None))):
         raise SelectionError(f"block {block!r} is not a block index or a Softmax node name")
-    matches = scan_attention(model).matches
+    # blocks of the main graph (a subgraph's block is not drawn: positions refer to its body)
+    matches = tuple(m for m in scan_attention(model).matches if not m.location)
     names = _softmax_names(model, model if drawn is None else drawn, matches)
     wanted = 0 if block is None else block
     chosen = next(

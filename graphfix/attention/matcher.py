@@ -21,6 +21,7 @@ matcher refuses rather than guesses.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,17 +128,33 @@ def check_supported(index: GraphIndex) -> None:
             )
 
 
-def scan_graph(index: GraphIndex) -> AttentionScan:
-    check_supported(index)
+Scope = tuple[str, onnx.GraphProto | None, GraphIndex]  # (location, stored graph, its index)
+
+
+def graph_scopes(index: GraphIndex) -> list[Scope]:
+    """The main graph ("", None, index), then every If/Loop/Scan body inside it, depth first."""
+    return [("", None, index), *index.subgraph_scopes()]
+
+
+def scan_graph(index: GraphIndex, *, scopes: list[Scope] | None = None) -> AttentionScan:
+    """Scan the main graph and every subgraph; matches are numbered in that order, and a match
+    in a subgraph names it in `location`."""
+    scopes = graph_scopes(index) if scopes is None else scopes
     matches: list[AttentionMatch] = []
     skipped: list[SkippedSoftmax] = []
-    for position, node in enumerate(index.graph.node):
-        if node.op_type != "Softmax" or node.domain not in ("", "ai.onnx"):
-            continue
-        try:
-            matches.append(_match_softmax(index, node, position, len(matches)))
-        except _NoMatch as reason:
-            skipped.append(SkippedSoftmax(softmax=_display(node, position), reason=str(reason)))
+    for location, _, scope in scopes:
+        check_supported(scope)
+        prefix = f"{location}/" if location else ""
+        for position, node in enumerate(scope.graph.node):
+            if node.op_type != "Softmax" or node.domain not in ("", "ai.onnx"):
+                continue
+            try:
+                match = _match_softmax(scope, node, position, len(matches))
+            except _NoMatch as reason:
+                name = prefix + _display(node, position)
+                skipped.append(SkippedSoftmax(softmax=name, reason=str(reason)))
+                continue
+            matches.append(dataclasses.replace(match, location=location) if location else match)
     for function in index.model.functions:
         for node in function.node:
             if node.op_type == "Softmax":

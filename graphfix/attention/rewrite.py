@@ -10,13 +10,14 @@ import onnx
 
 from graphfix.attention.attention_op import decompose_attention_ops as _decompose
 from graphfix.attention.match_types import AttentionMatch
-from graphfix.attention.matcher import scan_graph
+from graphfix.attention.matcher import graph_scopes, scan_graph
 from graphfix.attention.report import BlockOutcome, FixReport, FixResult
 from graphfix.attention.strategies import get_strategy
 from graphfix.errors import SelectionError
 from graphfix.graph.edit import GraphEdit
 from graphfix.graph.index import GraphIndex
 from graphfix.model_io import LoadedModel, load_model
+from graphfix.plugins.spec import PLUGIN_DOMAIN, ensure_plugin_opset
 
 Selector = int | str | re.Pattern[str]
 
@@ -40,27 +41,36 @@ def fix_attention(
     result.CopyFrom(loaded.model)
     decomposed = _decompose(result) if decompose_attention_ops else 0
     index = GraphIndex(result, base_dir=loaded.base_dir)
-    scan = scan_graph(index)
+    scopes = graph_scopes(index)
+    scan = scan_graph(index, scopes=scopes)
     chosen = _select(scan.matches, select)
     chosen_strategy = get_strategy(strategy)
-    edit = GraphEdit(result, index)
-    blocks: list[BlockOutcome] = []
-    for match in scan.matches:
-        if match.index in chosen:
-            outcome = chosen_strategy.apply(edit, match)
-            rewritten, detail = outcome.rewritten, outcome.detail
-        else:
-            rewritten, detail = False, "not selected"
-        blocks.append(
-            BlockOutcome(
+    outcomes: dict[int, BlockOutcome] = {}
+    # Subgraphs first (reverse depth-first order): each is edited on its own copy and written
+    # back into its parent before the parent's edit copies the parent's nodes.
+    for location, target, scope in reversed(scopes):
+        edit = GraphEdit(scope.model, scope)
+        for match in scan.matches:
+            if match.location != location:
+                continue
+            if match.index in chosen:
+                outcome = chosen_strategy.apply(edit, match)
+                rewritten, detail = outcome.rewritten, outcome.detail
+            else:
+                rewritten, detail = False, "not selected"
+            outcomes[match.index] = BlockOutcome(
                 index=match.index,
                 softmax=match.softmax or f"#{match.softmax_position}",
                 kind=match.kind,
                 rewritten=rewritten,
-                detail=detail,
+                detail=detail if not location else f"{detail} (inside {location})",
             )
-        )
-    edit.commit()
+        edit.commit()
+        if target is not None:
+            target.CopyFrom(scope.model.graph)
+    if any(_has_plugin_nodes(scope.model.graph) for _, _, scope in scopes):
+        ensure_plugin_opset(result)
+    blocks = [outcomes[m.index] for m in scan.matches]
     report = FixReport(
         strategy=chosen_strategy.name,
         strategy_proven=chosen_strategy.proven,
@@ -71,6 +81,10 @@ def fix_attention(
         matches=scan.matches,
     )
     return FixResult(model=result, report=report)
+
+
+def _has_plugin_nodes(graph: onnx.GraphProto) -> bool:
+    return any(node.domain == PLUGIN_DOMAIN for node in graph.node)
 
 
 def break_attention_fusion(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,29 @@ _FOLDABLE = {
 _MAX_FOLD_ELEMENTS = 1 << 16
 
 
+def outer_reads(node: onnx.NodeProto) -> set[str]:
+    """Names a node's subgraphs (If branches, Loop/Scan bodies) read from enclosing scopes."""
+    names: set[str] = set()
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            names |= _free_names(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            for graph in attr.graphs:
+                names |= _free_names(graph)
+    return names
+
+
+def _free_names(graph: onnx.GraphProto) -> set[str]:
+    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    read: set[str] = set()
+    for node in graph.node:
+        read.update(i for i in node.input if i)
+        read |= outer_reads(node)
+        defined.update(o for o in node.output if o)
+    read.update(v.name for v in graph.output)
+    return read - defined
+
+
 def dtype_name(elem_type: int) -> str:
     return _DTYPE_NAMES.get(elem_type, onnx.TensorProto.DataType.Name(elem_type).lower())
 
@@ -38,10 +62,17 @@ class GraphIndex:
     bytes are not loaded are read from `base_dir` only when a small constant is needed.
     """
 
-    def __init__(self, model: onnx.ModelProto, *, base_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        *,
+        base_dir: Path | None = None,
+        outer: GraphIndex | None = None,
+    ) -> None:
         self.model = model
         self.graph = model.graph
         self.base_dir = base_dir
+        self.outer = outer  # the enclosing graph's index, for a subgraph (If/Loop/Scan body)
         self.producer: dict[str, onnx.NodeProto] = {}
         self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
         self.node_order: dict[int, int] = {}
@@ -50,15 +81,42 @@ class GraphIndex:
             for out in node.output:
                 if out:
                     self.producer[out] = node
-            for inp in node.input:
+            # a subgraph reading an outer tensor makes its node a consumer of that tensor
+            for inp in (*node.input, *sorted(outer_reads(node))):
                 if inp:
                     self.consumers[inp].append(node)
-        self.initializers = {t.name: t for t in self.graph.initializer}
-        self.graph_inputs = {v.name for v in self.graph.input} - set(self.initializers)
+        own = {t.name: t for t in self.graph.initializer}
+        self.initializers = {**(outer.initializers if outer else {}), **own}
+        self.graph_inputs = {v.name for v in self.graph.input} - set(own)
         self.graph_outputs = {v.name for v in self.graph.output}
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-        self.value_info = self._infer_value_info()
+        self.value_info = {**(outer.value_info if outer else {}), **self._infer_value_info()}
         self._const_cache: dict[str, np.ndarray | None] = {}
+
+    def subgraph_scopes(self) -> Iterator[tuple[str, onnx.GraphProto, GraphIndex]]:
+        """(location, the subgraph as stored in this graph, its index), depth first: every
+        If/Loop/Scan body inside this graph.  The index reads the subgraph through a copy
+        (a wrapper model); edits made on that copy are written back with `target.CopyFrom`."""
+        for node in self.graph.node:
+            for attr in node.attribute:
+                subgraphs = (
+                    [attr.g]
+                    if attr.type == onnx.AttributeProto.GRAPH
+                    else list(attr.graphs)
+                    if attr.type == onnx.AttributeProto.GRAPHS
+                    else []
+                )
+                for number, subgraph in enumerate(subgraphs):
+                    suffix = f"[{number}]" if attr.type == onnx.AttributeProto.GRAPHS else ""
+                    location = f"{node.op_type} '{node.name}'/{attr.name}{suffix}"
+                    wrapper = onnx.ModelProto()
+                    wrapper.ir_version = self.model.ir_version
+                    wrapper.opset_import.extend(self.model.opset_import)
+                    wrapper.graph.CopyFrom(subgraph)
+                    index = GraphIndex(wrapper, base_dir=self.base_dir, outer=self)
+                    yield location, subgraph, index
+                    for inner, target, inner_index in index.subgraph_scopes():
+                        yield f"{location}/{inner}", target, inner_index
 
     def _infer_value_info(self) -> dict[str, onnx.ValueInfoProto]:
         infos: dict[str, onnx.ValueInfoProto] = {}
@@ -81,10 +139,12 @@ class GraphIndex:
             and not t.HasField("raw_data")
             and int(np.prod(t.dims)) <= _MAX_FOLD_ELEMENTS
         ]
-        if not small or self.base_dir is None:
+        outer_inputs = self._outer_value_infos()
+        if (not small or self.base_dir is None) and not outer_inputs:
             return self.model
         model = onnx.ModelProto()
         model.CopyFrom(self.model)
+        model.graph.input.extend(outer_inputs)  # a body's outer-scope reads, typed for inference
         names = {t.name for t in small}
         for tensor in model.graph.initializer:
             if tensor.name in names:
@@ -92,6 +152,20 @@ class GraphIndex:
                 if value is not None:
                     tensor.CopyFrom(numpy_helper.from_array(value, tensor.name))
         return model
+
+    def _outer_value_infos(self) -> list[onnx.ValueInfoProto]:
+        if self.outer is None:
+            return []
+        infos = []
+        for name in sorted(_free_names(self.graph)):
+            if name in self.outer.initializers:
+                tensor = self.outer.initializers[name]
+                infos.append(
+                    onnx.helper.make_tensor_value_info(name, tensor.data_type, list(tensor.dims))
+                )
+            elif name in self.outer.value_info:
+                infos.append(self.outer.value_info[name])
+        return infos
 
     # --- types and shapes -------------------------------------------------------------------
     def elem_type(self, name: str) -> int | None:
