@@ -26,6 +26,7 @@ import onnx
 from graphfix.attention.match_types import AttentionMatch, BiasStep, KTransposedBy, MaskStep
 from graphfix.attention.matcher import scan_attention
 from graphfix.errors import GraphfixError, SelectionError, UnsupportedModelError
+from graphfix.graph.index import GraphIndex
 from graphfix.model_io import load_model
 from graphfix.plugins.reference import with_reference_ops
 from graphfix.plugins.spec import PLUGIN_DOMAIN
@@ -236,7 +237,7 @@ def _softmax_names(
 ) -> dict[int, str]:
     """Each block's Softmax named as in `drawn`: the node there that produces the Softmax's
     output, or the output of the Cast right after it (a lowered float16 plugin node)."""
-    producer = {t: n for n in drawn.graph.node for t in n.output if t}
+    producer = GraphIndex(drawn).producer
     names = {}
     for match in matches:
         out = model.graph.node[match.softmax_position].output[0]
@@ -265,20 +266,11 @@ def _block_graph(
     model: onnx.ModelProto, block: _Block, *, new_nodes_are_added: bool
 ) -> _BlockGraph:
     """The boxes and edges of `block` as it appears in `model` (the original or a rewrite)."""
-    graph = model.graph
-    nodes = graph.node
-    initializers = {t.name for t in graph.initializer}
-    graph_inputs = {v.name for v in graph.input} - initializers
-    graph_outputs = {v.name for v in graph.output}
-    producer: dict[str, int] = {}
-    consumers: dict[str, list[int]] = defaultdict(list)
-    for position, node in enumerate(nodes):
-        for tensor in node.output:
-            if tensor:
-                producer[tensor] = position
-        for tensor in node.input:
-            if tensor:
-                consumers[tensor].append(position)
+    index = GraphIndex(model)
+    nodes = model.graph.node
+    graph_inputs, graph_outputs = index.graph_inputs, index.graph_outputs
+    producer = {t: index.position(n) for t, n in index.producer.items()}
+    consumers = {t: [index.position(n) for n in ns] for t, ns in index.consumers.items()}
     output = next((t for t in block.outputs if t in producer), None)
     if output is None:
         raise GraphfixError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,10 +57,18 @@ def dtype_name(elem_type: int) -> str:
 
 
 class GraphIndex:
-    """Producers, consumers, types and constant values of one (top-level) graph.
+    """Producers, consumers, types and constant values of one graph: graphfix's one graph view
+    (the matcher, the strategies, the drawing, input generation and tools/ all read it).
 
     Built once per scan; never mutates the model.  Initializers stored as external data whose
     bytes are not loaded are read from `base_dir` only when a small constant is needed.
+
+    It indexes the protobuf directly rather than importing into onnx-graphsurgeon, measured
+    (tools/graph_view_bench.py, two runs on a shared 2-core machine) on a 2,379-node SVD UNet
+    export: these maps build in 0.017 s, 0.06-0.13 s with shape inference, while
+    `gs.import_onnx` takes 0.21-0.36 s and `gs.export_onnx` 0.14-0.21 s more, per fix; and the
+    protobuf keeps external data references untouched, where a gs round trip would have to load
+    or re-link every weight of a > 2 GB model.
     """
 
     def __init__(
@@ -90,8 +99,12 @@ class GraphIndex:
         self.graph_inputs = {v.name for v in self.graph.input} - set(own)
         self.graph_outputs = {v.name for v in self.graph.output}
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-        self.value_info = {**(outer.value_info if outer else {}), **self._infer_value_info()}
         self._const_cache: dict[str, np.ndarray | None] = {}
+
+    @functools.cached_property
+    def value_info(self) -> dict[str, onnx.ValueInfoProto]:
+        """Types and shapes by tensor name, from ONNX shape inference (run on first use)."""
+        return {**(self.outer.value_info if self.outer else {}), **self._infer_value_info()}
 
     def subgraph_scopes(self) -> Iterator[tuple[str, onnx.GraphProto, GraphIndex]]:
         """(location, the subgraph as stored in this graph, its index), depth first: every
