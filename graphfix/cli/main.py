@@ -1,4 +1,4 @@
-"""`graphfix` command line: inspect, fix, validate, plugins."""
+"""`graphfix` command line: inspect, fix, precision, validate, plugins."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from graphfix.attention.rewrite import fix_attention
 from graphfix.attention.strategies import DEFAULT_STRATEGY, STRATEGIES
 from graphfix.attention.table import match_table
 from graphfix.cli import plugins as cli_plugins
+from graphfix.cli import precision as cli_precision
 from graphfix.cli import validate as cli_validate
 from graphfix.cli.options import Option, add_options, api_kwargs
 from graphfix.errors import GraphfixError
@@ -198,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(func=_cmd_demo)
 
+    cli_precision.register(sub)
     cli_validate.register(sub)
     cli_plugins.register(sub)
     return parser

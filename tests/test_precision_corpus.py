@@ -1,0 +1,138 @@
+"""`convert_precision` on every float32 model of the corpus (tests/model_corpus.py).
+
+Each converts to float16; onnxruntime loads the result; on one seeded input its outputs agree
+with the float32 model within float16 tolerance; at least 80 % of its compute nodes run in
+float16 (`graphfix.precision.census`: nodes doing arithmetic on float tensors, counted from
+the converted model's own types).  The bfloat16 result is checked structurally (onnxruntime's
+CPU provider has no bfloat16 MatMul): every float tensor it computes in low precision is
+bfloat16, no float16 anywhere, the same islands as float16.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import model_corpus
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from graphfix.precision.census import is_float32_model, precision_census
+from graphfix.precision.convert import convert_precision
+from graphfix.validation.compare import DEFAULT_TOLERANCES, compare_output
+
+_FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+# Compute nodes that must run in float16 (the issue's target).
+LOW_SHARE = 0.80
+# Entry name → why it stays below LOW_SHARE: RMSNorm statistics are float32 islands below
+# opset 23 (no RMSNormalization op to fuse them into; see graphfix.precision.policy).
+_RMSNORM = (
+    "RMSNorm statistics (Pow, ReduceMean, + eps, Sqrt per norm) stay float32 islands below "
+    "opset 23, where no RMSNormalization op can take them"
+)
+_MASK = (
+    "the causal mask is a -3.4e38 initializer added inside the attention chain: it is out of "
+    "float16 range, so the block stays float32 whole (attention_strategy rewrites it instead)"
+)
+BELOW_SHARE: dict[str, str] = {
+    "sdpa_causal-dynamo18": _MASK,
+    "llama_eager_no_mask-dynamo18": _MASK + "; " + _RMSNORM,
+    **dict.fromkeys(
+        (
+            "llama_eager-legacy17", "llama_eager-dynamo18", "llama_sdpa-legacy17",
+            "llama_sdpa-dynamo18", "gemma2_eager-legacy17", "gemma2_eager-dynamo18",
+            "t5_eager-legacy17", "t5_eager-dynamo18",
+        ),
+        _RMSNORM,
+    ),
+}  # fmt: skip
+
+
+def _params() -> list:
+    params = []
+    for entry in model_corpus.CORPUS:
+        if entry.export_error is not None or entry.expected.dtype != "float32":
+            continue  # float16/bfloat16 exports (a float32 Softmax inside is checked below)
+        marks = [pytest.mark.slow] if entry.slow else []
+        params.append(pytest.param(entry, id=entry.name, marks=marks))
+    return params
+
+
+def _session(model: onnx.ModelProto | Path) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("entry", _params())
+def test_float16_loads_agrees_and_runs_mostly_low(entry: model_corpus.CorpusEntry) -> None:
+    path = model_corpus.model_path(entry)
+    original = onnx.load(str(path))
+    if not is_float32_model(original):
+        pytest.skip("a float16 export whose Softmax computes in float32: not a float32 model")
+    result = convert_precision(original)
+    onnx.checker.check_model(result.model)
+    feed = model_corpus.random_feed(original, np.random.default_rng(0))
+    expected = _session(path).run(None, feed)
+    session = _session(result.model)
+    got = session.run(None, feed)
+    tolerance = DEFAULT_TOLERANCES["fp16"]
+    for output, ref, out in zip(session.get_outputs(), expected, got, strict=True):
+        assert out.dtype == ref.dtype, f"{output.name}: keep_io_types changed the output type"
+        if ref.dtype.kind == "f":
+            stats = compare_output(output.name, ref, out, tolerance)
+            assert stats.passed, f"{entry.name} {output.name}: {stats}"
+        else:
+            np.testing.assert_array_equal(out, ref)
+    census = precision_census(result.model)
+    assert census.untyped == 0
+    assert census.compute == result.report.compute_nodes
+    assert census.float32 == result.report.compute_nodes - result.report.compute_nodes_low
+    if entry.name in BELOW_SHARE:
+        assert census.low_fraction < LOW_SHARE, f"{entry.name} reaches the target: unlist it"
+        assert census.tensor_core_low_fraction >= 0.5, result.report.summary()
+    else:
+        assert census.low_fraction >= LOW_SHARE, result.report.summary()
+    assert not _cancelling_casts(result.model)
+
+
+def _cancelling_casts(model: onnx.ModelProto) -> list[str]:
+    """Casts that undo the Cast feeding them (A → B → A)."""
+    from graphfix.precision.census import _types
+
+    types = _types(model)
+    producers = {o: n for n in model.graph.node for o in n.output}
+    found = []
+    for node in model.graph.node:
+        inner = producers.get(node.input[0]) if node.op_type == "Cast" else None
+        if inner is not None and inner.op_type == "Cast":
+            to = next(a.i for a in node.attribute if a.name == "to")
+            if to in _FLOATS and types.get(inner.input[0]) == to:
+                found.append(node.name)
+    return found
+
+
+@pytest.mark.parametrize("entry", [p for p in _params() if not p.marks][:6] + [
+    p for p in _params() if p.id in ("bert_eager-legacy17", "unet_sdpa-dynamo18")
+])  # fmt: skip
+def test_bfloat16_is_structurally_the_float16_plan(entry: model_corpus.CorpusEntry) -> None:
+    path = model_corpus.model_path(entry)
+    half = convert_precision(str(path), to="float16").report
+    brain = convert_precision(str(path), to="bfloat16")
+    types = {t.data_type for t in brain.model.graph.initializer}
+    assert onnx.TensorProto.FLOAT16 not in types
+    casts = {
+        next(a.i for a in n.attribute if a.name == "to")
+        for n in brain.model.graph.node
+        if n.op_type == "Cast"
+    }
+    assert onnx.TensorProto.FLOAT16 not in casts
+    census = precision_census(brain.model)
+    assert census.compute == brain.report.compute_nodes
+    assert census.float32 == brain.report.compute_nodes - brain.report.compute_nodes_low
+    # bfloat16 holds float32's range: the same islands, less any out-of-range ones.
+    assert brain.report.compute_nodes == half.compute_nodes
+    assert brain.report.compute_nodes_low >= half.compute_nodes_low
+    onnx.checker.check_model(brain.model)

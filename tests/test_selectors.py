@@ -1,0 +1,59 @@
+"""Selectors: every form on a minimal attention graph, positive and negative."""
+
+from __future__ import annotations
+
+import pytest
+from graphs import Variant, attention_model
+
+from graphfix.errors import SelectionError
+from graphfix.selectors import SelectorKind, parse_selector, parse_selectors, select_nodes
+
+
+@pytest.fixture(scope="module")
+def model():
+    return attention_model(Variant(scale="div_after"))
+
+
+def test_forms_parse_to_their_kind():
+    assert parse_selector("3").kind is SelectorKind.BLOCK
+    assert parse_selector("attention:3").value == 3
+    assert parse_selector("op:Softmax").value == "Softmax"
+    assert parse_selector("name:3").kind is SelectorKind.NAME
+    assert parse_selector("re:q_.*").kind is SelectorKind.REGEX
+    assert parse_selector("q_proj").kind is SelectorKind.TEXT
+
+
+@pytest.mark.parametrize("text", ["", "  ", "attention:x", "op:", "name:", "re:", "re:(("])
+def test_malformed_selectors_are_errors(text):
+    with pytest.raises(SelectionError):
+        parse_selectors([text])
+
+
+def test_block_selects_the_whole_chain(model):
+    selection = select_nodes(model, parse_selectors(["0"]))
+    assert selection.blocks == (0,)
+    ops = {model.graph.node[p].op_type for p in selection.positions}
+    assert {"MatMul", "Softmax"} <= ops
+    assert "q_proj" not in selection  # projections are outside the chain
+    assert select_nodes(model, ["attention:0"]).positions == selection.positions
+
+
+def test_op_name_and_regex(model):
+    assert select_nodes(model, ["op:Softmax"]).nodes == ("softmax",)
+    exact = select_nodes(model, ["q_proj"])
+    assert exact.nodes == ("q_proj",) and exact.blocks == ()
+    regex = select_nodes(model, ["re:_proj$"])
+    assert set(regex.nodes) == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    # plain text naming no node is a regex
+    assert set(select_nodes(model, ["[qk]_proj"]).nodes) == {"q_proj", "k_proj"}
+    # selecting the Softmax selects its block
+    assert select_nodes(model, ["op:Softmax"]).blocks == (0,)
+
+
+@pytest.mark.parametrize(
+    ("text", "listed"),
+    [("7", "numbered 0..0"), ("op:Conv", "MatMul"), ("name:nope", "q_proj"), ("re:^zzz", "q_proj")],
+)
+def test_unmatched_selector_lists_what_exists(model, text, listed):
+    with pytest.raises(SelectionError, match=listed):
+        select_nodes(model, [text])
