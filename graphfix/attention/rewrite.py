@@ -18,6 +18,7 @@ from graphfix.graph.edit import GraphEdit
 from graphfix.graph.index import GraphIndex
 from graphfix.model_io import LoadedModel, load_model
 from graphfix.plugins.spec import PLUGIN_DOMAIN, ensure_plugin_opset
+from graphfix.selectors import parse_selectors, select_nodes
 
 Selector = int | str | re.Pattern[str]
 
@@ -43,7 +44,7 @@ def fix_attention(
     index = GraphIndex(result, base_dir=loaded.base_dir)
     scopes = graph_scopes(index)
     scan = scan_graph(index, scopes=scopes)
-    chosen = _select(scan.matches, select)
+    chosen = _select(result, scan.matches, select)
     chosen_strategy = get_strategy(strategy)
     outcomes: dict[int, BlockOutcome] = {}
     # Subgraphs first (reverse depth-first order): each is edited on its own copy and written
@@ -105,40 +106,44 @@ def break_attention_fusion(
     ).model
 
 
-def _select(matches: Sequence[AttentionMatch], select: Sequence[Selector] | None) -> set[int]:
+def _select(
+    model: onnx.ModelProto,
+    matches: Sequence[AttentionMatch],
+    select: Sequence[Selector] | Selector | None,
+) -> set[int]:
+    """Block indices picked by `select`, in graphfix's one selector language (selectors.py):
+    an int is a block index, a compiled regex is `re:`, text is any selector form.  A selector
+    that picks nodes but no attention block's Softmax is an error, like one that picks nothing."""
     if select is None:
         return {m.index for m in matches}
     if isinstance(select, (str, int, re.Pattern)):
         select = [select]
-    chosen: set[int] = set()
-    for selector in select:
-        hits = _resolve(matches, selector)
-        if not hits:
+    texts: list[str] = []
+    for entry in select:
+        if isinstance(entry, bool) or not isinstance(entry, (int, str, re.Pattern)):
+            raise SelectionError(
+                f"select entry {entry!r} is not a block index, a selector text or a regex"
+            )
+        if isinstance(entry, int):
+            if entry < 0:
+                raise SelectionError(
+                    f"select entry {entry} is not a block index; blocks are numbered "
+                    f"0..{len(matches) - 1} (see `graphfix inspect`)"
+                )
+            texts.append(f"attention:{entry}")
+        elif isinstance(entry, re.Pattern):
+            texts.append(f"re:{entry.pattern}")
+        else:
+            texts.append(entry)
+    selection = select_nodes(model, parse_selectors(texts), matches=matches)
+    softmax_at = {m.softmax_position: m.index for m in matches if not m.location}
+    for hit in selection.hits:
+        if not hit.blocks and not any(p in softmax_at for p in hit.positions):
             names = ", ".join(m.softmax or f"#{m.softmax_position}" for m in matches[:6])
             raise SelectionError(
-                f"select entry {selector!r} matches no attention block; blocks are indexed "
+                f"select entry {hit.selector.text!r} matches no attention block (it picks "
+                f"{len(hit.positions)} node(s), none an attention Softmax); blocks are indexed "
                 f"0..{len(matches) - 1} and named {names}{', …' if len(matches) > 6 else ''} "
                 "(see `graphfix inspect`)"
             )
-        chosen |= hits
-    return chosen
-
-
-def _resolve(matches: Sequence[AttentionMatch], selector: Selector) -> set[int]:
-    if isinstance(selector, bool):
-        raise SelectionError(f"select entry {selector!r} is a bool; give an index, name or regex")
-    if isinstance(selector, int):
-        return {m.index for m in matches if m.index == selector}
-    if isinstance(selector, str):
-        exact = {m.index for m in matches if m.softmax == selector}
-        if exact:
-            return exact
-        try:
-            pattern = re.compile(selector)
-        except re.error as exc:
-            raise SelectionError(
-                f"select entry {selector!r} is neither a node name nor a valid regex: {exc}"
-            ) from exc
-    else:
-        pattern = selector
-    return {m.index for m in matches if pattern.search(m.softmax)}
+    return set(selection.blocks)

@@ -41,7 +41,9 @@ FIX_OPTIONS = (
     Option(
         ("--select",),
         "select",
-        "comma-separated block indices, Softmax node names or regexes (default: every block)",
+        "comma-separated selectors: block indices, attention:N, node names, re:REGEX, "
+        "op:OpType; a block is rewritten when picked by index or through its Softmax node "
+        "(default: every block)",
         convert=_parse_select,
     ),
     Option(
