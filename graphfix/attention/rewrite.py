@@ -146,4 +146,6 @@ def _select(
                 f"0..{len(matches) - 1} and named {names}{', …' if len(matches) > 6 else ''} "
                 "(see `graphfix inspect`)"
             )
-    return set(selection.blocks)
+    # Positions name main-graph nodes; a block inside an If/Loop body is picked by index only.
+    picked = {b for hit in selection.hits for b in hit.blocks}
+    return picked | {softmax_at[p] for p in selection.positions if p in softmax_at}
