@@ -166,9 +166,13 @@ def test_out_of_range_initializer_keeps_its_consumer_float32_unclamped():
     assert item.tensor == "B" and item.max_abs == 1e6 and item.consumers == ("add_bias",)
     (island,) = result.report.islands
     assert island.nodes == ("add_bias",) and island.reasons[0].reason is Reason.OUT_OF_RANGE
-    (bias,) = result.model.graph.initializer
+    bias = next(t for t in result.model.graph.initializer if t.name == "B")
     assert bias.data_type == F32
     np.testing.assert_array_equal(numpy_helper.to_array(bias), values)
+    # what the float32 Add computes from it is clipped to ±65504 where it is cast down
+    assert result.report.saturated == ("b",)
+    x = np.zeros((2, 4), np.float32)
+    np.testing.assert_allclose(_run(result.model, {"x": x})[0], np.tanh(values + x), atol=1e-3)
     # bfloat16 holds 1e6: nothing to keep
     assert convert_precision(_bias_model(values), to="bfloat16").report.out_of_range == ()
 

@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import onnx
@@ -75,19 +76,46 @@ def convert_precision(
     to = "float16" if to is None else to
     if to not in weights.TARGETS:
         raise UsageError(f"to={to!r} is not a target type; choose one of {', '.join(TARGETS)}")
-    keep_io_types = True if keep_io_types is None else keep_io_types
-    fuse_norms = True if fuse_norms is None else fuse_norms
+    options = _Options(
+        to=to,
+        keep=keep,
+        keep_io_types=True if keep_io_types is None else keep_io_types,
+        fuse_norms=True if fuse_norms is None else fuse_norms,
+        attention_strategy=attention_strategy,
+        external_data=None if external_data is None else Path(external_data),
+    )
     loaded = load_model(model, load_weights=False)
+    known: dict[str, float] = {}
+    while True:  # a big weight found beyond range while streaming: plan again with it known
+        try:
+            return _convert(loaded, options, known)
+        except weights.OutOfRangeWeight as found:
+            known[found.name] = found.biggest
+
+
+@dataclass(frozen=True)
+class _Options:
+    to: str
+    keep: Sequence[str] | None
+    keep_io_types: bool
+    fuse_norms: bool
+    attention_strategy: str | None
+    external_data: Path | None
+
+
+def _convert(loaded: LoadedModel, options: _Options, known: dict[str, float]) -> PrecisionResult:
+    to, keep, keep_io_types = options.to, options.keep, options.keep_io_types
+    attention_strategy, external_data = options.attention_strategy, options.external_data
     work = onnx.ModelProto()
     work.CopyFrom(loaded.model)
     base_dir = loaded.base_dir
 
     norms_note, unfused = ("not run (fuse_norms=False)", ())
-    if fuse_norms:
+    if options.fuse_norms:
         work, norms_note, unfused = _fuse_norms(work)
 
     index = GraphIndex(work, base_dir=base_dir)
-    out_of_range = _out_of_range(index, base_dir, to)
+    out_of_range = {**_out_of_range(index, base_dir, to), **known}
     scan = scan_graph(index)
     user_keys = _user_keep(work, keep, scan.matches)
     planner = Planner(index, scan.matches, inputs_float32=keep_io_types)
@@ -113,7 +141,7 @@ def convert_precision(
     )
     before = _Snapshot.of(index, plan, out_of_range)
     rewrite.apply()
-    source = _place_weights(rewrite, base_dir, out_of_range, external_data)
+    source = _place_weights(rewrite, base_dir, external_data)
     report = _report(
         rewrite,
         before,
@@ -150,11 +178,14 @@ def _fuse_norms(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str, tuple[tup
 
 
 def _out_of_range(index: GraphIndex, base_dir: Path | None, to: str) -> dict[str, float]:
-    """Float32 constants (initializers, Constant and ConstantOfShape values) beyond `to`'s range."""
+    """Float32 constants (initializers, Constant and ConstantOfShape values) beyond `to`'s range.
+
+    Large weights on disk are checked while they are streamed (`weights.deferred_check`);
+    `known` holds those found beyond range by an earlier attempt."""
     limit = weights.LIMITS[to]
     found: dict[str, float] = {}
     for tensor in index.graph.initializer:
-        if tensor.data_type == FLOAT:
+        if tensor.data_type == FLOAT and not weights.deferred_check(tensor):
             biggest = weights.max_abs(tensor, base_dir)
             if biggest > limit:
                 found[tensor.name] = biggest
@@ -467,6 +498,13 @@ class _Rewrite:
             )
         )
         self.saturated.append(name)
+        info = onnx.ValueInfoProto()
+        source_info = self.index.value_info.get(name)
+        if source_info is not None:
+            info.CopyFrom(source_info)
+        info.name = clipped
+        info.type.tensor_type.elem_type = FLOAT
+        self.model.graph.value_info.append(info)
         return clipped
 
     def _taint(self, out_of_range: set[str]) -> set[str]:
@@ -600,89 +638,78 @@ def _rename_in_subgraphs(node: onnx.NodeProto, old: str, new: str) -> None:
 def _place_weights(
     rewrite: _Rewrite,
     base_dir: Path | None,
-    out_of_range: dict[str, float],
-    external_data: str | os.PathLike[str] | None,
+    external_data: Path | None,
 ) -> Path | None:
     """Convert initializers once each; weights on disk are streamed into a new data file.
     Returns the .onnx path the result's external data is relative to (None: all in memory)."""
-    graph = rewrite.model.graph
-    originals = list(graph.initializer)
     on_disk = any(weights.is_external(t) for t in _all_tensors(rewrite.model))
-    stream = None
-    data_file: Path | None = None
-    if on_disk:
-        if external_data is None:
-            folder = Path(tempfile.mkdtemp(prefix="graphfix-precision-"))
-            data_file = folder / "model.onnx.data"
-        else:
-            data_file = Path(external_data)
-            data_file.parent.mkdir(parents=True, exist_ok=True)
-        stream = open(data_file, "xb")
-    try:
-        new: list[onnx.TensorProto] = []
-        for tensor in originals:
-            low_name = rewrite.low_initializers.get(tensor.name)
-            keep_float = low_name is None or low_name != tensor.name
-            if keep_float:
-                if stream is not None and weights.is_external(tensor):
-                    copy = onnx.TensorProto()
-                    copy.CopyFrom(tensor)
-                    weights.stream_tensor(
-                        tensor,
-                        copy,
-                        base_dir=base_dir,
-                        to=None,
-                        stream=stream,
-                        location=data_file.name,
-                    )
-                    new.append(copy)
-                else:
-                    new.append(tensor)
-            if low_name is not None:
-                if weights.is_external(tensor):
-                    converted = onnx.TensorProto()
-                    converted.name = low_name
-                    converted.dims.extend(tensor.dims)
-                    converted.data_type = rewrite.target
-                    weights.stream_tensor(
-                        tensor,
-                        converted,
-                        base_dir=base_dir,
-                        to=rewrite.to,
-                        stream=stream,
-                        location=data_file.name,
-                    )
-                else:
-                    converted = weights.convert_in_memory(tensor, rewrite.to, low_name)
-                new.append(converted)
-        del graph.initializer[:]
-        graph.initializer.extend(new)
-        if stream is not None:
-            for tensor in _all_tensors(rewrite.model):
-                if weights.is_external(tensor) and _location(tensor) != data_file.name:
-                    copy = onnx.TensorProto()
-                    copy.CopyFrom(tensor)
-                    weights.stream_tensor(
-                        copy,
-                        tensor,
-                        base_dir=base_dir,
-                        to=None,
-                        stream=stream,
-                        location=data_file.name,
-                    )
-    finally:
-        if stream is not None:
-            stream.close()
-    if data_file is None:
+    if not on_disk:
+        _write_initializers(rewrite, base_dir, None, None)
         return None
+    folder = None
+    if external_data is None:
+        folder = Path(tempfile.mkdtemp(prefix="graphfix-precision-"))
+        data_file = folder / "model.onnx.data"
+    else:
+        data_file = external_data
+        data_file.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(data_file, "xb") as stream:
+            _write_initializers(rewrite, base_dir, stream, data_file.name)
+    except BaseException:
+        data_file.unlink(missing_ok=True)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    name = data_file.name
     source = data_file.parent / (
-        data_file.name.removesuffix(".data")
-        if data_file.name.endswith(".onnx.data")
-        else "model.onnx"
+        name.removesuffix(".data") if name.endswith(".onnx.data") else "model.onnx"
     )
     with open(source, "wb") as handle:
         handle.write(rewrite.model.SerializeToString())
     return source
+
+
+def _write_initializers(
+    rewrite: _Rewrite, base_dir: Path | None, stream: BinaryIO | None, location: str | None
+) -> None:
+    """Each initializer once: as it is (float32 readers), in the target type (low readers),
+    or both; external ones streamed to `stream`, tensor by tensor."""
+    graph = rewrite.model.graph
+    new: list[onnx.TensorProto] = []
+
+    def streamed(tensor: onnx.TensorProto, out: onnx.TensorProto, to: str | None) -> None:
+        weights.stream_tensor(
+            tensor, out, base_dir=base_dir, to=to, stream=stream, location=location
+        )
+
+    for tensor in list(graph.initializer):
+        low_name = rewrite.low_initializers.get(tensor.name)
+        if low_name is None or low_name != tensor.name:  # float32 readers keep it as it is
+            if stream is not None and weights.is_external(tensor):
+                copy = onnx.TensorProto()
+                copy.CopyFrom(tensor)
+                streamed(tensor, copy, None)
+                new.append(copy)
+            else:
+                new.append(tensor)
+        if low_name is not None:
+            if weights.is_external(tensor):
+                converted = onnx.TensorProto(
+                    name=low_name, dims=tensor.dims, data_type=rewrite.target
+                )
+                streamed(tensor, converted, rewrite.to)
+            else:
+                converted = weights.convert_in_memory(tensor, rewrite.to, low_name)
+            new.append(converted)
+    del graph.initializer[:]
+    graph.initializer.extend(new)
+    if stream is not None:  # tensors in subgraphs and attributes that live on disk
+        for tensor in _all_tensors(rewrite.model):
+            if weights.is_external(tensor) and _location(tensor) != location:
+                copy = onnx.TensorProto()
+                copy.CopyFrom(tensor)
+                streamed(copy, tensor, None)
 
 
 def _all_tensors(model: onnx.ModelProto):

@@ -7,7 +7,10 @@ protobuf rather than onnx-graphsurgeon: gs loads every tensor's values to build 
 
 from __future__ import annotations
 
+import os
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -19,7 +22,22 @@ from onnx import numpy_helper
 from graphfix.errors import ModelLoadError
 
 FLOAT = onnx.TensorProto.FLOAT
-_CHUNK_ELEMENTS = 4 << 20  # 16 MB of float32 per read
+_CHUNK_ELEMENTS = 2 << 20  # 8 MB of float32 per read
+# Weights on disk above this size are range-checked while they are converted (one read), not
+# before: a weight beyond the target's range is then rare enough to redo the conversion.
+DEFERRED_CHECK_BYTES = 1 << 20
+# Chunks converted in parallel (numpy releases the GIL in its casts); bounds memory too.
+_WORKERS = max(1, min(4, os.cpu_count() or 1))
+_INFINITY_BITS = {"float16": 0x7C00, "bfloat16": 0x7F80}
+
+
+class OutOfRangeWeight(Exception):
+    """Internal: a weight converted while streaming holds values beyond the target's range."""
+
+    def __init__(self, name: str, biggest: float) -> None:
+        super().__init__(name)
+        self.name, self.biggest = name, biggest
+
 
 TARGETS = {"float16": onnx.TensorProto.FLOAT16, "bfloat16": onnx.TensorProto.BFLOAT16}
 # Largest finite value of each target type.
@@ -58,10 +76,21 @@ def max_abs(tensor: onnx.TensorProto, base_dir: Path | None) -> float:
     representable in the target types, so they do not count."""
     best = 0.0
     for chunk in _chunks(tensor, base_dir):
-        finite = chunk[np.isfinite(chunk)]
-        if finite.size:
-            best = max(best, float(np.abs(finite).max()))
+        if not chunk.size:
+            continue
+        quick = max(float(chunk.max()), -float(chunk.min()))
+        if not np.isfinite(quick):  # inf or NaN present: look at the finite values only
+            finite = chunk[np.isfinite(chunk)]
+            quick = float(np.abs(finite).max()) if finite.size else 0.0
+        best = max(best, quick)
     return best
+
+
+def deferred_check(tensor: onnx.TensorProto) -> bool:
+    """Whether `tensor`'s range is checked while it is streamed rather than before."""
+    return (
+        is_external(tensor) and 4 * int(np.prod(tensor.dims, dtype=np.int64)) > DEFERRED_CHECK_BYTES
+    )
 
 
 def convert_in_memory(tensor: onnx.TensorProto, to: str, name: str) -> onnx.TensorProto:
@@ -79,13 +108,29 @@ def convert_in_memory(tensor: onnx.TensorProto, to: str, name: str) -> onnx.Tens
 
 def to_target_bytes(values: np.ndarray, to: str) -> bytes:
     """Little-endian bytes of `values` in the target type, rounded to nearest even."""
+    return to_target_bits(values, to).tobytes()
+
+
+def to_target_bits(values: np.ndarray, to: str) -> np.ndarray:
+    """`values` in the target type as little-endian uint16 bit patterns (round to nearest even)."""
     values = np.ascontiguousarray(values, dtype=np.float32)
     if to == "float16":
-        return values.astype("<f2").tobytes()
-    bits = values.view(np.uint32).astype(np.uint64)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        return values.astype("<f2").view("<u2")
+    bits = values.view(np.uint32)
+    # round to nearest even on the 16 bits dropped; only NaN bit patterns could wrap around
+    rounded = ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype("<u2")
     rounded[np.isnan(values)] = 0x7FC0
-    return rounded.astype("<u2").tobytes()
+    return rounded
+
+
+def _convert_chunk(chunk: np.ndarray, to: str) -> tuple[np.ndarray, bool]:
+    """The chunk in the target type, and whether a finite value overflowed to infinity."""
+    data = to_target_bits(chunk, to)
+    magnitude = data & 0x7FFF
+    if int(magnitude.max(initial=0)) < _INFINITY_BITS[to]:
+        return data, False
+    overflowed = (magnitude >= _INFINITY_BITS[to]) & np.isfinite(chunk)
+    return data, bool(overflowed.any())
 
 
 def stream_tensor(
@@ -114,8 +159,14 @@ def stream_tensor(
                 stream.write(block)
                 remaining -= len(block)
     else:
-        for chunk in _chunks(tensor, base_dir):
-            stream.write(to_target_bytes(chunk, to))
+        with ThreadPoolExecutor(_WORKERS) as pool:
+            pending: deque = deque()
+            for chunk in _chunks(tensor, base_dir):
+                pending.append(pool.submit(_convert_chunk, chunk, to))
+                if len(pending) > _WORKERS:
+                    _write_converted(pending.popleft(), tensor, base_dir, stream)
+            while pending:
+                _write_converted(pending.popleft(), tensor, base_dir, stream)
     length = stream.tell() - offset
     del out.external_data[:]
     out.ClearField("raw_data")
@@ -123,6 +174,15 @@ def stream_tensor(
     for key, value in (("location", location), ("offset", offset), ("length", length)):
         entry = out.external_data.add()
         entry.key, entry.value = key, str(value)
+
+
+def _write_converted(
+    future, tensor: onnx.TensorProto, base_dir: Path | None, stream: BinaryIO
+) -> None:
+    data, overflowed = future.result()
+    if overflowed:
+        raise OutOfRangeWeight(tensor.name, max_abs(tensor, base_dir))
+    stream.write(memoryview(data))
 
 
 def _chunks(tensor: onnx.TensorProto, base_dir: Path | None) -> Iterator[np.ndarray]:
