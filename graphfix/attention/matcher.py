@@ -22,36 +22,35 @@ matcher refuses rather than guesses.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnx
 
+from graphfix.attention.chain_steps import (
+    LAYOUT_OPS,
+    MAX_OPERAND_HOPS,
+    Factor,
+    NoMatch,
+    OperandScale,
+    after_steps,
+    chain_steps,
+    display,
+    operand_qdq,
+    operand_steps,
+    scale_summary,
+    sink_step,
+)
 from graphfix.attention.match_types import (
     AttentionKind,
     AttentionMatch,
     AttentionOpNode,
     AttentionScan,
-    BiasStep,
-    CastStep,
-    ChainStep,
     KTransposedBy,
     Layout,
-    MaskKind,
-    MaskStep,
-    NanGuardStep,
-    PassStep,
     QdqSite,
     QdqStep,
-    ReshapeStep,
-    Scale,
-    ScaleOp,
-    ScaleSide,
-    ScaleStep,
-    ShiftStep,
-    SinkStep,
     SkippedSoftmax,
     SoftcapStep,
 )
@@ -71,10 +70,6 @@ _PASS_THROUGH_DOWN = {
 }  # fmt: skip
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 _COMPARISONS = {"Less", "LessOrEqual", "Greater", "GreaterOrEqual"}
-
-
-class _NoMatch(Exception):
-    """Internal: the chain walk failed; `args[0]` is the user-facing reason."""
 
 
 @dataclass
@@ -150,8 +145,8 @@ def scan_graph(index: GraphIndex, *, scopes: list[Scope] | None = None) -> Atten
                 continue
             try:
                 match = _match_softmax(scope, node, position, len(matches))
-            except _NoMatch as reason:
-                name = prefix + _display(node, position)
+            except NoMatch as reason:
+                name = prefix + display(node, position)
                 skipped.append(SkippedSoftmax(softmax=name, reason=str(reason)))
                 continue
             matches.append(dataclasses.replace(match, location=location) if location else match)
@@ -177,10 +172,6 @@ def scan_graph(index: GraphIndex, *, scopes: list[Scope] | None = None) -> Atten
     )
 
 
-def _display(node: onnx.NodeProto, position: int) -> str:
-    return node.name or f"<{node.op_type} #{position}>"
-
-
 # --- one Softmax ------------------------------------------------------------------------------
 def _match_softmax(
     index: GraphIndex, softmax: onnx.NodeProto, position: int, match_index: int
@@ -190,16 +181,16 @@ def _match_softmax(
     axis = _softmax_axis(index, softmax)
     if rank is not None:
         if rank < 2:
-            raise _NoMatch(f"softmax input has rank {rank}; attention scores have rank ≥ 3")
+            raise NoMatch(f"softmax input has rank {rank}; attention scores have rank ≥ 3")
         if axis < 0:
             axis += rank
         if axis != rank - 1:
-            raise _NoMatch(
+            raise NoMatch(
                 f"softmax over axis {axis} of a rank-{rank} tensor; attention normalises the "
                 "last (key) axis"
             )
     elif axis != -1:
-        raise _NoMatch(f"softmax axis {axis} with unknown rank: cannot tell it is the key axis")
+        raise NoMatch(f"softmax axis {axis} with unknown rank: cannot tell it is the key axis")
 
     pv, v, down_nodes, nan_guard = _trace_probabilities(index, softmax)
     chain = _ScoreChain()
@@ -208,11 +199,11 @@ def _match_softmax(
     k, k_transposed_by, k_perm = _untranspose_k(index, qk, k_t)
 
     up_nodes = list(reversed(chain.nodes))
-    in_chain, sink_concat = _chain_steps(index, qk, up_nodes)
-    after, sink_slice = _after_steps(index, softmax, down_nodes)
-    sink = _sink_step(index, sink_concat, sink_slice, in_chain, qk)
-    steps = (*_operand_steps(index, q_scale, k_scale), *in_chain)
-    scale = _scale(index, steps, q)
+    in_chain, sink_concat = chain_steps(index, qk, up_nodes)
+    after, sink_slice = after_steps(index, softmax, down_nodes)
+    sink = sink_step(index, sink_concat, sink_slice, in_chain, qk)
+    steps = (*operand_steps(index, q_scale, k_scale), *in_chain)
+    scale = scale_summary(index, steps, q)
     softcap = next((s.cap for s in steps if isinstance(s, SoftcapStep)), None)
     mask_nodes = tuple(sorted(chain.mask_nodes, key=index.position))
     mask_inputs = tuple(dict.fromkeys(chain.mask_inputs))
@@ -230,7 +221,7 @@ def _match_softmax(
     if sink is not None and isinstance(kv_len, int):
         kv_len -= 1  # the sink column is not a key
     ordered = (qk, *up_nodes, softmax, *down_nodes, pv)
-    chain_nodes = tuple(_display(n, index.position(n)) for n in ordered)
+    chain_nodes = tuple(display(n, index.position(n)) for n in ordered)
     chain_positions = tuple(index.position(n) for n in ordered)
     in_cast = index.producer_of(scores)
     cast_island = (
@@ -241,12 +232,12 @@ def _match_softmax(
         and any(n.op_type == "Cast" for n in down_nodes)
     )
     elem = index.elem_type(scores)
-    operand_qdq = (
-        _operand_qdq(index, qk.input[0], QdqSite.Q),
-        _operand_qdq(index, qk.input[1], QdqSite.K),
-        _operand_qdq(index, v, QdqSite.V),
+    operand_pairs = (
+        operand_qdq(index, qk.input[0], QdqSite.Q),
+        operand_qdq(index, qk.input[1], QdqSite.K),
+        operand_qdq(index, v, QdqSite.V),
     )
-    quantized = tuple(s for s in (*operand_qdq, *in_chain, *after) if isinstance(s, QdqStep))
+    quantized = tuple(s for s in (*operand_pairs, *in_chain, *after) if isinstance(s, QdqStep))
     layout = Layout(
         qk_op=qk.op_type,
         pv_op=pv.op_type,
@@ -263,15 +254,15 @@ def _match_softmax(
         softmax=softmax.name,
         softmax_position=position,
         axis=axis,
-        qk_matmul=_display(qk, index.position(qk)),
-        pv_matmul=_display(pv, index.position(pv)),
+        qk_matmul=display(qk, index.position(qk)),
+        pv_matmul=display(pv, index.position(pv)),
         q=q,
         k=k,
         v=v,
         k_t=k_t,
         k_transposed_by=k_transposed_by,
         scale=scale,
-        mask_nodes=tuple(_display(n, index.position(n)) for n in mask_nodes),
+        mask_nodes=tuple(display(n, index.position(n)) for n in mask_nodes),
         mask_inputs=mask_inputs,
         kind=kind,
         causal=causal,
@@ -279,7 +270,7 @@ def _match_softmax(
         chain_nodes=chain_nodes,
         chain_positions=chain_positions,
         cast_island=cast_island,
-        nan_guard=None if nan_guard is None else _display(nan_guard, index.position(nan_guard)),
+        nan_guard=None if nan_guard is None else display(nan_guard, index.position(nan_guard)),
         softcap=softcap,
         heads=heads,
         q_len=q_len,
@@ -322,13 +313,13 @@ def _trace_probabilities(
                 seen_ops.append(op)
                 if op in ("MatMul", "Einsum") and len(consumer.input) == 2:
                     if consumer.input[0] != tensor:
-                        raise _NoMatch(
+                        raise NoMatch(
                             f"softmax output is the right-hand operand of {op} "
                             f"'{consumer.name}' (x·P), not P·V"
                         )
                     v = consumer.input[1]
                     if v in index.initializers or index.constant_value(v) is not None:
-                        raise _NoMatch(
+                        raise NoMatch(
                             f"softmax output is multiplied by a constant weight ('{v}'), "
                             "a linear layer, not by V"
                         )
@@ -352,9 +343,9 @@ def _trace_probabilities(
             if softmax.output[0] in index.graph_outputs
             else "feeds nothing"
         )
-        raise _NoMatch(f"softmax output {where} (a probability head), not multiplied by V")
+        raise NoMatch(f"softmax output {where} (a probability head), not multiplied by V")
     consumers = ", ".join(dict.fromkeys(seen_ops))
-    raise _NoMatch(f"softmax output is not multiplied by V (consumers: {consumers})")
+    raise NoMatch(f"softmax output is not multiplied by V (consumers: {consumers})")
 
 
 def _is_nan_guard(index: GraphIndex, where: onnx.NodeProto, tensor: str) -> bool:
@@ -368,18 +359,18 @@ def _is_nan_guard(index: GraphIndex, where: onnx.NodeProto, tensor: str) -> bool
 # --- upstream: scores ← Q·Kᵀ -----------------------------------------------------------------
 def _trace_scores(index: GraphIndex, tensor: str, chain: _ScoreChain, depth: int) -> onnx.NodeProto:
     if depth > _MAX_SCORE_HOPS:
-        raise _NoMatch("no Q·Kᵀ MatMul within reach upstream of the softmax")
+        raise NoMatch("no Q·Kᵀ MatMul within reach upstream of the softmax")
     node = index.producer_of(tensor)
     if node is None:
         what = "a graph input" if tensor in index.graph_inputs else "a constant"
-        raise _NoMatch(f"softmax scores come from {what} ('{tensor}'), not from Q·Kᵀ")
+        raise NoMatch(f"softmax scores come from {what} ('{tensor}'), not from Q·Kᵀ")
     op = node.op_type
     if op in ("MatMul", "Einsum"):
         if len(node.input) != 2:
-            raise _NoMatch(f"scores come from {op} with {len(node.input)} inputs, not Q·Kᵀ")
+            raise NoMatch(f"scores come from {op} with {len(node.input)} inputs, not Q·Kᵀ")
         b = node.input[1]
         if b in index.initializers or index.constant_value(b) is not None:
-            raise _NoMatch(
+            raise NoMatch(
                 f"scores come from {op} '{node.name}' with a constant weight ('{b}'), "
                 "a linear layer, not Q·Kᵀ"
             )
@@ -390,7 +381,7 @@ def _trace_scores(index: GraphIndex, tensor: str, chain: _ScoreChain, depth: int
     if op == "DequantizeLinear":
         quantize = index.producer_of(node.input[0])
         if quantize is None or quantize.op_type != "QuantizeLinear":
-            raise _NoMatch(
+            raise NoMatch(
                 f"softmax scores come from DequantizeLinear '{node.name}' of a stored integer "
                 "tensor, not from Q·Kᵀ"
             )
@@ -404,7 +395,7 @@ def _trace_scores(index: GraphIndex, tensor: str, chain: _ScoreChain, depth: int
         return _trace_scores(index, node.input[0], chain, depth + 1)
     if op in ("Add", "Sub", "Mul", "Div", "Where"):
         return _trace_binary(index, node, chain, depth)
-    raise _NoMatch(f"softmax scores come from {op} '{node.name}', not from a Q·Kᵀ chain")
+    raise NoMatch(f"softmax scores come from {op} '{node.name}', not from a Q·Kᵀ chain")
 
 
 def _trace_binary(
@@ -417,14 +408,14 @@ def _trace_binary(
         candidates = (0,)
     else:
         candidates = (0, 1)
-    failure: _NoMatch | None = None
+    failure: NoMatch | None = None
     for main in candidates:
         if index.is_constant(node.input[main]):
             continue
         trial = _ScoreChain()
         try:
             qk = _trace_scores(index, node.input[main], trial, depth + 1)
-        except _NoMatch as exc:
+        except NoMatch as exc:
             failure = failure or exc
             continue
         chain.nodes.append(node)
@@ -440,7 +431,7 @@ def _trace_binary(
             _require_max_subtract(index, node)
         _merge(chain, trial)
         return qk
-    raise failure or _NoMatch(f"{op} '{node.name}' upstream of the softmax has no Q·Kᵀ input")
+    raise failure or NoMatch(f"{op} '{node.name}' upstream of the softmax has no Q·Kᵀ input")
 
 
 def _trace_sink_concat(
@@ -450,22 +441,22 @@ def _trace_sink_concat(
     axis = next((a.i for a in node.attribute if a.name == "axis"), None)
     rank = index.rank(node.output[0])
     if axis is None or not (axis == -1 or (rank is not None and axis == rank - 1)):
-        raise _NoMatch(f"Concat '{node.name}' before the softmax joins scores off the key axis")
-    failure: _NoMatch | None = None
+        raise NoMatch(f"Concat '{node.name}' before the softmax joins scores off the key axis")
+    failure: NoMatch | None = None
     for main in (0, 1):
         if index.is_constant(node.input[main]):
             continue
         trial = _ScoreChain()
         try:
             qk = _trace_scores(index, node.input[main], trial, depth + 1)
-        except _NoMatch as exc:
+        except NoMatch as exc:
             failure = failure or exc
             continue
         chain.nodes.append(node)
         chain.sink_concat = node
         _merge(chain, trial)
         return qk
-    raise failure or _NoMatch(f"Concat '{node.name}' upstream of the softmax has no Q·Kᵀ input")
+    raise failure or NoMatch(f"Concat '{node.name}' upstream of the softmax has no Q·Kᵀ input")
 
 
 def _merge(chain: _ScoreChain, trial: _ScoreChain) -> None:
@@ -480,7 +471,7 @@ def _merge(chain: _ScoreChain, trial: _ScoreChain) -> None:
 def _require_max_subtract(index: GraphIndex, sub: onnx.NodeProto) -> None:
     reduce = index.producer_of(sub.input[1])
     if reduce is None or reduce.op_type != "ReduceMax":
-        raise _NoMatch(f"Sub '{sub.name}' before the softmax is not a max subtraction")
+        raise NoMatch(f"Sub '{sub.name}' before the softmax is not a max subtraction")
 
 
 def _is_scalar_constant(index: GraphIndex, tensor: str) -> bool:
@@ -488,55 +479,36 @@ def _is_scalar_constant(index: GraphIndex, tensor: str) -> bool:
     return value is not None and value.size == 1
 
 
-@dataclass(frozen=True)
-class _Factor:
-    scalar: str
-    op: str  # "Mul" | "Div"
-    node: onnx.NodeProto
-
-
-@dataclass(frozen=True)
-class _OperandScale:
-    """Scalar factors found on one Q·Kᵀ operand: peeled at the MatMul, or baked in upstream."""
-
-    peeled: tuple[_Factor, ...] = ()  # right at the MatMul, nearest first
-    baked: tuple[_Factor, ...] = ()  # before a Reshape/Transpose: part of the operand
-
-
-_LAYOUT_OPS = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Cast"}
-_MAX_OPERAND_HOPS = 6
-
-
 def _qk_operands(
     index: GraphIndex, qk: onnx.NodeProto
-) -> tuple[str, str, _OperandScale, _OperandScale]:
+) -> tuple[str, str, OperandScale, OperandScale]:
     """Q and Kᵀ with any scalar Mul/Div peeled off each (PyTorch's √scale split)."""
     q, q_scale = _operand_scale(index, qk.input[0])
     k_t, k_scale = _operand_scale(index, qk.input[1])
     return q, k_t, q_scale, k_scale
 
 
-def _operand_scale(index: GraphIndex, tensor: str) -> tuple[str, _OperandScale]:
-    peeled: list[_Factor] = []
+def _operand_scale(index: GraphIndex, tensor: str) -> tuple[str, OperandScale]:
+    peeled: list[Factor] = []
     while (found := _scalar_factor(index, tensor)) is not None:
         tensor, factor = found
         peeled.append(factor)
-    baked: list[_Factor] = []
+    baked: list[Factor] = []
     current = tensor
-    for _ in range(_MAX_OPERAND_HOPS):  # e.g. Whisper: q_proj(x) * scale, then split into heads
+    for _ in range(MAX_OPERAND_HOPS):  # e.g. Whisper: q_proj(x) * scale, then split into heads
         found = _scalar_factor(index, current)
         if found is not None:
             current, factor = found
             baked.append(factor)
             continue
         node = index.producer_of(current)
-        if node is None or node.op_type not in _LAYOUT_OPS:
+        if node is None or node.op_type not in LAYOUT_OPS:
             break
         current = node.input[0]
-    return tensor, _OperandScale(peeled=tuple(peeled), baked=tuple(baked))
+    return tensor, OperandScale(peeled=tuple(peeled), baked=tuple(baked))
 
 
-def _scalar_factor(index: GraphIndex, tensor: str) -> tuple[str, _Factor] | None:
+def _scalar_factor(index: GraphIndex, tensor: str) -> tuple[str, Factor] | None:
     """(input, factor) when `tensor` is input·scalar or input/scalar."""
     node = index.producer_of(tensor)
     if node is None or node.op_type not in ("Mul", "Div"):
@@ -544,7 +516,7 @@ def _scalar_factor(index: GraphIndex, tensor: str) -> tuple[str, _Factor] | None
     for main in (0, 1) if node.op_type == "Mul" else (0,):
         other = node.input[1 - main]
         if not index.is_constant(node.input[main]) and _is_scalar(index, other):
-            return node.input[main], _Factor(other, node.op_type, node)
+            return node.input[main], Factor(other, node.op_type, node)
     return None
 
 
@@ -566,330 +538,6 @@ def _untranspose_k(
         perm = next((tuple(a.ints) for a in node.attribute if a.name == "perm"), None)
         return node.input[0], KTransposedBy.TRANSPOSE, perm
     return k_t, KTransposedBy.LAYOUT, None
-
-
-# --- the typed description: scale, softcap, mask, casts, Q/DQ, sink ---------------------------
-def _operand_steps(
-    index: GraphIndex, q_scale: _OperandScale, k_scale: _OperandScale
-) -> list[ChainStep]:
-    steps: list[ChainStep] = []
-    for factors, side in (
-        (q_scale.baked, ScaleSide.Q_BAKED),
-        (k_scale.baked, ScaleSide.K_BAKED),
-        (q_scale.peeled, ScaleSide.Q),
-        (k_scale.peeled, ScaleSide.K),
-    ):
-        steps.extend(_scale_step(index, f, side) for f in reversed(factors))  # upstream first
-    return steps
-
-
-def _scale_step(index: GraphIndex, factor: _Factor, side: ScaleSide) -> ScaleStep:
-    value = _uniform_value(index, factor.scalar)
-    if value is not None and factor.op == "Div":
-        value = None if value == 0 else 1.0 / value
-    return ScaleStep(
-        factor=value,
-        op=ScaleOp(factor.op.lower()),
-        side=side,
-        scalar=factor.scalar,
-        node=_display(factor.node, index.position(factor.node)),
-        output=factor.node.output[0],
-    )
-
-
-def _uniform_value(index: GraphIndex, tensor: str) -> float | None:
-    """The one value of a constant whose elements are all equal (a scalar, or a filled tensor)."""
-    value = index.constant_value(tensor)
-    if value is None or value.size == 0:
-        return None
-    flat = np.asarray(value, dtype=np.float64).reshape(-1)
-    first = flat[0]
-    if not (np.all(flat == first) or (np.isnan(first) and np.all(np.isnan(flat)))):
-        return None
-    return float(first)
-
-
-def _other_input(node: onnx.NodeProto, main: str) -> str:
-    return node.input[1] if node.input[0] == main else node.input[0]
-
-
-def _cast_target(index: GraphIndex, node: onnx.NodeProto) -> str:
-    if node.op_type == "Cast":
-        to = next((a.i for a in node.attribute if a.name == "to"), 0)
-        return dtype_name(to) if to else "unknown"
-    like = index.elem_type(node.input[1])  # CastLike
-    return dtype_name(like) if like else "unknown"
-
-
-def _qdq_step(
-    index: GraphIndex, quantize: onnx.NodeProto, dequantize: onnx.NodeProto, site: QdqSite
-) -> QdqStep:
-    zero_point = quantize.input[2] if len(quantize.input) > 2 and quantize.input[2] else None
-    quant = index.elem_type(quantize.output[0])
-    if quant is None and zero_point is not None:
-        quant = index.elem_type(zero_point)
-    return QdqStep(
-        site=site,
-        quantize=_display(quantize, index.position(quantize)),
-        dequantize=_display(dequantize, index.position(dequantize)),
-        scale=quantize.input[1],
-        zero_point=zero_point,
-        input=quantize.input[0],
-        output=dequantize.output[0],
-        quant_type=dtype_name(quant) if quant else "uint8",  # QuantizeLinear's default
-    )
-
-
-def _operand_qdq(index: GraphIndex, tensor: str, site: QdqSite) -> QdqStep | None:
-    """A QuantizeLinear → DequantizeLinear pair producing `tensor` (seen through layout ops)."""
-    current = tensor
-    for _ in range(_MAX_OPERAND_HOPS):
-        node = index.producer_of(current)
-        if node is None:
-            return None
-        if node.op_type == "DequantizeLinear":
-            quantize = index.producer_of(node.input[0])
-            if quantize is not None and quantize.op_type == "QuantizeLinear":
-                return _qdq_step(index, quantize, node, site)
-            return None
-        if node.op_type not in _LAYOUT_OPS:
-            return None
-        current = node.input[0]
-    return None
-
-
-def _chain_steps(
-    index: GraphIndex, qk: onnx.NodeProto, nodes: list[onnx.NodeProto]
-) -> tuple[list[ChainStep], onnx.NodeProto | None]:
-    """Q·Kᵀ → Softmax as steps, in order; also the sink Concat, if any (its step needs the
-    Slice after the Softmax)."""
-    steps: list[ChainStep | onnx.NodeProto] = []  # a Tanh stays a node until the softcap merge
-    sink_concat: onnx.NodeProto | None = None
-    main = qk.output[0]
-    position = 0
-    while position < len(nodes):
-        node = nodes[position]
-        position += 1
-        op, name, out = node.op_type, _display(node, index.position(node)), node.output[0]
-        if op in ("Mul", "Div"):
-            steps.append(
-                _scale_step(index, _Factor(_other_input(node, main), op, node), ScaleSide.SCORES)
-            )
-        elif op == "Tanh":
-            steps.append(node)
-        elif op == "Add":
-            steps.append(BiasStep(source=_other_input(node, main), node=name, output=out))
-        elif op == "Where":
-            kind = MaskKind.KEEP if node.input[1] == main else MaskKind.BLOCKED
-            fill = node.input[2] if kind is MaskKind.KEEP else node.input[1]
-            steps.append(
-                MaskStep(
-                    kind=kind,
-                    source=node.input[0],
-                    fill=_uniform_value(index, fill),
-                    fill_tensor=fill,
-                    node=name,
-                    output=out,
-                )
-            )
-        elif op == "Sub":
-            steps.append(ShiftStep(node=name, output=out))
-        elif op in ("Cast", "CastLike"):
-            steps.append(CastStep(to=_cast_target(index, node), node=name, output=out))
-        elif op == "Identity":
-            steps.append(PassStep(op=op, node=name, output=out))
-        elif op in ("Reshape", "Squeeze", "Unsqueeze"):
-            steps.append(
-                ReshapeStep(
-                    op=op,
-                    node=name,
-                    output=out,
-                    input_shape=index.shape(node.input[0]),
-                    output_shape=index.shape(out),
-                    target=_reshape_target(index, node),
-                )
-            )
-        elif op == "QuantizeLinear":
-            dequantize = nodes[position]
-            position += 1
-            steps.append(_qdq_step(index, node, dequantize, QdqSite.SCORES))
-            out = dequantize.output[0]
-        elif op == "Concat":
-            sink_concat = node
-        main = out
-    return _merge_softcaps(index, steps), sink_concat
-
-
-def _reshape_target(index: GraphIndex, node: onnx.NodeProto) -> tuple[int, ...] | None:
-    if node.op_type != "Reshape" or len(node.input) < 2:
-        return None
-    value = index.constant_value(node.input[1])
-    return None if value is None else tuple(int(d) for d in np.asarray(value).reshape(-1))
-
-
-def _merge_softcaps(index: GraphIndex, steps: list[ChainStep | onnx.NodeProto]) -> list[ChainStep]:
-    """Div(cap) → Tanh → Mul(cap) becomes one SoftcapStep; a Tanh whose neighbours do not
-    agree on the cap becomes a SoftcapStep with cap None."""
-    merged: list[ChainStep] = []
-    position = 0
-    while position < len(steps):
-        step = steps[position]
-        position += 1
-        if not isinstance(step, onnx.NodeProto):
-            merged.append(step)
-            continue
-        tanh_name = _display(step, index.position(step))
-        after = steps[position] if position < len(steps) else None
-        cap: float | None = None
-        names = [tanh_name]
-        output = step.output[0]
-        if _is_scores_scale(after) and after.op is ScaleOp.MUL:
-            cap, output = after.factor, after.output
-            names.append(after.node)
-            position += 1
-        before = merged[-1] if merged else None
-        if (
-            cap is not None
-            and _is_scores_scale(before)
-            and before.factor is not None
-            and math.isclose(before.factor * cap, 1.0, rel_tol=1e-3)
-        ):
-            names.insert(0, before.node)
-            merged.pop()
-        else:
-            cap = None
-        merged.append(SoftcapStep(cap=cap, nodes=tuple(names), output=output))
-    return merged
-
-
-def _is_scores_scale(step: object) -> bool:
-    return isinstance(step, ScaleStep) and step.side is ScaleSide.SCORES
-
-
-def _after_steps(
-    index: GraphIndex, softmax: onnx.NodeProto, nodes: list[onnx.NodeProto]
-) -> tuple[list[ChainStep], onnx.NodeProto | None]:
-    """Softmax → P·V as steps, in order; also the Slice that drops a sink column, if any."""
-    steps: list[ChainStep] = []
-    sink_slice: onnx.NodeProto | None = None
-    position = 0
-    while position < len(nodes):
-        node = nodes[position]
-        position += 1
-        op, name, out = node.op_type, _display(node, index.position(node)), node.output[0]
-        if op == "Cast":
-            steps.append(CastStep(to=_cast_target(index, node), node=name, output=out))
-        elif op in ("Identity", "Dropout"):
-            steps.append(PassStep(op=op, node=name, output=out))
-        elif op in ("Reshape", "Squeeze", "Unsqueeze"):
-            steps.append(ReshapeStep(op, name, out, index.shape(node.input[0]), index.shape(out)))
-        elif op == "Where":
-            is_nan = index.producer_of(node.input[0])
-            steps.append(
-                NanGuardStep(node=name, is_nan=_display(is_nan, index.position(is_nan)), output=out)
-            )
-        elif op == "QuantizeLinear":
-            if position >= len(nodes) or nodes[position].op_type != "DequantizeLinear":
-                raise _NoMatch(
-                    f"QuantizeLinear '{node.name}' after the softmax is not followed by a "
-                    "DequantizeLinear before P·V"
-                )
-            steps.append(_qdq_step(index, node, nodes[position], QdqSite.PROBS))
-            position += 1
-        elif op == "DequantizeLinear":
-            raise _NoMatch(
-                f"DequantizeLinear '{node.name}' after the softmax has no QuantizeLinear"
-            )
-        elif op == "Slice":
-            if sink_slice is not None:
-                raise _NoMatch("two Slices between the softmax and P·V")
-            sink_slice = node
-    return steps, sink_slice
-
-
-def _sink_step(
-    index: GraphIndex,
-    concat: onnx.NodeProto | None,
-    slice_node: onnx.NodeProto | None,
-    steps: list[ChainStep],
-    qk: onnx.NodeProto,
-) -> SinkStep | None:
-    if concat is None and slice_node is None:
-        return None
-    if concat is None:
-        raise _NoMatch(f"Slice '{slice_node.name}' cuts the probabilities before P·V, not a sink")
-    if slice_node is None:
-        raise _NoMatch(
-            f"Concat '{concat.name}' extends the scores, but no Slice drops the extra column "
-            "before P·V"
-        )
-    chain_outputs = {qk.output[0], *(getattr(s, "output", "") for s in steps)}
-    scores_first = concat.input[0] in chain_outputs
-    sink = concat.input[1] if scores_first else concat.input[0]
-    return SinkStep(
-        sink=sink,
-        concat=_display(concat, index.position(concat)),
-        slice=_display(slice_node, index.position(slice_node)),
-        scores_first=scores_first,
-        output=slice_node.output[0],
-    )
-
-
-def _scale(index: GraphIndex, steps: tuple[ChainStep, ...], q: str) -> Scale:
-    """The factors of `steps` folded into one summary (the table's and the JSON's view)."""
-    factors = [s for s in steps if isinstance(s, ScaleStep)]
-    sides = {s.side for s in factors}
-    forms = [s.op.value for s in factors if s.side is ScaleSide.SCORES]
-    q_side = sides & {ScaleSide.Q, ScaleSide.Q_BAKED}
-    k_side = sides & {ScaleSide.K, ScaleSide.K_BAKED}
-    if q_side and k_side:
-        forms.insert(0, "sqrt_qk")
-    elif q_side or k_side:
-        forms.insert(0, "q_scale" if q_side else "k_scale")
-    baked_sides = (ScaleSide.Q_BAKED, ScaleSide.K_BAKED)
-    in_chain = _product(f for f in factors if f.side not in baked_sides)
-    baked = _product(f for f in factors if f.side in baked_sides)
-    value = None if in_chain is None or baked is None else in_chain * baked
-    computed: list[str] = []
-    for f in factors:
-        if f.factor is None:
-            computed.extend(_backward_slice(index, f.scalar, limit=24))
-    if index.is_constant(q):  # a learned probe query with its scale folded in (SigLIP MAP head)
-        value = None
-        forms.append("folded_into_constant_q")
-    return Scale(
-        value=value,
-        form="+".join(dict.fromkeys(forms)) or "none",
-        nodes=tuple(dict.fromkeys(computed)),
-        in_chain=in_chain,
-    )
-
-
-def _product(factors) -> float | None:
-    value = 1.0
-    for f in factors:
-        if f.factor is None:
-            return None
-        value *= f.factor
-    return value
-
-
-def _backward_slice(index: GraphIndex, tensor: str, *, limit: int) -> list[str]:
-    names: list[str] = []
-    stack = [tensor]
-    seen: set[str] = set()
-    while stack and len(names) < limit:
-        name = stack.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        node = index.producer_of(name)
-        if node is None:
-            continue
-        names.append(_display(node, index.position(node)))
-        if node.op_type not in ("Shape", "Size"):  # the slice ends where it reads a shape
-            stack.extend(i for i in node.input if i)
-    return names
 
 
 def _is_causal(index: GraphIndex, mask_inputs: tuple[str, ...]) -> bool:
@@ -969,7 +617,7 @@ def _projection_source(index: GraphIndex, tensor: str) -> str:
             if node.op_type == "MatMul" and index.is_constant(node.input[0]):
                 return _strip_layout(index, node.input[1])  # weight on the left: Kᵀ = W·xᵀ
         if node.op_type in ("MatMul", "Einsum") and len(node.input) == 2:
-            return f"<{_display(node, index.position(node))}>"
+            return f"<{display(node, index.position(node))}>"
         data = [i for i in node.input if i and not index.is_constant(i)]
         if not data:
             return f"<const {current}>"
@@ -978,9 +626,9 @@ def _projection_source(index: GraphIndex, tensor: str) -> str:
 
 
 def _strip_layout(index: GraphIndex, tensor: str) -> str:
-    for _ in range(_MAX_OPERAND_HOPS):
+    for _ in range(MAX_OPERAND_HOPS):
         node = index.producer_of(tensor)
-        if node is None or node.op_type not in _LAYOUT_OPS:
+        if node is None or node.op_type not in LAYOUT_OPS:
             break
         tensor = node.input[0]
     return tensor
@@ -991,7 +639,7 @@ def _attention_op(index: GraphIndex, node: onnx.NodeProto) -> AttentionOpNode:
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     inputs = list(node.input) + [""] * (4 - len(node.input))
     return AttentionOpNode(
-        node=_display(node, index.position(node)),
+        node=display(node, index.position(node)),
         q=inputs[0],
         k=inputs[1],
         v=inputs[2],
