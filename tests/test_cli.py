@@ -8,9 +8,10 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import onnx
 import pytest
-from graphs import non_attention_models
+from graphs import Variant, attention_model, non_attention_models
 
 import graphfix
 from graphfix.attention.table import match_table
@@ -54,6 +55,26 @@ def test_inspect_json(example, capsys):
     ]
     assert data["matches"][0]["scale"]["value"] == pytest.approx(0.25)
     assert data["skipped"][0]["softmax"] == "/Softmax"
+
+
+def test_inspect_json_is_strict_json_with_typed_steps(tmp_path, capsys):
+    """A -inf mask fill is written as the string "-inf" (strict parsers reject -Infinity), and
+    each step names its type."""
+    model = attention_model(Variant(mask="where"))
+    fill = next(t for t in model.graph.initializer if t.name == "neg")
+    fill.CopyFrom(onnx.numpy_helper.from_array(np.array(-np.inf, np.float32), "neg"))
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    assert main(["inspect", str(path), "--json"]) == 0
+
+    def reject(constant: str) -> None:
+        raise ValueError(f"non-standard JSON constant {constant}")
+
+    data = json.loads(capsys.readouterr().out, parse_constant=reject)
+    (match,) = data["matches"]
+    assert [s["step"] for s in match["steps"]] == ["scale", "mask"]
+    assert match["steps"][1]["fill"] == "-inf" and match["steps"][1]["kind"] == "keep"
+    assert match["k_transposed_by"] == "transpose" and match["layout"]["qk_op"] == "MatMul"
 
 
 def test_fix_writes_model_and_prints_trtexec(example, tmp_path, capsys):

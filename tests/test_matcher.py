@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import onnx
 import pytest
-from graphs import D, S, T, Variant, attention_model, non_attention_models
+from graphs import B, D, S, T, Variant, attention_model, non_attention_models
 
 import graphfix
 from graphfix import AttentionKind
+from graphfix.attention.match_types import (
+    KTransposedBy,
+    MaskKind,
+    MaskStep,
+    ScaleSide,
+    SoftcapStep,
+)
 
 SCALE = 1 / math.sqrt(D)
 
@@ -129,3 +137,84 @@ def test_path_input_does_not_load_weights(tmp_path):
     onnx.save(attention_model(Variant()), path, save_as_external_data=True, size_threshold=0)
     (match,) = graphfix.find_attention(path)
     assert match.scale.value == pytest.approx(SCALE, rel=1e-6)  # read from the data file
+
+
+def _insert_after(model, producer_output, op, extra_inputs, name, **attrs):
+    """Route `producer_output` through a new node `op` (its other inputs `extra_inputs`)."""
+    new_out = f"{name}_out"
+    for node in model.graph.node:
+        node.input[:] = [new_out if i == producer_output else i for i in node.input]
+    position = next(i for i, n in enumerate(model.graph.node) if producer_output in n.output)
+    node = onnx.helper.make_node(
+        op, [producer_output, *extra_inputs], [new_out], name=name, **attrs
+    )
+    model.graph.node.insert(position + 1, node)
+    return model
+
+
+def _int64(model, name, values):
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(values, np.int64), name))
+
+
+def test_a_slice_of_the_probabilities_without_a_sink_is_not_attention():
+    model = attention_model(Variant())
+    for name, value in (("starts", [0]), ("ends", [S - 1]), ("axes", [-1])):
+        _int64(model, name, value)
+    _insert_after(model, "probs", "Slice", ["starts", "ends", "axes"], "cut")
+    scan = graphfix.scan_attention(model)
+    assert scan.matches == () and "not a sink" in scan.skipped[0].reason
+
+
+def test_a_sink_concat_without_its_slice_is_not_attention():
+    model = attention_model(Variant())
+    model.graph.initializer.append(
+        onnx.numpy_helper.from_array(np.zeros((B, 3, S, 1), np.float32), "sink")
+    )
+    _insert_after(model, "scaled", "Concat", ["sink"], "with_sink", axis=-1)
+    scan = graphfix.scan_attention(model)
+    assert scan.matches == () and "no Slice drops the extra column" in scan.skipped[0].reason
+
+
+def test_a_sink_is_described_and_fused_plugin_falls_back():
+    model = attention_model(Variant())
+    model.graph.initializer.append(
+        onnx.numpy_helper.from_array(np.zeros((B, 3, S, 1), np.float32), "sink")
+    )
+    _insert_after(model, "scaled", "Concat", ["sink"], "with_sink", axis=-1)
+    for name, value in (("starts", [0]), ("ends", [S]), ("axes", [-1])):
+        _int64(model, name, value)
+    _insert_after(model, "probs", "Slice", ["starts", "ends", "axes"], "drop_sink")
+    (match,) = graphfix.find_attention(model)
+    assert match.sink is not None and match.sink.sink == "sink" and match.sink.scores_first
+    assert (match.sink.concat, match.sink.slice) == ("with_sink", "drop_sink")
+    result = graphfix.fix_attention(model, strategy="fused_plugin")
+    (block,) = result.report.blocks
+    assert block.detail.startswith("fell back") and "attention sink" in block.detail
+
+
+def test_a_tanh_whose_cap_disagrees_has_an_unknown_cap():
+    model = attention_model(Variant(scale="mul_after", softcap=30.0))
+    cap_mul = next(n for n in model.graph.node if n.name == "cap_mul")
+    model.graph.initializer.append(
+        onnx.numpy_helper.from_array(np.array(20.0, np.float32), "other_cap")
+    )
+    cap_mul.input[1] = "other_cap"  # 20·tanh(s/30) is not a softcap the node can express
+    (match,) = graphfix.find_attention(model)
+    (softcap,) = [s for s in match.steps if isinstance(s, SoftcapStep)]
+    assert softcap.cap is None and match.softcap is None
+    (block,) = graphfix.fix_attention(model, strategy="fused_plugin").report.blocks
+    assert "softcap value is not a constant" in block.detail
+
+
+def test_steps_are_ordered_and_typed():
+    (match,) = graphfix.find_attention(attention_model(Variant(scale="sqrt_qk", mask="where")))
+    kinds = [(type(s).__name__, getattr(s, "side", None)) for s in match.steps]
+    assert kinds == [
+        ("ScaleStep", ScaleSide.Q),
+        ("ScaleStep", ScaleSide.K),
+        ("MaskStep", None),
+    ]
+    (mask,) = [s for s in match.steps if isinstance(s, MaskStep)]
+    assert mask.kind is MaskKind.KEEP and mask.source == "mask" and mask.fill == -1e9
+    assert match.layout.k_transposed_by is KTransposedBy.TRANSPOSE
+    assert match.layout.k_perm == (0, 1, 3, 2)

@@ -15,12 +15,12 @@ import graphfix
 from graphfix.plugins.spec import ATTENTION, SOFTMAX
 
 # Entry name → blocks expected to fall back, and the reason's key words.  Everything else fuses.
-FALLBACKS: dict[str, tuple[int, str]] = {
-    # √scale computed from Shape(Q) where shape inference lost the head size (dynamic Reshapes)
-    "sdpa_causal_dynamic-legacy17": (1, "computed at run time"),
-    "vae-legacy17": (2, "computed at run time"),
-    # the legacy exporter promotes V (and all after Q·Kᵀ) to float32 in fp16 SDPA with a bool mask
-    "sdpa_fp16-legacy17": (1, "must share one of"),
+FALLBACKS: dict[str, tuple[int, str]] = {}
+# Entries whose fused output is compared at a looser tolerance, and why.
+LOOSER: dict[str, tuple[float, float]] = {
+    # the legacy exporter promotes V and all after Q·Kᵀ to float32; the node reads the float16 V
+    # and computes in float16 I/O (as the dynamo export does), then Casts its output to float32
+    "sdpa_fp16-legacy17": TOLERANCE[np.float16],
 }
 
 
@@ -49,5 +49,5 @@ def test_fused_plugin_rewrites_or_explains(
     before = _run(original, feed)
     after = _run(graphfix.with_reference_ops(result.model), feed)
     for got, want in zip(after, before, strict=True):
-        atol, rtol = TOLERANCE[want.dtype.type]
+        atol, rtol = LOOSER.get(entry.name, TOLERANCE[want.dtype.type])
         np.testing.assert_allclose(got, want, atol=atol, rtol=rtol)

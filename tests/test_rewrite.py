@@ -101,6 +101,9 @@ def _two_block_model() -> onnx.ModelProto:
         (["a/softmax"], {"a/softmax"}),
         ([re.compile("^b/")], {"b/softmax"}),
         (["soft"], {"a/softmax", "b/softmax"}),
+        (["attention:1"], {"b/softmax"}),
+        (["op:Softmax"], {"a/softmax", "b/softmax"}),
+        (["re:^a/"], {"a/softmax"}),
         (None, {"a/softmax", "b/softmax"}),
     ],
 )
@@ -109,9 +112,18 @@ def test_select(select, expected):
     assert {n.name for n in fixed.graph.node if n.domain == PLUGIN_DOMAIN} == expected
 
 
-@pytest.mark.parametrize("bad", [[7], ["nope"], ["("]])
-def test_select_matching_nothing_is_an_error(bad):
-    with pytest.raises(graphfix.SelectionError, match="matches no attention block|valid regex"):
+@pytest.mark.parametrize(
+    ("bad", "words"),
+    [
+        ([7], "numbered 0..1"),
+        (["nope"], "matches no node name"),
+        (["("], "regex"),
+        (["op:MatMul"], "matches no attention block"),
+        ([-1], "not a block index"),
+    ],
+)
+def test_select_matching_nothing_is_an_error(bad, words):
+    with pytest.raises(graphfix.SelectionError, match=words):
         graphfix.break_attention_fusion(_two_block_model(), select=bad)
 
 

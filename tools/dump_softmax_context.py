@@ -11,13 +11,14 @@ then referred to as `(seen #id)`.  Shapes come from ONNX shape inference where i
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
+
+from graphfix.graph.index import GraphIndex
 
 SMALL_CONSTANT = 8  # constants with at most this many elements are printed by value
 SHOWN_ATTRIBUTES = (
@@ -36,44 +37,30 @@ SHOWN_ATTRIBUTES = (
 )
 
 
-class GraphIndex:
-    """Producers, consumers, constants and inferred types of one graph."""
+class ContextIndex(GraphIndex):
+    """graphfix's GraphIndex, plus what this tool prints: node labels, inline constants, types."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
-        try:
-            model = onnx.shape_inference.infer_shapes(model)
-        except Exception as exc:  # inference is a nicety here; say so and carry on without it
-            print(f"# shape inference failed: {exc}", file=sys.stderr)
-        graph = model.graph
-        self.nodes = list(graph.node)
-        self.ids = {id(node): index for index, node in enumerate(self.nodes)}
-        self.producer: dict[str, onnx.NodeProto] = {}
-        self.consumers: dict[str, list[onnx.NodeProto]] = {}
-        for node in self.nodes:
-            for name in node.output:
-                self.producer[name] = node
-            for name in node.input:
-                if name:
-                    self.consumers.setdefault(name, []).append(node)
-        self.constants: dict[str, np.ndarray] = {
-            init.name: numpy_helper.to_array(init) for init in graph.initializer
-        }
-        for node in self.nodes:
-            if node.op_type == "Constant" and node.attribute:
-                attr = node.attribute[0]
-                if attr.name == "value":
-                    self.constants[node.output[0]] = numpy_helper.to_array(attr.t)
-                elif attr.name in ("value_float", "value_int"):
-                    self.constants[node.output[0]] = np.array(helper.get_attribute_value(attr))
-                elif attr.name in ("value_floats", "value_ints"):
-                    self.constants[node.output[0]] = np.array(helper.get_attribute_value(attr))
-        self.types: dict[str, str] = {}
-        for value in [*graph.input, *graph.output, *graph.value_info]:
-            self.types[value.name] = _describe_type(value.type)
-        self.graph_inputs = {value.name for value in graph.input} - set(self.constants)
+        super().__init__(model)
+        self.nodes = list(self.graph.node)
+        self.constants: dict[str, np.ndarray] = {}
+        for name in (*self.initializers, *self.producer):
+            producer = self.producer.get(name)
+            if name in self.initializers or (
+                producer is not None and producer.op_type == "Constant"
+            ):
+                value = self._literal(name)
+                if value is not None:
+                    self.constants[name] = value
+        self.types = {name: _describe_type(vi.type) for name, vi in self.value_info.items()}
+
+    def _literal(self, name: str) -> np.ndarray | None:
+        if name in self.initializers:  # any size: printed as init[shape] with distinct values
+            return numpy_helper.to_array(self.initializers[name])
+        return self.constant_value(name)
 
     def label(self, node: onnx.NodeProto) -> str:
-        return f"#{self.ids[id(node)]} {node.op_type}"
+        return f"#{self.position(node)} {node.op_type}"
 
 
 def _describe_type(type_proto: onnx.TypeProto) -> str:
@@ -128,7 +115,7 @@ def _describe_attributes(node: onnx.NodeProto) -> str:
     parts = []
     for attr in node.attribute:
         if attr.name in SHOWN_ATTRIBUTES:
-            value = helper.get_attribute_value(attr)
+            value = onnx.helper.get_attribute_value(attr)
             if isinstance(value, bytes):
                 value = value.decode()
             if attr.name == "to":
@@ -137,7 +124,7 @@ def _describe_attributes(node: onnx.NodeProto) -> str:
     return " ".join(parts)
 
 
-def _describe_node(index: GraphIndex, node: onnx.NodeProto) -> str:
+def _describe_node(index: ContextIndex, node: onnx.NodeProto) -> str:
     inputs = []
     for name in node.input:
         if not name:
@@ -156,7 +143,7 @@ def _describe_node(index: GraphIndex, node: onnx.NodeProto) -> str:
     return f"{text} -> {out_type}  [{node.name}]"
 
 
-def upstream_lines(index: GraphIndex, start: onnx.NodeProto, hops: int) -> list[str]:
+def upstream_lines(index: ContextIndex, start: onnx.NodeProto, hops: int) -> list[str]:
     """The producers of `start`'s non-constant inputs, depth first, as indented lines."""
     lines: list[str] = []
     seen: set[int] = {id(start)}
@@ -179,7 +166,7 @@ def upstream_lines(index: GraphIndex, start: onnx.NodeProto, hops: int) -> list[
     return lines
 
 
-def downstream_lines(index: GraphIndex, start: onnx.NodeProto, hops: int) -> list[str]:
+def downstream_lines(index: ContextIndex, start: onnx.NodeProto, hops: int) -> list[str]:
     """The consumers of `start`'s outputs, breadth first per branch, as indented lines."""
     lines: list[str] = []
     seen: set[int] = {id(start)}
@@ -202,7 +189,7 @@ def downstream_lines(index: GraphIndex, start: onnx.NodeProto, hops: int) -> lis
 
 def softmax_context(model: onnx.ModelProto, *, up: int = 10, down: int = 4) -> str:
     """The report for every Softmax node of `model`, as text."""
-    index = GraphIndex(model)
+    index = ContextIndex(model)
     blocks = []
     for node in index.nodes:
         if node.op_type != "Softmax":

@@ -73,29 +73,31 @@ def _decompose(edit: GraphEdit, node: onnx.NodeProto, position: int) -> list[onn
         nodes.append(helper.make_node(op, ins, [out], name=name(op), **kwargs))
         return out
 
+    # Constants and the mask are CastLike'd to Q (the scores' type): reading the scores for their
+    # type would make the chain's tensors escape into side nodes, which fused_plugin refuses.
     k_t = add("Transpose", [k], perm=[0, 1, 3, 2])
     scores = add("MatMul", [q, k_t])
     if attrs.get("scale") is not None:
-        factor = add("CastLike", [const("scale", np.array(attrs["scale"], np.float32)), scores])
+        factor = add("CastLike", [const("scale", np.array(attrs["scale"], np.float32)), q])
     else:
         shape = add("Shape", [q], start=-1)
         head = add("Cast", [shape], to=onnx.TensorProto.FLOAT)
         root = add("Sqrt", [head])
         inv = add("Reciprocal", [root])
         factor = add(
-            "CastLike", [add("Squeeze", [inv, const("axis0", np.array([0], np.int64))]), scores]
+            "CastLike", [add("Squeeze", [inv, const("axis0", np.array([0], np.int64))]), q]
         )
     scores = add("Mul", [scores, factor])
     softcap = float(attrs.get("softcap") or 0.0)
     if softcap > 0:
-        cap = add("CastLike", [const("softcap", np.array(softcap, np.float32)), scores])
+        cap = add("CastLike", [const("softcap", np.array(softcap, np.float32)), q])
         scores = add("Mul", [add("Tanh", [add("Div", [scores, cap])]), cap])
-    neg_inf = add("CastLike", [const("neg_inf", np.array(-np.inf, np.float32)), scores])
+    neg_inf = add("CastLike", [const("neg_inf", np.array(-np.inf, np.float32)), q])
     if mask:
         if index.elem_type(mask) == onnx.TensorProto.BOOL:
             scores = add("Where", [mask, scores, neg_inf])
         else:
-            scores = add("Add", [scores, add("CastLike", [mask, scores])])
+            scores = add("Add", [scores, add("CastLike", [mask, q])])
     if attrs.get("is_causal"):
         q_len = add(
             "Slice",

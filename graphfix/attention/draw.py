@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from graphfix.attention.match_types import AttentionMatch
+from graphfix.attention.match_types import AttentionMatch, BiasStep, KTransposedBy, MaskStep
 from graphfix.attention.matcher import scan_attention
 from graphfix.errors import GraphfixError, SelectionError, UnsupportedModelError
+from graphfix.graph.index import GraphIndex
 from graphfix.model_io import ModelArg, load_model
 from graphfix.plugins.reference import with_reference_ops
 from graphfix.plugins.spec import PLUGIN_DOMAIN
@@ -182,7 +183,8 @@ def _find_block(
     from when that differs (a rewrite whose plugin nodes were lowered into `model`)."""
     if isinstance(block, bool) or not isinstance(block, (int, str, type(None))):
         raise SelectionError(f"block {block!r} is not a block index or a Softmax node name")
-    matches = scan_attention(model).matches
+    # blocks of the main graph (a subgraph's block is not drawn: positions refer to its body)
+    matches = tuple(m for m in scan_attention(model).matches if not m.location)
     names = _softmax_names(model, model if drawn is None else drawn, matches)
     wanted = 0 if block is None else block
     chosen = next(
@@ -206,12 +208,15 @@ def _find_block(
     nodes = model.graph.node
     chain = [nodes[p] for p in chosen.chain_positions]
     qk, pv = chain[0], chain[-1]
-    labels = {t: "mask" for t in chosen.mask_inputs}
+    labels = {s.source: "mask" for s in chosen.steps if isinstance(s, (MaskStep, BiasStep))}
+    if chosen.sink is not None:
+        labels[chosen.sink.sink] = "sink"
     labels.update({chosen.q: "Q", chosen.k: "K", chosen.v: "V"})
     # the tensors as the two products see them (after any scale or transpose) name the edges drawn
     labels[qk.input[0]] = "Q"
     if len(qk.input) > 1:
-        labels[qk.input[1]] = "Kᵀ" if chosen.k_transposed_by != "einsum" else "K"
+        einsum = chosen.k_transposed_by is KTransposedBy.EINSUM
+        labels[qk.input[1]] = "K" if einsum else "Kᵀ"
     if len(pv.input) > 1:
         labels[pv.input[1]] = "V"
     return _Block(
@@ -230,7 +235,7 @@ def _softmax_names(
 ) -> dict[int, str]:
     """Each block's Softmax named as in `drawn`: the node there that produces the Softmax's
     output, or the output of the Cast right after it (a lowered float16 plugin node)."""
-    producer = {t: n for n in drawn.graph.node for t in n.output if t}
+    producer = GraphIndex(drawn).producer
     names = {}
     for match in matches:
         out = model.graph.node[match.softmax_position].output[0]
@@ -259,20 +264,11 @@ def _block_graph(
     model: onnx.ModelProto, block: _Block, *, new_nodes_are_added: bool
 ) -> _BlockGraph:
     """The boxes and edges of `block` as it appears in `model` (the original or a rewrite)."""
-    graph = model.graph
-    nodes = graph.node
-    initializers = {t.name for t in graph.initializer}
-    graph_inputs = {v.name for v in graph.input} - initializers
-    graph_outputs = {v.name for v in graph.output}
-    producer: dict[str, int] = {}
-    consumers: dict[str, list[int]] = defaultdict(list)
-    for position, node in enumerate(nodes):
-        for tensor in node.output:
-            if tensor:
-                producer[tensor] = position
-        for tensor in node.input:
-            if tensor:
-                consumers[tensor].append(position)
+    index = GraphIndex(model)
+    nodes = model.graph.node
+    graph_inputs, graph_outputs = index.graph_inputs, index.graph_outputs
+    producer = {t: index.position(n) for t, n in index.producer.items()}
+    consumers = {t: [index.position(n) for n in ns] for t, ns in index.consumers.items()}
     output = next((t for t in block.outputs if t in producer), None)
     if output is None:
         raise GraphfixError(

@@ -6,10 +6,14 @@ Accepted layouts (what exporters emit; see notes/attention_patterns.md):
              Q and Kᵀ may each carry a scalar Mul/Div (PyTorch's √scale split)
              Kᵀ comes from a Transpose of K, or K is already laid out transposed
     scores → any of: Mul/Div by a scale, Add(mask or bias), Where(mask, scores, -inf),
-             Cast, Reshape/Squeeze/Unsqueeze (heads folded into batch), Tanh softcap
+             Cast/CastLike, Reshape/Squeeze/Unsqueeze (heads folded into batch), Tanh softcap,
+             QuantizeLinear → DequantizeLinear, Concat(scores, sink) on the key axis
            → Softmax over the last (key) axis
-           → any of: Cast, Where(IsNaN(p), 0, p), Dropout, Identity, Reshape
+           → any of: Cast, Where(IsNaN(p), 0, p), Dropout, Identity, Reshape,
+             QuantizeLinear → DequantizeLinear, Slice (the sink column off, after a sink Concat)
            → MatMul(P, V) | Einsum(P, V)
+
+The chain is described once, as typed steps (match_types.ChainStep), which every consumer reads.
 
 A Softmax that does not sit in such a chain is left alone and reported with the reason: the
 matcher refuses rather than guesses.
@@ -17,20 +21,38 @@ matcher refuses rather than guesses.
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnx
 
+from graphfix.attention.chain_steps import (
+    LAYOUT_OPS,
+    MAX_OPERAND_HOPS,
+    Factor,
+    NoMatch,
+    OperandScale,
+    after_steps,
+    chain_steps,
+    display,
+    operand_qdq,
+    operand_steps,
+    scale_summary,
+    sink_step,
+)
 from graphfix.attention.match_types import (
     AttentionKind,
     AttentionMatch,
     AttentionOpNode,
     AttentionScan,
-    Scale,
+    KTransposedBy,
+    Layout,
+    QdqSite,
+    QdqStep,
     SkippedSoftmax,
+    SoftcapStep,
 )
 from graphfix.errors import UnsupportedModelError
 from graphfix.graph.index import GraphIndex, dtype_name
@@ -41,13 +63,13 @@ _MAX_PROB_HOPS = 8
 _MAX_SOURCE_HOPS = 40
 _MAX_MASK_SLICE = 200
 
-_PASS_THROUGH_UP = {"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze"}
-_PASS_THROUGH_DOWN = {"Cast", "Identity", "Dropout", "Reshape", "Squeeze", "Unsqueeze"}
+_PASS_THROUGH_UP = {"Cast", "CastLike", "Identity", "Reshape", "Squeeze", "Unsqueeze"}
+_PASS_THROUGH_DOWN = {
+    "Cast", "Identity", "Dropout", "Reshape", "Squeeze", "Unsqueeze", "QuantizeLinear",
+    "DequantizeLinear", "Slice",
+}  # fmt: skip
+_QDQ = ("QuantizeLinear", "DequantizeLinear")
 _COMPARISONS = {"Less", "LessOrEqual", "Greater", "GreaterOrEqual"}
-
-
-class _NoMatch(Exception):
-    """Internal: the chain walk failed; `args[0]` is the user-facing reason."""
 
 
 @dataclass
@@ -59,6 +81,7 @@ class _ScoreChain:
     mask_inputs: list[str] = field(default_factory=list)
     scale_factors: list[tuple[str, str]] = field(default_factory=list)  # (scalar, "Mul"|"Div")
     tanh: onnx.NodeProto | None = None
+    sink_concat: onnx.NodeProto | None = None
 
 
 def find_attention(model: onnx.ModelProto | str | Path) -> list[AttentionMatch]:
@@ -100,17 +123,33 @@ def check_supported(index: GraphIndex) -> None:
             )
 
 
-def scan_graph(index: GraphIndex) -> AttentionScan:
-    check_supported(index)
+Scope = tuple[str, onnx.GraphProto | None, GraphIndex]  # (location, stored graph, its index)
+
+
+def graph_scopes(index: GraphIndex) -> list[Scope]:
+    """The main graph ("", None, index), then every If/Loop/Scan body inside it, depth first."""
+    return [("", None, index), *index.subgraph_scopes()]
+
+
+def scan_graph(index: GraphIndex, *, scopes: list[Scope] | None = None) -> AttentionScan:
+    """Scan the main graph and every subgraph; matches are numbered in that order, and a match
+    in a subgraph names it in `location`."""
+    scopes = graph_scopes(index) if scopes is None else scopes
     matches: list[AttentionMatch] = []
     skipped: list[SkippedSoftmax] = []
-    for position, node in enumerate(index.graph.node):
-        if node.op_type != "Softmax" or node.domain not in ("", "ai.onnx"):
-            continue
-        try:
-            matches.append(_match_softmax(index, node, position, len(matches)))
-        except _NoMatch as reason:
-            skipped.append(SkippedSoftmax(softmax=_display(node, position), reason=str(reason)))
+    for location, _, scope in scopes:
+        check_supported(scope)
+        prefix = f"{location}/" if location else ""
+        for position, node in enumerate(scope.graph.node):
+            if node.op_type != "Softmax" or node.domain not in ("", "ai.onnx"):
+                continue
+            try:
+                match = _match_softmax(scope, node, position, len(matches))
+            except NoMatch as reason:
+                name = prefix + display(node, position)
+                skipped.append(SkippedSoftmax(softmax=name, reason=str(reason)))
+                continue
+            matches.append(dataclasses.replace(match, location=location) if location else match)
     for function in index.model.functions:
         for node in function.node:
             if node.op_type == "Softmax":
@@ -136,10 +175,6 @@ def scan_graph(index: GraphIndex) -> AttentionScan:
     )
 
 
-def _display(node: onnx.NodeProto, position: int) -> str:
-    return node.name or f"<{node.op_type} #{position}>"
-
-
 # --- one Softmax ------------------------------------------------------------------------------
 def _match_softmax(
     index: GraphIndex, softmax: onnx.NodeProto, position: int, match_index: int
@@ -149,25 +184,30 @@ def _match_softmax(
     axis = _softmax_axis(index, softmax)
     if rank is not None:
         if rank < 2:
-            raise _NoMatch(f"softmax input has rank {rank}; attention scores have rank ≥ 3")
+            raise NoMatch(f"softmax input has rank {rank}; attention scores have rank ≥ 3")
         if axis < 0:
             axis += rank
         if axis != rank - 1:
-            raise _NoMatch(
+            raise NoMatch(
                 f"softmax over axis {axis} of a rank-{rank} tensor; attention normalises the "
                 "last (key) axis"
             )
     elif axis != -1:
-        raise _NoMatch(f"softmax axis {axis} with unknown rank: cannot tell it is the key axis")
+        raise NoMatch(f"softmax axis {axis} with unknown rank: cannot tell it is the key axis")
 
     pv, v, down_nodes, nan_guard = _trace_probabilities(index, softmax)
     chain = _ScoreChain()
     qk = _trace_scores(index, scores, chain, depth=0)
     q, k_t, q_scale, k_scale = _qk_operands(index, qk)
-    k, k_transposed_by = _untranspose_k(index, qk, k_t)
+    k, k_transposed_by, k_perm = _untranspose_k(index, qk, k_t)
 
-    scale = _scale(index, chain, q_scale, k_scale, q)
-    softcap = _softcap(index, chain)
+    up_nodes = list(reversed(chain.nodes))
+    in_chain, sink_concat = chain_steps(index, qk, up_nodes)
+    after, sink_slice = after_steps(index, softmax, down_nodes)
+    sink = sink_step(index, sink_concat, sink_slice, in_chain, qk)
+    steps = (*operand_steps(index, q_scale, k_scale), *in_chain)
+    scale = scale_summary(index, steps, q)
+    softcap = next((s.cap for s in steps if isinstance(s, SoftcapStep)), None)
     mask_nodes = tuple(sorted(chain.mask_nodes, key=index.position))
     mask_inputs = tuple(dict.fromkeys(chain.mask_inputs))
     causal = _is_causal(index, mask_inputs)
@@ -181,9 +221,10 @@ def _match_softmax(
     heads = shape[1] if len(shape) == 4 else None
     q_len = shape[-2] if len(shape) >= 3 else None
     kv_len = shape[-1] if len(shape) >= 3 else None
-    up_nodes = [qk, *reversed(chain.nodes)]
-    ordered = (*up_nodes, softmax, *down_nodes, pv)
-    chain_nodes = tuple(_display(n, index.position(n)) for n in ordered)
+    if sink is not None and isinstance(kv_len, int):
+        kv_len -= 1  # the sink column is not a key
+    ordered = (qk, *up_nodes, softmax, *down_nodes, pv)
+    chain_nodes = tuple(display(n, index.position(n)) for n in ordered)
     chain_positions = tuple(index.position(n) for n in ordered)
     in_cast = index.producer_of(scores)
     cast_island = (
@@ -194,20 +235,37 @@ def _match_softmax(
         and any(n.op_type == "Cast" for n in down_nodes)
     )
     elem = index.elem_type(scores)
+    operand_pairs = (
+        operand_qdq(index, qk.input[0], QdqSite.Q),
+        operand_qdq(index, qk.input[1], QdqSite.K),
+        operand_qdq(index, v, QdqSite.V),
+    )
+    quantized = tuple(s for s in (*operand_pairs, *in_chain, *after) if isinstance(s, QdqStep))
+    layout = Layout(
+        qk_op=qk.op_type,
+        pv_op=pv.op_type,
+        k_transposed_by=k_transposed_by,
+        k_perm=k_perm,
+        qk_equation=_equation(qk),
+        pv_equation=_equation(pv),
+        q_rank=index.rank(q),
+        k_rank=index.rank(k),
+        v_rank=index.rank(v),
+    )
     return AttentionMatch(
         index=match_index,
         softmax=softmax.name,
         softmax_position=position,
         axis=axis,
-        qk_matmul=_display(qk, index.position(qk)),
-        pv_matmul=_display(pv, index.position(pv)),
+        qk_matmul=display(qk, index.position(qk)),
+        pv_matmul=display(pv, index.position(pv)),
         q=q,
         k=k,
         v=v,
         k_t=k_t,
         k_transposed_by=k_transposed_by,
         scale=scale,
-        mask_nodes=tuple(_display(n, index.position(n)) for n in mask_nodes),
+        mask_nodes=tuple(display(n, index.position(n)) for n in mask_nodes),
         mask_inputs=mask_inputs,
         kind=kind,
         causal=causal,
@@ -215,12 +273,24 @@ def _match_softmax(
         chain_nodes=chain_nodes,
         chain_positions=chain_positions,
         cast_island=cast_island,
-        nan_guard=None if nan_guard is None else _display(nan_guard, index.position(nan_guard)),
+        nan_guard=None if nan_guard is None else display(nan_guard, index.position(nan_guard)),
         softcap=softcap,
         heads=heads,
         q_len=q_len,
         kv_len=kv_len,
+        layout=layout,
+        steps=steps,
+        after=tuple(after),
+        sink=sink,
+        quantized=quantized,
     )
+
+
+def _equation(node: onnx.NodeProto) -> str | None:
+    if node.op_type != "Einsum":
+        return None
+    text = next((a.s.decode() for a in node.attribute if a.name == "equation"), "")
+    return text.replace(" ", "")
 
 
 def _softmax_axis(index: GraphIndex, softmax: onnx.NodeProto) -> int:
@@ -246,13 +316,13 @@ def _trace_probabilities(
                 seen_ops.append(op)
                 if op in ("MatMul", "Einsum") and len(consumer.input) == 2:
                     if consumer.input[0] != tensor:
-                        raise _NoMatch(
+                        raise NoMatch(
                             f"softmax output is the right-hand operand of {op} "
                             f"'{consumer.name}' (x·P), not P·V"
                         )
                     v = consumer.input[1]
                     if v in index.initializers or index.constant_value(v) is not None:
-                        raise _NoMatch(
+                        raise NoMatch(
                             f"softmax output is multiplied by a constant weight ('{v}'), "
                             "a linear layer, not by V"
                         )
@@ -276,9 +346,9 @@ def _trace_probabilities(
             if softmax.output[0] in index.graph_outputs
             else "feeds nothing"
         )
-        raise _NoMatch(f"softmax output {where} (a probability head), not multiplied by V")
+        raise NoMatch(f"softmax output {where} (a probability head), not multiplied by V")
     consumers = ", ".join(dict.fromkeys(seen_ops))
-    raise _NoMatch(f"softmax output is not multiplied by V (consumers: {consumers})")
+    raise NoMatch(f"softmax output is not multiplied by V (consumers: {consumers})")
 
 
 def _is_nan_guard(index: GraphIndex, where: onnx.NodeProto, tensor: str) -> bool:
@@ -292,18 +362,18 @@ def _is_nan_guard(index: GraphIndex, where: onnx.NodeProto, tensor: str) -> bool
 # --- upstream: scores ← Q·Kᵀ -----------------------------------------------------------------
 def _trace_scores(index: GraphIndex, tensor: str, chain: _ScoreChain, depth: int) -> onnx.NodeProto:
     if depth > _MAX_SCORE_HOPS:
-        raise _NoMatch("no Q·Kᵀ MatMul within reach upstream of the softmax")
+        raise NoMatch("no Q·Kᵀ MatMul within reach upstream of the softmax")
     node = index.producer_of(tensor)
     if node is None:
         what = "a graph input" if tensor in index.graph_inputs else "a constant"
-        raise _NoMatch(f"softmax scores come from {what} ('{tensor}'), not from Q·Kᵀ")
+        raise NoMatch(f"softmax scores come from {what} ('{tensor}'), not from Q·Kᵀ")
     op = node.op_type
     if op in ("MatMul", "Einsum"):
         if len(node.input) != 2:
-            raise _NoMatch(f"scores come from {op} with {len(node.input)} inputs, not Q·Kᵀ")
+            raise NoMatch(f"scores come from {op} with {len(node.input)} inputs, not Q·Kᵀ")
         b = node.input[1]
         if b in index.initializers or index.constant_value(b) is not None:
-            raise _NoMatch(
+            raise NoMatch(
                 f"scores come from {op} '{node.name}' with a constant weight ('{b}'), "
                 "a linear layer, not Q·Kᵀ"
             )
@@ -311,13 +381,24 @@ def _trace_scores(index: GraphIndex, tensor: str, chain: _ScoreChain, depth: int
     if op in _PASS_THROUGH_UP:
         chain.nodes.append(node)
         return _trace_scores(index, node.input[0], chain, depth + 1)
+    if op == "DequantizeLinear":
+        quantize = index.producer_of(node.input[0])
+        if quantize is None or quantize.op_type != "QuantizeLinear":
+            raise NoMatch(
+                f"softmax scores come from DequantizeLinear '{node.name}' of a stored integer "
+                "tensor, not from Q·Kᵀ"
+            )
+        chain.nodes.extend((node, quantize))
+        return _trace_scores(index, quantize.input[0], chain, depth + 1)
+    if op == "Concat" and len(node.input) == 2 and chain.sink_concat is None:
+        return _trace_sink_concat(index, node, chain, depth)
     if op == "Tanh":
         chain.nodes.append(node)
         chain.tanh = node
         return _trace_scores(index, node.input[0], chain, depth + 1)
     if op in ("Add", "Sub", "Mul", "Div", "Where"):
         return _trace_binary(index, node, chain, depth)
-    raise _NoMatch(f"softmax scores come from {op} '{node.name}', not from a Q·Kᵀ chain")
+    raise NoMatch(f"softmax scores come from {op} '{node.name}', not from a Q·Kᵀ chain")
 
 
 def _trace_binary(
@@ -330,14 +411,14 @@ def _trace_binary(
         candidates = (0,)
     else:
         candidates = (0, 1)
-    failure: _NoMatch | None = None
+    failure: NoMatch | None = None
     for main in candidates:
         if index.is_constant(node.input[main]):
             continue
         trial = _ScoreChain()
         try:
             qk = _trace_scores(index, node.input[main], trial, depth + 1)
-        except _NoMatch as exc:
+        except NoMatch as exc:
             failure = failure or exc
             continue
         chain.nodes.append(node)
@@ -351,19 +432,49 @@ def _trace_binary(
             chain.scale_factors.append((others[0], op))
         elif op == "Sub":
             _require_max_subtract(index, node)
-        chain.nodes.extend(trial.nodes)
-        chain.mask_nodes.extend(trial.mask_nodes)
-        chain.mask_inputs.extend(trial.mask_inputs)
-        chain.scale_factors.extend(trial.scale_factors)
-        chain.tanh = chain.tanh or trial.tanh
+        _merge(chain, trial)
         return qk
-    raise failure or _NoMatch(f"{op} '{node.name}' upstream of the softmax has no Q·Kᵀ input")
+    raise failure or NoMatch(f"{op} '{node.name}' upstream of the softmax has no Q·Kᵀ input")
+
+
+def _trace_sink_concat(
+    index: GraphIndex, node: onnx.NodeProto, chain: _ScoreChain, depth: int
+) -> onnx.NodeProto:
+    """Concat(scores, sink) on the key axis: attention sinks (GPT-OSS, StreamingLLM)."""
+    axis = next((a.i for a in node.attribute if a.name == "axis"), None)
+    rank = index.rank(node.output[0])
+    if axis is None or not (axis == -1 or (rank is not None and axis == rank - 1)):
+        raise NoMatch(f"Concat '{node.name}' before the softmax joins scores off the key axis")
+    failure: NoMatch | None = None
+    for main in (0, 1):
+        if index.is_constant(node.input[main]):
+            continue
+        trial = _ScoreChain()
+        try:
+            qk = _trace_scores(index, node.input[main], trial, depth + 1)
+        except NoMatch as exc:
+            failure = failure or exc
+            continue
+        chain.nodes.append(node)
+        chain.sink_concat = node
+        _merge(chain, trial)
+        return qk
+    raise failure or NoMatch(f"Concat '{node.name}' upstream of the softmax has no Q·Kᵀ input")
+
+
+def _merge(chain: _ScoreChain, trial: _ScoreChain) -> None:
+    chain.nodes.extend(trial.nodes)
+    chain.mask_nodes.extend(trial.mask_nodes)
+    chain.mask_inputs.extend(trial.mask_inputs)
+    chain.scale_factors.extend(trial.scale_factors)
+    chain.tanh = chain.tanh or trial.tanh
+    chain.sink_concat = chain.sink_concat or trial.sink_concat
 
 
 def _require_max_subtract(index: GraphIndex, sub: onnx.NodeProto) -> None:
     reduce = index.producer_of(sub.input[1])
     if reduce is None or reduce.op_type != "ReduceMax":
-        raise _NoMatch(f"Sub '{sub.name}' before the softmax is not a max subtraction")
+        raise NoMatch(f"Sub '{sub.name}' before the softmax is not a max subtraction")
 
 
 def _is_scalar_constant(index: GraphIndex, tensor: str) -> bool:
@@ -371,56 +482,44 @@ def _is_scalar_constant(index: GraphIndex, tensor: str) -> bool:
     return value is not None and value.size == 1
 
 
-@dataclass(frozen=True)
-class _OperandScale:
-    """Scalar factors found on one Q·Kᵀ operand: peeled at the MatMul, or baked in upstream."""
-
-    peeled: tuple[tuple[str, str], ...] = ()  # (scalar tensor, "Mul"|"Div") right at the MatMul
-    baked: tuple[tuple[str, str], ...] = ()  # before a Reshape/Transpose: part of the operand
-
-
-_LAYOUT_OPS = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Cast"}
-_MAX_OPERAND_HOPS = 6
-
-
 def _qk_operands(
     index: GraphIndex, qk: onnx.NodeProto
-) -> tuple[str, str, _OperandScale, _OperandScale]:
+) -> tuple[str, str, OperandScale, OperandScale]:
     """Q and Kᵀ with any scalar Mul/Div peeled off each (PyTorch's √scale split)."""
     q, q_scale = _operand_scale(index, qk.input[0])
     k_t, k_scale = _operand_scale(index, qk.input[1])
     return q, k_t, q_scale, k_scale
 
 
-def _operand_scale(index: GraphIndex, tensor: str) -> tuple[str, _OperandScale]:
-    peeled: list[tuple[str, str]] = []
-    while (factor := _scalar_factor(index, tensor)) is not None:
-        tensor, scalar, op = factor
-        peeled.append((scalar, op))
-    baked: list[tuple[str, str]] = []
+def _operand_scale(index: GraphIndex, tensor: str) -> tuple[str, OperandScale]:
+    peeled: list[Factor] = []
+    while (found := _scalar_factor(index, tensor)) is not None:
+        tensor, factor = found
+        peeled.append(factor)
+    baked: list[Factor] = []
     current = tensor
-    for _ in range(_MAX_OPERAND_HOPS):  # e.g. Whisper: q_proj(x) * scale, then split into heads
-        factor = _scalar_factor(index, current)
-        if factor is not None:
-            current, scalar, op = factor
-            baked.append((scalar, op))
+    for _ in range(MAX_OPERAND_HOPS):  # e.g. Whisper: q_proj(x) * scale, then split into heads
+        found = _scalar_factor(index, current)
+        if found is not None:
+            current, factor = found
+            baked.append(factor)
             continue
         node = index.producer_of(current)
-        if node is None or node.op_type not in _LAYOUT_OPS:
+        if node is None or node.op_type not in LAYOUT_OPS:
             break
         current = node.input[0]
-    return tensor, _OperandScale(peeled=tuple(peeled), baked=tuple(baked))
+    return tensor, OperandScale(peeled=tuple(peeled), baked=tuple(baked))
 
 
-def _scalar_factor(index: GraphIndex, tensor: str) -> tuple[str, str, str] | None:
-    """(input, scalar, op) when `tensor` is input·scalar or input/scalar."""
+def _scalar_factor(index: GraphIndex, tensor: str) -> tuple[str, Factor] | None:
+    """(input, factor) when `tensor` is input·scalar or input/scalar."""
     node = index.producer_of(tensor)
     if node is None or node.op_type not in ("Mul", "Div"):
         return None
     for main in (0, 1) if node.op_type == "Mul" else (0,):
         other = node.input[1 - main]
         if not index.is_constant(node.input[main]) and _is_scalar(index, other):
-            return node.input[main], other, node.op_type
+            return node.input[main], Factor(other, node.op_type, node)
     return None
 
 
@@ -432,105 +531,16 @@ def _is_scalar(index: GraphIndex, tensor: str) -> bool:
     return shape is not None and all(d == 1 for d in shape)
 
 
-def _untranspose_k(index: GraphIndex, qk: onnx.NodeProto, k_t: str) -> tuple[str, str]:
+def _untranspose_k(
+    index: GraphIndex, qk: onnx.NodeProto, k_t: str
+) -> tuple[str, KTransposedBy, tuple[int, ...] | None]:
     if qk.op_type == "Einsum":
-        return k_t, "einsum"
+        return k_t, KTransposedBy.EINSUM, None
     node = index.producer_of(k_t)
     if node is not None and node.op_type == "Transpose":
-        return node.input[0], "transpose"
-    return k_t, "layout"
-
-
-# --- scale, softcap, mask, kind ---------------------------------------------------------------
-def _scale(
-    index: GraphIndex,
-    chain: _ScoreChain,
-    q_scale: _OperandScale,
-    k_scale: _OperandScale,
-    q: str,
-) -> Scale:
-    # A softcap's Div/Mul around its Tanh is the cap, not the scale (see _softcap).
-    factors = [
-        (t, op)
-        for t, op in chain.scale_factors
-        if chain.tanh is None or not _touches(index, chain.tanh, t)
-    ]
-    forms = [op.lower() for _, op in factors]
-    q_factors = q_scale.peeled + q_scale.baked
-    k_factors = k_scale.peeled + k_scale.baked
-    if q_factors and k_factors:
-        forms.insert(0, "sqrt_qk")
-    elif q_factors or k_factors:
-        forms.insert(0, "q_scale" if q_factors else "k_scale")
-    in_chain, computed = _product(index, [*factors, *q_scale.peeled, *k_scale.peeled])
-    baked, baked_nodes = _product(index, [*q_scale.baked, *k_scale.baked])
-    value = None if in_chain is None or baked is None else in_chain * baked
-    if index.is_constant(q):  # a learned probe query with its scale folded in (SigLIP MAP head)
-        value = None
-        forms.append("folded_into_constant_q")
-    return Scale(
-        value=value,
-        form="+".join(dict.fromkeys(forms)) or "none",
-        nodes=tuple(dict.fromkeys(computed + baked_nodes)),
-        in_chain=in_chain,
-    )
-
-
-def _product(index: GraphIndex, factors: list[tuple[str, str]]) -> tuple[float | None, list[str]]:
-    value: float | None = 1.0
-    computed: list[str] = []
-    for tensor, op in factors:
-        const = index.constant_value(tensor)
-        if const is None or const.size != 1:
-            value = None
-            computed.extend(_backward_slice(index, tensor, limit=24))
-            continue
-        factor = float(np.asarray(const, dtype=np.float64).reshape(()))
-        if value is not None:
-            value = value / factor if op == "Div" else value * factor
-    return value, computed
-
-
-def _touches(index: GraphIndex, tanh: onnx.NodeProto, scale_tensor: str) -> bool:
-    """Whether the Mul/Div consuming `scale_tensor` is directly before or after the Tanh."""
-    before = index.producer_of(tanh.input[0])
-    after = index.consumers_of(tanh.output[0])
-    near = [n for n in (before, *after) if n is not None and n.op_type in ("Mul", "Div")]
-    return any(scale_tensor in n.input for n in near)
-
-
-def _softcap(index: GraphIndex, chain: _ScoreChain) -> float | None:
-    if chain.tanh is None:
-        return None
-    for consumer in index.consumers_of(chain.tanh.output[0]):
-        if consumer.op_type == "Mul":
-            other = (
-                consumer.input[1]
-                if consumer.input[0] == chain.tanh.output[0]
-                else consumer.input[0]
-            )
-            value = index.constant_value(other)
-            if value is not None and value.size == 1:
-                return float(np.asarray(value, dtype=np.float64).reshape(()))
-    return math.nan
-
-
-def _backward_slice(index: GraphIndex, tensor: str, *, limit: int) -> list[str]:
-    names: list[str] = []
-    stack = [tensor]
-    seen: set[str] = set()
-    while stack and len(names) < limit:
-        name = stack.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        node = index.producer_of(name)
-        if node is None:
-            continue
-        names.append(_display(node, index.position(node)))
-        if node.op_type not in ("Shape", "Size"):  # the slice ends where it reads a shape
-            stack.extend(i for i in node.input if i)
-    return names
+        perm = next((tuple(a.ints) for a in node.attribute if a.name == "perm"), None)
+        return node.input[0], KTransposedBy.TRANSPOSE, perm
+    return k_t, KTransposedBy.LAYOUT, None
 
 
 def _is_causal(index: GraphIndex, mask_inputs: tuple[str, ...]) -> bool:
@@ -610,7 +620,7 @@ def _projection_source(index: GraphIndex, tensor: str) -> str:
             if node.op_type == "MatMul" and index.is_constant(node.input[0]):
                 return _strip_layout(index, node.input[1])  # weight on the left: Kᵀ = W·xᵀ
         if node.op_type in ("MatMul", "Einsum") and len(node.input) == 2:
-            return f"<{_display(node, index.position(node))}>"
+            return f"<{display(node, index.position(node))}>"
         data = [i for i in node.input if i and not index.is_constant(i)]
         if not data:
             return f"<const {current}>"
@@ -619,9 +629,9 @@ def _projection_source(index: GraphIndex, tensor: str) -> str:
 
 
 def _strip_layout(index: GraphIndex, tensor: str) -> str:
-    for _ in range(_MAX_OPERAND_HOPS):
+    for _ in range(MAX_OPERAND_HOPS):
         node = index.producer_of(tensor)
-        if node is None or node.op_type not in _LAYOUT_OPS:
+        if node is None or node.op_type not in LAYOUT_OPS:
             break
         tensor = node.input[0]
     return tensor
@@ -632,7 +642,7 @@ def _attention_op(index: GraphIndex, node: onnx.NodeProto) -> AttentionOpNode:
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     inputs = list(node.input) + [""] * (4 - len(node.input))
     return AttentionOpNode(
-        node=_display(node, index.position(node)),
+        node=display(node, index.position(node)),
         q=inputs[0],
         k=inputs[1],
         v=inputs[2],

@@ -7,7 +7,12 @@ from dataclasses import dataclass
 
 import onnx
 
-from graphfix.attention.match_types import AttentionMatch, AttentionOpNode, SkippedSoftmax
+from graphfix.attention.match_types import (
+    AttentionKind,
+    AttentionMatch,
+    AttentionOpNode,
+    SkippedSoftmax,
+)
 
 
 @dataclass(frozen=True)
@@ -16,7 +21,7 @@ class BlockOutcome:
 
     index: int
     softmax: str
-    kind: str
+    kind: AttentionKind
     rewritten: bool
     detail: str
 
@@ -48,7 +53,7 @@ class FixReport:
         ]
         for b in self.blocks:
             mark = "rewritten" if b.rewritten else "skipped  "
-            lines.append(f"  [{b.index}] {mark} {b.softmax} ({b.kind}): {b.detail}")
+            lines.append(f"  [{b.index}] {mark} {b.softmax} ({b.kind.value}): {b.detail}")
         if self.decomposed_attention_ops:
             lines.append(f"  decomposed {self.decomposed_attention_ops} ONNX Attention op(s)")
         for op in self.attention_ops:

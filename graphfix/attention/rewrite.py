@@ -10,13 +10,15 @@ import onnx
 
 from graphfix.attention.attention_op import decompose_attention_ops as _decompose
 from graphfix.attention.match_types import AttentionMatch
-from graphfix.attention.matcher import scan_graph
+from graphfix.attention.matcher import graph_scopes, scan_graph
 from graphfix.attention.report import BlockOutcome, FixReport, FixResult
 from graphfix.attention.strategies import get_strategy
 from graphfix.errors import SelectionError
 from graphfix.graph.edit import GraphEdit
 from graphfix.graph.index import GraphIndex
 from graphfix.model_io import LoadedModel, load_model
+from graphfix.plugins.spec import PLUGIN_DOMAIN, ensure_plugin_opset
+from graphfix.selectors import parse_selectors, select_nodes
 
 Selector = int | str | re.Pattern[str]
 
@@ -40,27 +42,36 @@ def fix_attention(
     result.CopyFrom(loaded.model)
     decomposed = _decompose(result) if decompose_attention_ops else 0
     index = GraphIndex(result, base_dir=loaded.base_dir)
-    scan = scan_graph(index)
-    chosen = _select(scan.matches, select)
+    scopes = graph_scopes(index)
+    scan = scan_graph(index, scopes=scopes)
+    chosen = _select(result, scan.matches, select)
     chosen_strategy = get_strategy(strategy)
-    edit = GraphEdit(result, index)
-    blocks: list[BlockOutcome] = []
-    for match in scan.matches:
-        if match.index in chosen:
-            outcome = chosen_strategy.apply(edit, match)
-            rewritten, detail = outcome.rewritten, outcome.detail
-        else:
-            rewritten, detail = False, "not selected"
-        blocks.append(
-            BlockOutcome(
+    outcomes: dict[int, BlockOutcome] = {}
+    # Subgraphs first (reverse depth-first order): each is edited on its own copy and written
+    # back into its parent before the parent's edit copies the parent's nodes.
+    for location, target, scope in reversed(scopes):
+        edit = GraphEdit(scope.model, scope)
+        for match in scan.matches:
+            if match.location != location:
+                continue
+            if match.index in chosen:
+                outcome = chosen_strategy.apply(edit, match)
+                rewritten, detail = outcome.rewritten, outcome.detail
+            else:
+                rewritten, detail = False, "not selected"
+            outcomes[match.index] = BlockOutcome(
                 index=match.index,
                 softmax=match.softmax or f"#{match.softmax_position}",
-                kind=match.kind.value,
+                kind=match.kind,
                 rewritten=rewritten,
-                detail=detail,
+                detail=detail if not location else f"{detail} (inside {location})",
             )
-        )
-    edit.commit()
+        edit.commit()
+        if target is not None:
+            target.CopyFrom(scope.model.graph)
+    if any(_has_plugin_nodes(scope.model.graph) for _, _, scope in scopes):
+        ensure_plugin_opset(result)
+    blocks = [outcomes[m.index] for m in scan.matches]
     report = FixReport(
         strategy=chosen_strategy.name,
         strategy_proven=chosen_strategy.proven,
@@ -71,6 +82,10 @@ def fix_attention(
         matches=scan.matches,
     )
     return FixResult(model=result, report=report)
+
+
+def _has_plugin_nodes(graph: onnx.GraphProto) -> bool:
+    return any(node.domain == PLUGIN_DOMAIN for node in graph.node)
 
 
 def break_attention_fusion(
@@ -91,7 +106,14 @@ def break_attention_fusion(
     ).model
 
 
-def _select(matches: Sequence[AttentionMatch], select: Sequence[Selector] | None) -> set[int]:
+def _select(
+    model: onnx.ModelProto,
+    matches: Sequence[AttentionMatch],
+    select: Sequence[Selector] | Selector | None,
+) -> set[int]:
+    """Block indices picked by `select`, in graphfix's one selector language (selectors.py):
+    an int is a block index, a compiled regex is `re:`, text is any selector form.  A selector
+    that picks nodes but no attention block's Softmax is an error, like one that picks nothing."""
     if select is None:
         return {m.index for m in matches}
     if isinstance(select, (str, int, re.Pattern)):
@@ -102,35 +124,34 @@ def _select(matches: Sequence[AttentionMatch], select: Sequence[Selector] | None
             "`graphfix inspect` numbers them, Softmax node names or regexes (e.g. --select 0,2), "
             "or leave it out (None) to rewrite every block"
         )
-    chosen: set[int] = set()
-    for selector in select:
-        hits = _resolve(matches, selector)
-        if not hits:
+    texts: list[str] = []
+    for entry in select:
+        if isinstance(entry, bool) or not isinstance(entry, (int, str, re.Pattern)):
+            raise SelectionError(
+                f"select entry {entry!r} is not a block index, a selector text or a regex"
+            )
+        if isinstance(entry, int):
+            if entry < 0:
+                raise SelectionError(
+                    f"select entry {entry} is not a block index; blocks are numbered "
+                    f"0..{len(matches) - 1} (see `graphfix inspect`)"
+                )
+            texts.append(f"attention:{entry}")
+        elif isinstance(entry, re.Pattern):
+            texts.append(f"re:{entry.pattern}")
+        else:
+            texts.append(entry)
+    selection = select_nodes(model, parse_selectors(texts), matches=matches)
+    softmax_at = {m.softmax_position: m.index for m in matches if not m.location}
+    for hit in selection.hits:
+        if not hit.blocks and not any(p in softmax_at for p in hit.positions):
             names = ", ".join(m.softmax or f"#{m.softmax_position}" for m in matches[:6])
             raise SelectionError(
-                f"select entry {selector!r} matches no attention block; blocks are indexed "
+                f"select entry {hit.selector.text!r} matches no attention block (it picks "
+                f"{len(hit.positions)} node(s), none an attention Softmax); blocks are indexed "
                 f"0..{len(matches) - 1} and named {names}{', …' if len(matches) > 6 else ''} "
                 "(see `graphfix inspect`)"
             )
-        chosen |= hits
-    return chosen
-
-
-def _resolve(matches: Sequence[AttentionMatch], selector: Selector) -> set[int]:
-    if isinstance(selector, bool):
-        raise SelectionError(f"select entry {selector!r} is a bool; give an index, name or regex")
-    if isinstance(selector, int):
-        return {m.index for m in matches if m.index == selector}
-    if isinstance(selector, str):
-        exact = {m.index for m in matches if m.softmax == selector}
-        if exact:
-            return exact
-        try:
-            pattern = re.compile(selector)
-        except re.error as exc:
-            raise SelectionError(
-                f"select entry {selector!r} is neither a node name nor a valid regex: {exc}"
-            ) from exc
-    else:
-        pattern = selector
-    return {m.index for m in matches if pattern.search(m.softmax)}
+    # Positions name main-graph nodes; a block inside an If/Loop body is picked by index only.
+    picked = {b for hit in selection.hits for b in hit.blocks}
+    return picked | {softmax_at[p] for p in selection.positions if p in softmax_at}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,7 +50,9 @@ FIX_OPTIONS = (
     Option(
         ("--select",),
         "select",
-        "comma-separated block indices, Softmax node names or regexes (default: every block)",
+        "comma-separated selectors: block indices, attention:N, node names, re:REGEX, "
+        "op:OpType; a block is rewritten when picked by index or through its Softmax node "
+        "(default: every block)",
         convert=_parse_select,
     ),
     Option(
@@ -66,7 +69,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if args.json:
         import dataclasses
 
-        print(json.dumps(dataclasses.asdict(scan), indent=2, default=str))
+        print(json.dumps(_strict_json(dataclasses.asdict(scan)), indent=2, default=str))
         return 0
     if scan.matches:
         print(match_table(scan.matches))
@@ -85,6 +88,18 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
             + scan.shape_inference_problem
         )
     return 0
+
+
+def _strict_json(value: object) -> object:
+    """`value` with non-finite floats (a -inf mask fill) as the strings "-inf", "inf", "nan":
+    JSON has no such numbers, and strict parsers reject Python's -Infinity."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(v) for v in value]
+    return value
 
 
 def _cmd_fix(args: argparse.Namespace) -> int:
@@ -120,7 +135,7 @@ def _cmd_fix(args: argparse.Namespace) -> int:
             "created_folders": [] if saved is None else [str(p) for p in saved.created_folders],
             "trtexec": trtexec,
         }
-        print(json.dumps(document, indent=2, default=str))
+        print(json.dumps(_strict_json(document), indent=2, default=str))
     else:
         print("\n".join(lines))
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import onnx
 
-from graphfix.graph.index import GraphIndex
+from graphfix.graph.index import GraphIndex, outer_reads
 
 
 class GraphEdit:
@@ -28,6 +28,12 @@ class GraphEdit:
             self._names.update(node.input)
         self._names.update(t.name for t in model.graph.initializer)
         self._names.update(v.name for v in model.graph.input)
+        scope = index.outer
+        while scope is not None:  # a subgraph's new names must not shadow enclosing ones
+            self._names.update(scope.producer)
+            self._names.update(scope.initializers)
+            self._names.update(scope.graph_inputs)
+            scope = scope.outer
 
     def node_at(self, position: int) -> onnx.NodeProto:
         return self.model.graph.node[position]
@@ -77,6 +83,7 @@ class GraphEdit:
         graph.value_info.extend(self._value_info)
         if self._maybe_unused:
             used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+            used |= {name for n in graph.node for name in outer_reads(n)}  # If/Loop/Scan bodies
             unused = self._maybe_unused - used
             kept = [t for t in graph.initializer if t.name not in unused]
             del graph.initializer[:]

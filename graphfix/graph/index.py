@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +24,32 @@ _FOLDABLE = {
     "Reshape", "Unsqueeze", "Squeeze", "Expand", "Transpose", "Slice",
     "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal", "Not", "And", "Or",
     "Range", "ConstantOfShape", "Trilu", "Where", "Concat", "Gather", "Abs",
+    "QuantizeLinear", "DequantizeLinear",
 }  # fmt: skip
 _MAX_FOLD_ELEMENTS = 1 << 16
+
+
+def outer_reads(node: onnx.NodeProto) -> set[str]:
+    """Names a node's subgraphs (If branches, Loop/Scan bodies) read from enclosing scopes."""
+    names: set[str] = set()
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            names |= _free_names(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            for graph in attr.graphs:
+                names |= _free_names(graph)
+    return names
+
+
+def _free_names(graph: onnx.GraphProto) -> set[str]:
+    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    read: set[str] = set()
+    for node in graph.node:
+        read.update(i for i in node.input if i)
+        read |= outer_reads(node)
+        defined.update(o for o in node.output if o)
+    read.update(v.name for v in graph.output)
+    return read - defined
 
 
 def dtype_name(elem_type: int) -> str:
@@ -31,16 +57,31 @@ def dtype_name(elem_type: int) -> str:
 
 
 class GraphIndex:
-    """Producers, consumers, types and constant values of one (top-level) graph.
+    """Producers, consumers, types and constant values of one graph: graphfix's one graph view
+    (the matcher, the strategies, the drawing, input generation and tools/ all read it).
 
     Built once per scan; never mutates the model.  Initializers stored as external data whose
     bytes are not loaded are read from `base_dir` only when a small constant is needed.
+
+    It indexes the protobuf directly rather than importing into onnx-graphsurgeon, measured
+    (tools/graph_view_bench.py, two runs on a shared 2-core machine) on a 2,379-node SVD UNet
+    export: these maps build in 0.017 s, 0.06-0.13 s with shape inference, while
+    `gs.import_onnx` takes 0.21-0.36 s and `gs.export_onnx` 0.14-0.21 s more, per fix; and the
+    protobuf keeps external data references untouched, where a gs round trip would have to load
+    or re-link every weight of a > 2 GB model.
     """
 
-    def __init__(self, model: onnx.ModelProto, *, base_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        *,
+        base_dir: Path | None = None,
+        outer: GraphIndex | None = None,
+    ) -> None:
         self.model = model
         self.graph = model.graph
         self.base_dir = base_dir
+        self.outer = outer  # the enclosing graph's index, for a subgraph (If/Loop/Scan body)
         self.producer: dict[str, onnx.NodeProto] = {}
         self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
         self.node_order: dict[int, int] = {}
@@ -49,26 +90,63 @@ class GraphIndex:
             for out in node.output:
                 if out:
                     self.producer[out] = node
-            for inp in node.input:
+            # a subgraph reading an outer tensor makes its node a consumer of that tensor
+            for inp in (*node.input, *sorted(outer_reads(node))):
                 if inp:
                     self.consumers[inp].append(node)
-        self.initializers = {t.name: t for t in self.graph.initializer}
-        self.graph_inputs = {v.name for v in self.graph.input} - set(self.initializers)
+        own = {t.name: t for t in self.graph.initializer}
+        self.initializers = {**(outer.initializers if outer else {}), **own}
+        self.graph_inputs = {v.name for v in self.graph.input} - set(own)
         self.graph_outputs = {v.name for v in self.graph.output}
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-        self.value_info = self._infer_value_info()
         self._const_cache: dict[str, np.ndarray | None] = {}
+
+    @functools.cached_property
+    def value_info(self) -> dict[str, onnx.ValueInfoProto]:
+        """Types and shapes by tensor name, from ONNX shape inference (run on first use)."""
+        return {**(self.outer.value_info if self.outer else {}), **self._infer_value_info()}
+
+    @property
+    def shape_inference_problem(self) -> str | None:
+        """Why strict shape inference failed (None when it succeeded); runs it on first use."""
+        _ = self.value_info
+        return self._shape_inference_problem
+
+    def subgraph_scopes(self) -> Iterator[tuple[str, onnx.GraphProto, GraphIndex]]:
+        """(location, the subgraph as stored in this graph, its index), depth first: every
+        If/Loop/Scan body inside this graph.  The index reads the subgraph through a copy
+        (a wrapper model); edits made on that copy are written back with `target.CopyFrom`."""
+        for node in self.graph.node:
+            for attr in node.attribute:
+                subgraphs = (
+                    [attr.g]
+                    if attr.type == onnx.AttributeProto.GRAPH
+                    else list(attr.graphs)
+                    if attr.type == onnx.AttributeProto.GRAPHS
+                    else []
+                )
+                for number, subgraph in enumerate(subgraphs):
+                    suffix = f"[{number}]" if attr.type == onnx.AttributeProto.GRAPHS else ""
+                    location = f"{node.op_type} '{node.name}'/{attr.name}{suffix}"
+                    wrapper = onnx.ModelProto()
+                    wrapper.ir_version = self.model.ir_version
+                    wrapper.opset_import.extend(self.model.opset_import)
+                    wrapper.graph.CopyFrom(subgraph)
+                    index = GraphIndex(wrapper, base_dir=self.base_dir, outer=self)
+                    yield location, subgraph, index
+                    for inner, target, inner_index in index.subgraph_scopes():
+                        yield f"{location}/{inner}", target, inner_index
 
     def _infer_value_info(self) -> dict[str, onnx.ValueInfoProto]:
         infos: dict[str, onnx.ValueInfoProto] = {}
-        self.shape_inference_problem: str | None = None
+        self._shape_inference_problem: str | None = None
         model = self._inference_model()
         # strict first, for the reason when it fails (the user sees it); then lenient, which
         # keeps every shape it could infer
         try:
             graph = onnx.shape_inference.infer_shapes(model, strict_mode=True).graph
         except Exception as exc:  # onnx raises several types; the matcher works without shapes
-            self.shape_inference_problem = _first_error(exc)
+            self._shape_inference_problem = _first_error(exc)
             try:
                 graph = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
             except Exception:  # the strict run's reason is already recorded
@@ -87,6 +165,7 @@ class GraphIndex:
         model = onnx.ModelProto()
         _copy_fields_except(self.model, model, "graph")
         _copy_fields_except(self.graph, model.graph, "initializer")
+        model.graph.input.extend(self._outer_value_infos())  # a body's outer-scope reads, typed
         for tensor in self.graph.initializer:
             target = model.graph.initializer.add()
             count = int(np.prod(tensor.dims)) if tensor.dims else 1
@@ -104,6 +183,20 @@ class GraphIndex:
             else:
                 target.CopyFrom(tensor)
         return model
+
+    def _outer_value_infos(self) -> list[onnx.ValueInfoProto]:
+        if self.outer is None:
+            return []
+        infos = []
+        for name in sorted(_free_names(self.graph)):
+            if name in self.outer.initializers:
+                tensor = self.outer.initializers[name]
+                infos.append(
+                    onnx.helper.make_tensor_value_info(name, tensor.data_type, list(tensor.dims))
+                )
+            elif name in self.outer.value_info:
+                infos.append(self.outer.value_info[name])
+        return infos
 
     # --- types and shapes -------------------------------------------------------------------
     def elem_type(self, name: str) -> int | None:

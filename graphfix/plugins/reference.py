@@ -130,30 +130,46 @@ LOWERINGS = {SOFTMAX.op_type: _lower_softmax, ATTENTION.op_type: _lower_attentio
 
 
 def has_plugin_ops(model: onnx.ModelProto) -> bool:
-    return any(n.domain == PLUGIN_DOMAIN for n in model.graph.node)
+    return any(n.domain == PLUGIN_DOMAIN for n in _all_nodes(model.graph))
+
+
+def _all_nodes(graph: onnx.GraphProto):
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _all_nodes(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from _all_nodes(sub)
 
 
 def with_reference_ops(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of `model` with graphfix plugin nodes replaced by equivalent standard ONNX ops."""
-    index = GraphIndex(model)
+    """A copy of `model` with graphfix plugin nodes replaced by equivalent standard ONNX ops,
+    in the main graph and in every If/Loop/Scan body."""
     result = onnx.ModelProto()
     result.CopyFrom(model)
-    nodes: list[onnx.NodeProto] = []
-    for node in model.graph.node:
-        if node.domain != PLUGIN_DOMAIN:
-            nodes.append(node)
-            continue
-        lowering = LOWERINGS.get(node.op_type)
-        if lowering is None:
-            raise UnsupportedModelError(
-                f"node '{node.name}' is {PLUGIN_DOMAIN}::{node.op_type}, which graphfix has no "
-                f"reference implementation for (known: {', '.join(LOWERINGS)})"
-            )
-        nodes.extend(lowering(index, node))
-    del result.graph.node[:]
-    result.graph.node.extend(nodes)
-    still_used = any(n.domain == PLUGIN_DOMAIN for n in nodes)
-    if not still_used:
+    main = GraphIndex(result)
+    scopes = [(None, main), *((target, index) for _, target, index in main.subgraph_scopes())]
+    for target, index in reversed(scopes):  # bodies first, written back before their parent
+        nodes: list[onnx.NodeProto] = []
+        for node in index.graph.node:
+            if node.domain != PLUGIN_DOMAIN:
+                nodes.append(node)
+                continue
+            lowering = LOWERINGS.get(node.op_type)
+            if lowering is None:
+                raise UnsupportedModelError(
+                    f"node '{node.name}' is {PLUGIN_DOMAIN}::{node.op_type}, which graphfix has "
+                    f"no reference implementation for (known: {', '.join(LOWERINGS)})"
+                )
+            nodes.extend(lowering(index, node))
+        graph = index.graph
+        del graph.node[:]
+        graph.node.extend(nodes)
+        if target is not None:
+            target.CopyFrom(graph)
+    if not has_plugin_ops(result):
         kept = [o for o in result.opset_import if o.domain != PLUGIN_DOMAIN]
         del result.opset_import[:]
         result.opset_import.extend(kept)

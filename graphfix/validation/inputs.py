@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 
 from graphfix.errors import UsageError
+from graphfix.graph.index import GraphIndex
 
 Dim = int | str | None
 
@@ -354,11 +355,7 @@ def _draw(
 
 def _gather_limits(model: onnx.ModelProto, names: Sequence[str]) -> dict[str, tuple[int, str]]:
     """Integer inputs that index a Gather table → (largest valid index, the Gather's name)."""
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for i, inp in enumerate(node.input):
-            if inp and (i == 0 or node.op_type == "Gather"):
-                consumers.setdefault(inp, []).append(node)
+    index = GraphIndex(model)
     table_dims = {t.name: tuple(t.dims) for t in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type == "Constant":
@@ -370,7 +367,7 @@ def _gather_limits(model: onnx.ModelProto, names: Sequence[str]) -> dict[str, tu
         frontier, seen = [name], {name}
         while frontier:
             tensor = frontier.pop()
-            for node in consumers.get(tensor, []):
+            for node in index.consumers_of(tensor):
                 if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == tensor:
                     dims = table_dims.get(node.input[0])
                     axis = next((a.i for a in node.attribute if a.name == "axis"), 0)

@@ -30,6 +30,7 @@ from graphfix.validation.backends import BackendError, Runner
 from graphfix.validation.backends.tensorrt_backend import (
     PRECISIONS,
     EngineOptions,
+    Precision,
     TensorRTRunner,
     TensorRTStatus,
     default_plugin_libraries,
@@ -56,7 +57,15 @@ from graphfix.validation.inputs import (
     make_inputs,
 )
 
-BACKENDS = ("tensorrt", "onnxruntime")
+
+class Backend(str, Enum):
+    """Where the candidate runs (the JSON and the CLI spell the values)."""
+
+    TENSORRT = "tensorrt"
+    ONNXRUNTIME = "onnxruntime"
+
+
+BACKENDS = tuple(b.value for b in Backend)
 _ARRAYS = {"json": False}
 _LOOSENESS = ("fp32", "fp16", "bf16")  # order: each looser than the one before
 
@@ -82,7 +91,7 @@ class ValidationReport:
     """The verdict, per-output statistics, what ran on each side, and the fusion proof."""
 
     passed: bool
-    backend: str
+    backend: Backend
     check: CheckKind
     reference: str
     candidate: str
@@ -152,7 +161,7 @@ class ValidationReport:
 class BackendPlan:
     """What runs the candidate: the backend, TensorRT's status, its builder settings and plugins."""
 
-    name: str  # "tensorrt" or "onnxruntime"
+    name: Backend
     tensorrt: TensorRTStatus
     engine: EngineOptions | None  # TensorRT builder settings; None with onnxruntime
     plugin_libraries: tuple[Path, ...]
@@ -175,12 +184,12 @@ def _backend_plan(
     if precision is not None and precision not in PRECISIONS:
         raise ValidationUsageError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
     status = tensorrt_status()
-    chosen = backend or ("tensorrt" if status.available else "onnxruntime")
-    if chosen == "tensorrt":
+    chosen = Backend(backend or (Backend.TENSORRT if status.available else Backend.ONNXRUNTIME))
+    if chosen is Backend.TENSORRT:
         require_tensorrt(status)
         engine = engine_options(precision, tensorrt_version=str(status.version))
         return BackendPlan(chosen, status, engine, _plugin_libraries(candidate, plugins, status))
-    if precision not in (None, "fp32"):
+    if precision not in (None, Precision.FP32):
         raise ValidationUsageError(
             f"precision {precision!r} applies to the TensorRT backend only; with onnxruntime the "
             "candidate runs in the precision its ONNX is written in"
@@ -272,7 +281,7 @@ def validate(
 
 def _run(plan: ValidationPlan) -> ValidationReport:
     """Build both runners, run them on the plan's inputs, compare, and prove what fused."""
-    reference_runner = _runner(plan, plan.reference, "original", backend="onnxruntime")
+    reference_runner = _runner(plan, plan.reference, "original", backend=Backend.ONNXRUNTIME)
     candidate_runner = _runner(plan, plan.candidate, "candidate", backend=plan.backend.name)
     feeds = plan.inputs.feeds
     reference_outputs = reference_runner.infer(feeds)
@@ -308,10 +317,10 @@ def _run(plan: ValidationPlan) -> ValidationReport:
     )
 
 
-def _runner(plan: ValidationPlan, model: LoadedModel, role: str, *, backend: str) -> Runner:
+def _runner(plan: ValidationPlan, model: LoadedModel, role: str, *, backend: Backend) -> Runner:
     """One model made ready on one backend; every runner answers the `Runner` protocol."""
     label = _label(model, role)
-    if backend == "tensorrt":
+    if backend is Backend.TENSORRT:
         runs_on = plan.backend
         assert runs_on.engine is not None  # the plan sets engine options for the TensorRT backend
         return TensorRTRunner(
@@ -390,7 +399,7 @@ def _fusion_proof(plan: ValidationPlan, runner: TensorRTRunner) -> FusionProof:
     blocks = rewritten or [m.softmax for m in find_attention(candidate.model)]
     candidate_blocks = classify_blocks(runner.layers(), blocks)
     try:
-        original = _runner(plan, reference, "original", backend="tensorrt")
+        original = _runner(plan, reference, "original", backend=Backend.TENSORRT)
     except BackendError as exc:
         return FusionProof(
             runner.tensorrt_version, candidate_blocks, None, original_problem=str(exc)
@@ -403,13 +412,13 @@ def _fusion_proof(plan: ValidationPlan, runner: TensorRTRunner) -> FusionProof:
 
 
 def _check_kind(plan: ValidationPlan, runner: Runner) -> CheckKind:
-    if plan.backend.name == "tensorrt":
+    if plan.backend.name is Backend.TENSORRT:
         return CheckKind.ENGINE
     return CheckKind.WIRING if runner.lowered_nodes else CheckKind.ONNXRUNTIME
 
 
 def _tensorrt_note(plan: ValidationPlan, runner: Runner) -> str | None:
-    if plan.backend.name == "tensorrt":
+    if plan.backend.name is Backend.TENSORRT:
         return None
     what = "the candidate ONNX with onnxruntime"
     wiring = ""

@@ -29,6 +29,7 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +42,16 @@ from graphfix.validation.backends.gpu import GpuIdentity, current_gpu
 from graphfix.validation.fusion_proof import EngineLayer, parse_engine_layers
 from graphfix.validation.inputs import ValidationUsageError, cast_feeds, input_specs
 
-PRECISIONS = ("fp32", "fp16", "bf16")
+
+class Precision(str, Enum):
+    """A TensorRT build precision (the JSON and the CLI spell the values)."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+PRECISIONS = tuple(p.value for p in Precision)
 POLYGRAPHY_MINIMUM = "0.53.4"
 POLYGRAPHY_INSTALL = f"pip install 'graphfix[tensorrt]' (polygraphy>={POLYGRAPHY_MINIMUM})"
 
