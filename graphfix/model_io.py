@@ -43,6 +43,7 @@ WeightPlacement = Literal[
     "referenced in place",
     "copied (streaming)",
     "cloned (copy-on-write)",
+    "moved into place",
     "written as external data",
 ]
 
@@ -235,6 +236,7 @@ def save_model(
     *,
     source: str | os.PathLike[str] | None = None,
     link_weights: bool | None = None,
+    move_weights: bool | None = None,
     overwrite: bool | None = None,
 ) -> SavedModel:
     """Write `model` to `path` without loading weights that are still on disk.
@@ -242,7 +244,8 @@ def save_model(
     `source` is the .onnx file `model` was loaded from: its external data locations are relative
     to that file's folder.  In the same folder the new model references the existing data files
     unchanged; in another folder each data file is copied once by a streaming copy, or cloned
-    (copy-on-write: no extra space, btrfs/XFS) when `link_weights`.  Missing folders of `path` are
+    (copy-on-write: no extra space, btrfs/XFS) when `link_weights`, or moved (renamed) when
+    `move_weights` says the data files are the caller's own temporaries on the same filesystem.  Missing folders of `path` are
     created and listed in the result.  `path` equal to `source`, an existing output and a different existing
     data file at the destination are refused unless `overwrite`.  A model whose in-memory tensors
     would make the file exceed protobuf's 2 GB limit stores them in `<name>.data` next to it.
@@ -272,7 +275,12 @@ def save_model(
         with _Staging() as staging:
             for placement in placements:
                 if placement.place:
-                    _place(placement, staging.temp_for(placement.dest), clone=bool(link_weights))
+                    _place(
+                        placement,
+                        staging.temp_for(placement.dest),
+                        clone=bool(link_weights),
+                        move=bool(move_weights),
+                    )
             spilled = _stage_model(
                 staging, model, out, overwrite=overwrite, taken=locations, embed_from=embed_from
             )
@@ -291,12 +299,18 @@ def save_model(
         return SavedModel(out, "embedded", (), created_folders=created)
     weights: WeightPlacement = "referenced in place"
     if any(p.place for p in placements):
-        weights = "cloned (copy-on-write)" if link_weights else "copied (streaming)"
+        weights = (
+            "moved into place"
+            if move_weights
+            else "cloned (copy-on-write)"
+            if link_weights
+            else "copied (streaming)"
+        )
     return SavedModel(
         out,
         weights,
         tuple(p.dest for p in placements),
-        sum(p.source.stat().st_size for p in placements),
+        sum(p.dest.stat().st_size for p in placements),
         created_folders=created,
     )
 
@@ -424,8 +438,10 @@ def _same_bytes(a: Path, b: Path) -> bool:
                 return True
 
 
-def _place(placement: _Placement, temp: Path, *, clone: bool) -> None:
-    if clone:
+def _place(placement: _Placement, temp: Path, *, clone: bool, move: bool) -> None:
+    if move:
+        os.replace(placement.source, temp)
+    elif clone:
         _clone(placement.source, temp, placement.dest)
     else:
         _stream_copy(placement.source, temp)

@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_model(source, load_weights=False)
     check_output_path(loaded.model, out, source=loaded.path, overwrite=args.overwrite)
     # Converted weights of a model with external data are written once, into a staging folder
-    # next to the output, and hard-linked into place by save_model (no second copy).
+    # next to the output, and moved into place by save_model (no second copy).
     stage = None
     external = None
     if external_data_files(loaded.model):
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
             result.model,
             out,
             source=result.source,
-            link_weights=stage is not None or None,
+            move_weights=stage is not None or None,
             overwrite=args.overwrite,
         )
         if stage is not None:  # the staged file is gone below: the output's is the only link
