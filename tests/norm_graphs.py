@@ -137,6 +137,7 @@ def group_norm_graph(
     instance_scale: float = 1.0,
     gamma_shape: tuple[int, ...] | None = None,
     static_merge: bool = False,
+    merge_to: tuple[int, ...] | None = None,
     allowzero: int = 0,
 ) -> onnx.ModelProto:
     """torch's GroupNorm export over x: [2, 8, 4, 4]."""
@@ -158,14 +159,16 @@ def group_norm_graph(
             epsilon=1e-5,
         ),
     ]
-    if static_merge:
-        inits.append(numpy_helper.from_array(np.array(x_shape, dtype=np.int64), "x_shape"))
+    if static_merge or merge_to:
+        merged = merge_to or x_shape
+        inits.append(numpy_helper.from_array(np.array(merged, dtype=np.int64), "x_shape"))
     else:
         nodes.append(helper.make_node("Shape", ["x"], ["x_shape"], name="shape"))
     nodes.append(helper.make_node("Reshape", ["normed", "x_shape"], ["merged"], name="merge"))
     out = "merged"
     if affine:
-        shape = gamma_shape or (channels, 1, 1)
+        per_channel = (channels,) + (1,) * (len(merge_to or x_shape) - 2)
+        shape = gamma_shape or per_channel
         inits.append(
             numpy_helper.from_array(
                 (1 + 0.2 * rng.standard_normal(shape)).astype(np.float32), "gamma"
@@ -173,7 +176,7 @@ def group_norm_graph(
         )
         inits.append(
             numpy_helper.from_array(
-                (0.2 * rng.standard_normal((channels, 1, 1))).astype(np.float32), "beta"
+                (0.2 * rng.standard_normal(per_channel)).astype(np.float32), "beta"
             )
         )
         nodes.append(helper.make_node("Mul", ["merged", "gamma"], ["scaled"], name="scale"))
@@ -183,7 +186,7 @@ def group_norm_graph(
         nodes,
         "group_norm",
         [helper.make_tensor_value_info("x", F32, list(x_shape))],
-        [helper.make_tensor_value_info(out, F32, [None] * 4)],
+        [helper.make_tensor_value_info(out, F32, [None] * len(merge_to or x_shape))],
         inits,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])

@@ -259,8 +259,14 @@ def test_affine_that_is_not_per_channel_stays_after_the_fused_node(
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{}, {"affine": False}, {"static_merge": True}, {"gamma_shape": (8, 1, 1), "groups": 4}],
-    ids=["affine", "no-affine", "static-shape", "four-groups"],
+    [
+        {},
+        {"affine": False},
+        {"static_merge": True},
+        {"gamma_shape": (8, 1, 1), "groups": 4},
+        {"merge_to": (2, 8, 16)},  # dynamo: a flatten(2) folded into the last Reshape
+    ],
+    ids=["affine", "no-affine", "static-shape", "four-groups", "flattened"],
 )
 def test_group_norm_fuses_at_opset_21(kwargs: dict) -> None:
     model = group_norm_graph(**kwargs)
@@ -269,7 +275,8 @@ def test_group_norm_fuses_at_opset_21(kwargs: dict) -> None:
     assert helper.get_attribute_value(
         node.attribute[[a.name for a in node.attribute].index("num_groups")]
     ) == kwargs.get("groups", 2)
-    assert _ops(result.model).keys() == {"GroupNormalization"}
+    reshape = {"Reshape"} if "merge_to" in kwargs else set()  # x to the flattened layout first
+    assert _ops(result.model).keys() == {"GroupNormalization"} | reshape
     scale = next(t for t in result.model.graph.initializer if t.name == node.input[1])
     assert tuple(scale.dims) == (8,)  # per channel: GroupNormalization-21
 
@@ -288,8 +295,9 @@ def test_group_norm_below_opset_21_is_kept() -> None:
         ({"instance_scale": 2.0}, "scales or shifts each group"),
         ({"split": (16, -1, 1)}, "does not reshape to [N, groups, -1]"),
         ({"allowzero": 1}, "allowzero=1"),
+        ({"merge_to": (4, 4, 16), "affine": False}, "does not restore the shape"),
     ],
-    ids=["instance-norm-affine", "not-grouped-by-batch", "allowzero"],
+    ids=["instance-norm-affine", "not-grouped-by-batch", "allowzero", "batch-changes"],
 )
 def test_group_norm_near_misses_are_kept(kwargs: dict, reason: str) -> None:
     model = group_norm_graph(**kwargs)

@@ -206,11 +206,12 @@ def fuse_norms(
                 )
             )
             continue
-        node = _fused_node(edit, candidate)
+        new_nodes = _fused_nodes(edit, candidate)
+        node = new_nodes[-1]
         last = max(candidate.positions)
         for position in candidate.positions:
             removed.append(edit.node_at(position))
-            edit.replace(position, [node] if position == last else [])
+            edit.replace(position, new_nodes if position == last else [])
         fused.append(
             FusedNorm(
                 kind=candidate.kind,
@@ -259,7 +260,8 @@ def _claim(candidates: list[NormCandidate]) -> list[NormCandidate]:
     return kept
 
 
-def _fused_node(edit: GraphEdit, candidate: NormCandidate) -> onnx.NodeProto:
+def _fused_nodes(edit: GraphEdit, candidate: NormCandidate) -> list[onnx.NodeProto]:
+    """The fused op (last), after the Reshape a GroupNorm may need first."""
     kind = candidate.kind
     scopes = {n.rpartition("/")[0] for n in candidate.node_names if "/" in n}
     scope = scopes.pop() if len(scopes) == 1 else None
@@ -280,7 +282,14 @@ def _fused_node(edit: GraphEdit, candidate: NormCandidate) -> onnx.NodeProto:
         edit.add_initializer(numpy_helper.from_array(value, init_name))
         return init_name
 
-    inputs = [candidate.input, tensor(candidate.scale, 1.0, "scale")]
+    before: list[onnx.NodeProto] = []
+    x = candidate.input
+    if candidate.reshape_to is not None:
+        x = edit.unique(f"{name}.input")
+        reshape = helper.make_node("Reshape", [candidate.input, candidate.reshape_to], [x])
+        reshape.name = edit.unique(f"{name}/Reshape")
+        before.append(reshape)
+    inputs = [x, tensor(candidate.scale, 1.0, "scale")]
     if kind is NormKind.GROUP_NORM:
         inputs.append(tensor(candidate.bias, 0.0, "bias"))
         attrs = {"epsilon": candidate.epsilon, "num_groups": candidate.num_groups}
@@ -288,7 +297,7 @@ def _fused_node(edit: GraphEdit, candidate: NormCandidate) -> onnx.NodeProto:
         if candidate.bias is not None:
             inputs.append(tensor(candidate.bias, 0.0, "bias"))
         attrs = {"axis": candidate.axis, "epsilon": candidate.epsilon}
-    return helper.make_node(kind.op_type, inputs, [candidate.output], name=name, **attrs)
+    return [*before, helper.make_node(kind.op_type, inputs, [candidate.output], name=name, **attrs)]
 
 
 def _existing(graph: onnx.GraphProto) -> tuple[ExistingNorm, ...]:
