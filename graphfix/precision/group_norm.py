@@ -1,12 +1,14 @@
 """GroupNorm as torch exports it (legacy and dynamo alike):
 
-    g = Reshape(x, [N|0|-1, G, -1])                    x: [N, C, ...], C divisible by G
+    g = Reshape(x, [N|0, G, -1 | C·…/G])               x: [N, C, ...], C divisible by G
     g = InstanceNormalization(g, ones[G], zeros[G], ε)
-    y = Reshape(g, Shape(x) | x's static shape)
+    y = Reshape(g, Shape(x) | x's static shape | [N, C', ...])
     [y = Mul(y, γ)]  [y = Add(y, β)]                   γ, β: constants over the channel axis only
 
-GroupNormalization-21 takes γ and β per channel, so they become [C] initializers (18 took them
-per group, and was deprecated for it).
+A last Reshape to another static [N, C', ...] of the same size is a flatten the dynamo exporter
+folded in: the fused form Reshapes x to it first (grouping contiguous blocks is the same either
+way).  GroupNormalization-21 takes γ and β per channel, so they become [C] initializers (18 took
+them per group, and was deprecated for it).
 """
 
 from __future__ import annotations
