@@ -37,6 +37,8 @@ class NormGraph:
     gemma: bool = False  # scale = 1 + w, as an Add node on the weight
     numerator: str = "centred"  # centred | x: Div(x, Sqrt(...)) is not a norm
     expose: str | None = None  # an intermediate tensor also made a graph output
+    tap: str | None = None  # an intermediate tensor also read by another node (Neg → output)
+    mean_of: str = "x"  # "y": the mean subtracted is another input's
     bias_input: bool = False  # β is a graph input, not a constant
     x_shape: tuple[int | str, ...] = X_SHAPE
     nodes: list[onnx.NodeProto] = field(default_factory=list, init=False)
@@ -67,7 +69,7 @@ class NormGraph:
             x = self._node("Cast", [x], "x_wide", to=F32)
         core_x = x
         if self.kind == "layer":
-            mean = self._reduce(x, "mean", self.axes)
+            mean = self._reduce(x if self.mean_of == "x" else "y", "mean", self.axes)
             sub_in = [mean, x] if self.sub_reversed else [x, mean]
             centred = self._node("Sub", sub_in, "centred")
             if self.casts == "legacy":
@@ -122,6 +124,11 @@ class NormGraph:
         outputs = [helper.make_tensor_value_info(n, self.dtype, unknown)]
         if self.expose:
             outputs.append(helper.make_tensor_value_info(self.expose, wide, unknown))
+        if self.tap:
+            self._node("Neg", [self.tap], "tapped")
+            outputs.append(helper.make_tensor_value_info("tapped", wide, unknown))
+        if self.mean_of == "y":
+            inputs.append(helper.make_tensor_value_info("y", self.dtype, list(self.x_shape)))
         graph = helper.make_graph(self.nodes, "norm", inputs, outputs, self.inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
         model.ir_version = 8

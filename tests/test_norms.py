@@ -214,6 +214,8 @@ NEAR_MISSES = {
     "mean-is-an-output": (NormGraph(expose="mean"), "graph output"),
     "x-minus-mean-is-an-output": (NormGraph(expose="centred"), "graph output"),
     "variance-is-an-output": (NormGraph(kind="rms", opset=23, expose="var"), "graph output"),
+    "root-read-elsewhere": (NormGraph(tap="root"), "also feeds n_tapped"),
+    "centred-read-elsewhere": (NormGraph(tap="centred"), "also feeds n_tapped"),
     "dynamic-dims-no-scale": (
         NormGraph(scale=False, bias=False, x_shape=(2, 3, "c")),
         "not static",
@@ -229,6 +231,16 @@ def test_near_misses_are_kept_with_the_reason(graph: NormGraph, reason: str) -> 
     (kept,) = result.report.unfused
     assert reason in kept.reason
     assert _ops(result.model) == _ops(model)
+
+
+def test_x_minus_the_mean_of_another_tensor_is_not_a_layer_norm() -> None:
+    """Sub(x, ReduceMean(y)): not x's LayerNorm; what remains is the RMSNorm of x − mean(y)."""
+    model = NormGraph(mean_of="y", bias=False).build()
+    kept = graphfix.fuse_norms(model).report
+    assert kept.found(NormKind.LAYER_NORM) == 0 and kept.found(NormKind.RMS_NORM) == 1
+    assert "needs opset 23" in kept.unfused[0].reason
+    result = _fused_one(NormGraph(mean_of="y", bias=False, opset=23).build(), "RMSNormalization")
+    assert result.report.fused[0].input == "centred"
 
 
 def test_dividing_something_else_is_not_a_norm() -> None:
