@@ -152,6 +152,19 @@ def test_reduce_axes_rewrite_keeps_other_reductions_equal() -> None:
     _assert_same_outputs(model, result.model)
 
 
+def test_split_without_sizes_gets_num_outputs_when_crossing_opset_18() -> None:
+    model = NormGraph(kind="rms").build()
+    split = helper.make_node("Split", ["x"], ["half0", "half1"], name="split", axis=2)
+    model.graph.node.append(split)
+    model.graph.output.extend(
+        helper.make_tensor_value_info(n, F32, [None] * 3) for n in ("half0", "half1")
+    )
+    result = graphfix.fuse_norms(model, opset=23)
+    split_after = next(n for n in result.model.graph.node if n.name == "split")
+    assert helper.get_attribute_value(split_after.attribute[-1]) == 2
+    _assert_same_outputs(model, result.model)
+
+
 def test_opset_below_the_models_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="never lowers"):
         graphfix.fuse_norms(NormGraph(opset=18).build(), opset=17)
