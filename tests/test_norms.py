@@ -133,6 +133,15 @@ def test_opset_upgrade_refused_when_an_op_changes_meaning() -> None:
     assert _ops(result.model) == _ops(model)
 
 
+def test_softmax_11_blocks_an_upgrade_past_13() -> None:
+    model = NormGraph(opset=11).build()
+    model.graph.node.append(helper.make_node("Softmax", ["x"], ["probs"], name="softmax", axis=1))
+    model.graph.output.append(helper.make_tensor_value_info("probs", F32, [None] * 3))
+    result = graphfix.fuse_norms(model)
+    assert result.report.opset_after == 11 and "Softmax" in result.report.opset_note
+    assert "needs opset 17" in result.report.unfused[0].reason
+
+
 def test_reduce_axes_move_to_an_input_when_crossing_opset_18() -> None:
     model = NormGraph(kind="rms", opset=17, casts="input").build()
     result = _fused_one(model, "RMSNormalization", opset=23)

@@ -25,6 +25,9 @@ _MEANING_CHANGED = {
     "RoiAlign": (16,),  # coordinate_transformation_mode added with default half_pixel
     "GroupNormalization": (21,),  # scale and bias per channel, not per group
     "GridSample": (20,),  # mode values renamed; align_corners semantics for 5-D
+    "Softmax": (13,),  # one axis, no longer the flattened trailing dims
+    "LogSoftmax": (13,),
+    "Hardmax": (13,),
 }
 _AXES_TO_INPUT_AT_18 = {
     "ReduceMax", "ReduceMin", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2",
