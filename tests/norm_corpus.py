@@ -130,7 +130,7 @@ def _manual_norms_fp16() -> Exportable:
     return _manual_norms("float16")
 
 
-def _group_norms() -> Exportable:
+def _group_norms(dtype: str = "float32") -> Exportable:
     """nn.GroupNorm with and without affine, on 4-D and 3-D tensors."""
     torch = mc._seeded()
     nn = torch.nn
@@ -149,7 +149,13 @@ def _group_norms() -> Exportable:
             y = self.plain(torch.nn.functional.silu(self.affine(self.conv(x))))
             return self.sequence(y.flatten(2))
 
-    return Exportable(Net().eval(), (torch.randn(2, 3, 8, 8),), ("image",))
+    element_type = getattr(torch, dtype)
+    module = Net().eval().to(element_type)
+    return Exportable(module, (torch.randn(2, 3, 8, 8, dtype=element_type),), ("image",))
+
+
+def _group_norms_fp16() -> Exportable:
+    return _group_norms("float16")
 
 
 def _rms_norms() -> Exportable:
@@ -188,6 +194,8 @@ NORM_CORPUS: tuple[CorpusEntry, ...] = (
     _entry(_manual_norms_fp16, "dynamo", 18, NONE),
     _entry(_group_norms, "legacy", 17, NONE),
     _entry(_group_norms, "dynamo", 18, NONE),
+    _entry(_group_norms_fp16, "legacy", 17, NONE),
+    _entry(_group_norms_fp16, "dynamo", 18, NONE),
     _entry(_rms_norms, "dynamo", 18, NONE),
     _entry(mc._bert_eager, "legacy", LEGACY_DECOMPOSED, Expected(self_attention=2), "transformers"),
     _entry(

@@ -37,6 +37,8 @@ class NormGraph:
     gemma: bool = False  # scale = 1 + w, as an Add node on the weight
     numerator: str = "centred"  # centred | x: Div(x, Sqrt(...)) is not a norm
     expose: str | None = None  # an intermediate tensor also made a graph output
+    tap: str | None = None  # an intermediate tensor also read by another node (Neg → output)
+    mean_of: str = "x"  # "y": the mean subtracted is another input's
     bias_input: bool = False  # β is a graph input, not a constant
     x_shape: tuple[int | str, ...] = X_SHAPE
     nodes: list[onnx.NodeProto] = field(default_factory=list, init=False)
@@ -67,7 +69,7 @@ class NormGraph:
             x = self._node("Cast", [x], "x_wide", to=F32)
         core_x = x
         if self.kind == "layer":
-            mean = self._reduce(x, "mean", self.axes)
+            mean = self._reduce(x if self.mean_of == "x" else "y", "mean", self.axes)
             sub_in = [mean, x] if self.sub_reversed else [x, mean]
             centred = self._node("Sub", sub_in, "centred")
             if self.casts == "legacy":
@@ -122,6 +124,11 @@ class NormGraph:
         outputs = [helper.make_tensor_value_info(n, self.dtype, unknown)]
         if self.expose:
             outputs.append(helper.make_tensor_value_info(self.expose, wide, unknown))
+        if self.tap:
+            self._node("Neg", [self.tap], "tapped")
+            outputs.append(helper.make_tensor_value_info("tapped", wide, unknown))
+        if self.mean_of == "y":
+            inputs.append(helper.make_tensor_value_info("y", self.dtype, list(self.x_shape)))
         graph = helper.make_graph(self.nodes, "norm", inputs, outputs, self.inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
         model.ir_version = 8
@@ -137,6 +144,7 @@ def group_norm_graph(
     instance_scale: float = 1.0,
     gamma_shape: tuple[int, ...] | None = None,
     static_merge: bool = False,
+    merge_to: tuple[int, ...] | None = None,
     allowzero: int = 0,
 ) -> onnx.ModelProto:
     """torch's GroupNorm export over x: [2, 8, 4, 4]."""
@@ -158,14 +166,16 @@ def group_norm_graph(
             epsilon=1e-5,
         ),
     ]
-    if static_merge:
-        inits.append(numpy_helper.from_array(np.array(x_shape, dtype=np.int64), "x_shape"))
+    if static_merge or merge_to:
+        merged = merge_to or x_shape
+        inits.append(numpy_helper.from_array(np.array(merged, dtype=np.int64), "x_shape"))
     else:
         nodes.append(helper.make_node("Shape", ["x"], ["x_shape"], name="shape"))
     nodes.append(helper.make_node("Reshape", ["normed", "x_shape"], ["merged"], name="merge"))
     out = "merged"
     if affine:
-        shape = gamma_shape or (channels, 1, 1)
+        per_channel = (channels,) + (1,) * (len(merge_to or x_shape) - 2)
+        shape = gamma_shape or per_channel
         inits.append(
             numpy_helper.from_array(
                 (1 + 0.2 * rng.standard_normal(shape)).astype(np.float32), "gamma"
@@ -173,7 +183,7 @@ def group_norm_graph(
         )
         inits.append(
             numpy_helper.from_array(
-                (0.2 * rng.standard_normal((channels, 1, 1))).astype(np.float32), "beta"
+                (0.2 * rng.standard_normal(per_channel)).astype(np.float32), "beta"
             )
         )
         nodes.append(helper.make_node("Mul", ["merged", "gamma"], ["scaled"], name="scale"))
@@ -183,7 +193,7 @@ def group_norm_graph(
         nodes,
         "group_norm",
         [helper.make_tensor_value_info("x", F32, list(x_shape))],
-        [helper.make_tensor_value_info(out, F32, [None] * 4)],
+        [helper.make_tensor_value_info(out, F32, [None] * len(merge_to or x_shape))],
         inits,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])

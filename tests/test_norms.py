@@ -133,6 +133,15 @@ def test_opset_upgrade_refused_when_an_op_changes_meaning() -> None:
     assert _ops(result.model) == _ops(model)
 
 
+def test_softmax_11_blocks_an_upgrade_past_13() -> None:
+    model = NormGraph(opset=11).build()
+    model.graph.node.append(helper.make_node("Softmax", ["x"], ["probs"], name="softmax", axis=1))
+    model.graph.output.append(helper.make_tensor_value_info("probs", F32, [None] * 3))
+    result = graphfix.fuse_norms(model)
+    assert result.report.opset_after == 11 and "Softmax" in result.report.opset_note
+    assert "needs opset 17" in result.report.unfused[0].reason
+
+
 def test_reduce_axes_move_to_an_input_when_crossing_opset_18() -> None:
     model = NormGraph(kind="rms", opset=17, casts="input").build()
     result = _fused_one(model, "RMSNormalization", opset=23)
@@ -149,6 +158,19 @@ def test_reduce_axes_rewrite_keeps_other_reductions_equal() -> None:
     assert _ops(result.model)["ReduceMean"] == 1
     pool_after = next(n for n in result.model.graph.node if n.name == "pool")
     assert len(pool_after.input) == 2 and not [a for a in pool_after.attribute if a.name == "axes"]
+    _assert_same_outputs(model, result.model)
+
+
+def test_split_without_sizes_gets_num_outputs_when_crossing_opset_18() -> None:
+    model = NormGraph(kind="rms").build()
+    split = helper.make_node("Split", ["x"], ["half0", "half1"], name="split", axis=2)
+    model.graph.node.append(split)
+    model.graph.output.extend(
+        helper.make_tensor_value_info(n, F32, [None] * 3) for n in ("half0", "half1")
+    )
+    result = graphfix.fuse_norms(model, opset=23)
+    split_after = next(n for n in result.model.graph.node if n.name == "split")
+    assert helper.get_attribute_value(split_after.attribute[-1]) == 2
     _assert_same_outputs(model, result.model)
 
 
@@ -214,6 +236,8 @@ NEAR_MISSES = {
     "mean-is-an-output": (NormGraph(expose="mean"), "graph output"),
     "x-minus-mean-is-an-output": (NormGraph(expose="centred"), "graph output"),
     "variance-is-an-output": (NormGraph(kind="rms", opset=23, expose="var"), "graph output"),
+    "root-read-elsewhere": (NormGraph(tap="root"), "also feeds n_tapped"),
+    "centred-read-elsewhere": (NormGraph(tap="centred"), "also feeds n_tapped"),
     "dynamic-dims-no-scale": (
         NormGraph(scale=False, bias=False, x_shape=(2, 3, "c")),
         "not static",
@@ -229,6 +253,16 @@ def test_near_misses_are_kept_with_the_reason(graph: NormGraph, reason: str) -> 
     (kept,) = result.report.unfused
     assert reason in kept.reason
     assert _ops(result.model) == _ops(model)
+
+
+def test_x_minus_the_mean_of_another_tensor_is_not_a_layer_norm() -> None:
+    """Sub(x, ReduceMean(y)): not x's LayerNorm; what remains is the RMSNorm of x − mean(y)."""
+    model = NormGraph(mean_of="y", bias=False).build()
+    kept = graphfix.fuse_norms(model).report
+    assert kept.found(NormKind.LAYER_NORM) == 0 and kept.found(NormKind.RMS_NORM) == 1
+    assert "needs opset 23" in kept.unfused[0].reason
+    result = _fused_one(NormGraph(mean_of="y", bias=False, opset=23).build(), "RMSNormalization")
+    assert result.report.fused[0].input == "centred"
 
 
 def test_dividing_something_else_is_not_a_norm() -> None:
@@ -259,8 +293,14 @@ def test_affine_that_is_not_per_channel_stays_after_the_fused_node(
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{}, {"affine": False}, {"static_merge": True}, {"gamma_shape": (8, 1, 1), "groups": 4}],
-    ids=["affine", "no-affine", "static-shape", "four-groups"],
+    [
+        {},
+        {"affine": False},
+        {"static_merge": True},
+        {"gamma_shape": (8, 1, 1), "groups": 4},
+        {"merge_to": (2, 8, 16)},  # dynamo: a flatten(2) folded into the last Reshape
+    ],
+    ids=["affine", "no-affine", "static-shape", "four-groups", "flattened"],
 )
 def test_group_norm_fuses_at_opset_21(kwargs: dict) -> None:
     model = group_norm_graph(**kwargs)
@@ -269,7 +309,8 @@ def test_group_norm_fuses_at_opset_21(kwargs: dict) -> None:
     assert helper.get_attribute_value(
         node.attribute[[a.name for a in node.attribute].index("num_groups")]
     ) == kwargs.get("groups", 2)
-    assert _ops(result.model).keys() == {"GroupNormalization"}
+    reshape = {"Reshape"} if "merge_to" in kwargs else set()  # x to the flattened layout first
+    assert _ops(result.model).keys() == {"GroupNormalization"} | reshape
     scale = next(t for t in result.model.graph.initializer if t.name == node.input[1])
     assert tuple(scale.dims) == (8,)  # per channel: GroupNormalization-21
 
@@ -288,8 +329,9 @@ def test_group_norm_below_opset_21_is_kept() -> None:
         ({"instance_scale": 2.0}, "scales or shifts each group"),
         ({"split": (16, -1, 1)}, "does not reshape to [N, groups, -1]"),
         ({"allowzero": 1}, "allowzero=1"),
+        ({"merge_to": (4, 4, 16), "affine": False}, "does not restore the shape"),
     ],
-    ids=["instance-norm-affine", "not-grouped-by-batch", "allowzero"],
+    ids=["instance-norm-affine", "not-grouped-by-batch", "allowzero", "batch-changes"],
 )
 def test_group_norm_near_misses_are_kept(kwargs: dict, reason: str) -> None:
     model = group_norm_graph(**kwargs)

@@ -29,8 +29,6 @@ KEPT = {
     "manual_norms_fp32-dynamo18": ["not the last 1 axes"],
     "manual_norms_fp16-legacy17": ["not the last 1 axes"],
     "manual_norms_fp16-dynamo18": ["not the last 1 axes"],
-    # the dynamo exporter folds flatten(2) into GroupNorm's Reshapes: x is 4-D, the result 3-D
-    "group_norms-dynamo18": ["does not restore the shape"],
 }
 # |fused - original| ≤ atol + rtol·|original|.
 TOLERANCE = {np.float32: (1e-5, 1e-5), np.float16: (4e-3, 4e-3)}

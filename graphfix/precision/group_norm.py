@@ -1,12 +1,14 @@
 """GroupNorm as torch exports it (legacy and dynamo alike):
 
-    g = Reshape(x, [N|0|-1, G, -1])                    x: [N, C, ...], C divisible by G
+    g = Reshape(x, [N|0, G, -1 | C·…/G])               x: [N, C, ...], C divisible by G
     g = InstanceNormalization(g, ones[G], zeros[G], ε)
-    y = Reshape(g, Shape(x) | x's static shape)
+    y = Reshape(g, Shape(x) | x's static shape | [N, C', ...])
     [y = Mul(y, γ)]  [y = Add(y, β)]                   γ, β: constants over the channel axis only
 
-GroupNormalization-21 takes γ and β per channel, so they become [C] initializers (18 took them
-per group, and was deprecated for it).
+A last Reshape to another static [N, C', ...] of the same size is a flatten the dynamo exporter
+folded in: the fused form Reshapes x to it first (grouping contiguous blocks is the same either
+way).  GroupNormalization-21 takes γ and β per channel, so they become [C] initializers (18 took
+them per group, and was deprecated for it).
 """
 
 from __future__ import annotations
@@ -39,46 +41,33 @@ def _match(index: GraphIndex, norm: onnx.NodeProto) -> NormCandidate | None:
     nodes = [split, norm, merge]
     problems: list[str] = []
     shape = index.shape(x)
-    channels = shape[1] if shape is not None and len(shape) >= 3 else None
+    merged, reshape_to = _merged_layout(index, merge, x, shape, nodes, problems)
+    channels = merged[1] if merged is not None and len(merged) >= 3 else None
     groups = _groups(index, split, norm, shape, problems)
     if (
         not isinstance(channels, int)
-        and shape is not None
-        and len(shape) >= 3
+        and merged is not None
+        and len(merged) >= 3
         and groups
         and groups > 1
     ):
-        channels = _channels_from_scale(index, merge.output[0], len(shape))
+        channels = _channels_from_scale(index, merge.output[0], len(merged))
     if not isinstance(channels, int):
         problems.append(f"the channel count of {x} is not static")
     elif groups is not None and channels % groups:
         problems.append(f"{channels} channels do not split into {groups} groups")
 
-    shape_node = index.producer_of(merge.input[1])
-    if shape_node is not None and shape_node.op_type == "Shape" and list(shape_node.input) == [x]:
-        if not shape_node.attribute and all(
-            u is merge for u in index.consumers_of(shape_node.output[0])
-        ):
-            nodes.insert(2, shape_node)
-        elif shape_node.attribute:
-            problems.append(f"{shape_node.name or 'Shape'} takes part of the shape of {x}")
-    else:
-        target = index.constant_value(merge.input[1])
-        static = shape is not None and all(isinstance(d, int) for d in shape)
-        if target is None or not static or [int(d) for d in target] != list(shape):
-            problems.append(f"{merge.name or 'Reshape'} does not restore the shape of {x}")
-
     end = merge.output[0]
     scale = bias = None
     mul = sole_consumer(index, end, "Mul")
     if mul is not None and isinstance(channels, int):
-        scale = _per_channel(index, other_input(mul, end), len(shape), channels)
+        scale = _per_channel(index, other_input(mul, end), len(merged), channels)
         if scale is not None:
             nodes.append(mul)
             end = mul.output[0]
             add = sole_consumer(index, end, "Add")
             if add is not None:
-                bias = _per_channel(index, other_input(add, end), len(shape), channels)
+                bias = _per_channel(index, other_input(add, end), len(merged), channels)
                 if bias is not None:
                     nodes.append(add)
                     end = add.output[0]
@@ -99,8 +88,45 @@ def _match(index: GraphIndex, norm: onnx.NodeProto) -> NormCandidate | None:
         scale=scale,
         bias=bias,
         dtype=index.elem_type(x) or 0,
+        reshape_to=reshape_to,
         problem=problems[0] if problems else None,
     )
+
+
+def _merged_layout(
+    index: GraphIndex,
+    merge: onnx.NodeProto,
+    x: str,
+    shape: tuple[int | str | None, ...] | None,
+    nodes: list[onnx.NodeProto],
+    problems: list[str],
+) -> tuple[tuple[int | str | None, ...] | None, str | None]:
+    """The shape the norm's result takes, and the shape tensor x must be reshaped to first when
+    that is not x's own: the dynamo exporter folds a following flatten into the last Reshape."""
+    shape_node = index.producer_of(merge.input[1])
+    if shape_node is not None and shape_node.op_type == "Shape" and list(shape_node.input) == [x]:
+        if shape_node.attribute:
+            problems.append(f"{shape_node.name or 'Shape'} takes part of the shape of {x}")
+        elif all(u is merge for u in index.consumers_of(shape_node.output[0])):
+            nodes.insert(2, shape_node)
+        return shape, None
+    value = index.constant_value(merge.input[1])
+    target = None if value is None else tuple(int(d) for d in value.reshape(-1))
+    static = shape is not None and all(isinstance(d, int) and d > 0 for d in shape)
+    if static and target == tuple(shape):
+        return shape, None
+    if (
+        static
+        and target is not None
+        and len(target) >= 3
+        and all(d > 0 for d in target)
+        and target[0] == shape[0]
+        and int(np.prod(target)) == int(np.prod(shape))
+        and not any(a.name == "allowzero" and a.i for a in merge.attribute)
+    ):
+        return target, merge.input[1]
+    problems.append(f"{merge.name or 'Reshape'} does not restore the shape of {x}")
+    return shape, None
 
 
 def _groups(

@@ -70,5 +70,6 @@ class NormCandidate:
     bias: Affine | None = None
     dtype: int = 0  # element type of `input` (TensorProto enum; 0 unknown)
     normalized_shape: tuple[int, ...] | None = None  # static dims from `axis` on, when known
+    reshape_to: str | None = None  # GroupNorm: a shape tensor to Reshape `input` to first
     problem: str | None = None
     notes: tuple[str, ...] = ()

@@ -167,16 +167,10 @@ def fuse_norms(
             f"opset {opset} is below the model's opset {before}; fuse_norms never lowers an "
             f"opset: pass opset={before} or more, or None"
         )
-    index = GraphIndex(work, base_dir=loaded.base_dir)
     existing = _existing(work.graph)
-    candidates = _claim(find_reduce_norms(index) + find_group_norms(index))
-
-    wanted, note = opset, None
-    if wanted is None and before < _LAYER_NORM_OPSET:
-        layer_norms = [c for c in candidates if c.kind is NormKind.LAYER_NORM and c.problem is None]
-        wanted = _LAYER_NORM_OPSET if layer_norms else None
-        if layer_norms:
-            note = f"raised to {_LAYER_NORM_OPSET} for LayerNormalization"
+    index = GraphIndex(work, base_dir=loaded.base_dir)
+    candidates = _find(index)
+    wanted, note = _wanted_opset(candidates, before, opset)
     if wanted is not None and wanted > before:
         upgraded = upgrade_opset(work, wanted)
         if upgraded.model is None:
@@ -184,16 +178,46 @@ def fuse_norms(
         else:
             work = upgraded.model
             index = GraphIndex(work, base_dir=loaded.base_dir)
-            candidates = _claim(find_reduce_norms(index) + find_group_norms(index))
-            note = note or f"raised to {wanted} as asked"
+            candidates = _find(index)
     after = default_opset(work)
+    fused, unfused = _rewrite(work, index, candidates, after, note)
+    report = NormFusionReport(
+        fused=fused,
+        unfused=unfused,
+        existing=existing,
+        opset_before=before,
+        opset_after=after,
+        opset_note=note,
+    )
+    return NormFusionResult(model=work, report=report)
 
+
+def _wanted_opset(
+    candidates: list[NormCandidate], before: int, opset: int | None
+) -> tuple[int | None, str | None]:
+    """The opset to raise to (None: keep it) and the note that says why."""
+    if opset is not None:
+        return opset, (f"raised to {opset} as asked" if opset > before else None)
+    layer_norms = [c for c in candidates if c.kind is NormKind.LAYER_NORM and c.problem is None]
+    if before < _LAYER_NORM_OPSET and layer_norms:
+        return _LAYER_NORM_OPSET, f"raised to {_LAYER_NORM_OPSET} for LayerNormalization"
+    return None, None
+
+
+def _rewrite(
+    work: onnx.ModelProto,
+    index: GraphIndex,
+    candidates: list[NormCandidate],
+    opset: int,
+    note: str | None,
+) -> tuple[tuple[FusedNorm, ...], tuple[UnfusedNorm, ...]]:
+    """Replace every candidate the opset can express by its fused op, in place in `work`."""
     edit = GraphEdit(work, index)
     fused: list[FusedNorm] = []
     unfused: list[UnfusedNorm] = []
     removed: list[onnx.NodeProto] = []
     for candidate in candidates:
-        reason = candidate.problem or _opset_reason(candidate.kind, after, note)
+        reason = candidate.problem or _opset_reason(candidate.kind, opset, note)
         if reason is not None:
             unfused.append(
                 UnfusedNorm(
@@ -206,16 +230,16 @@ def fuse_norms(
                 )
             )
             continue
-        node = _fused_node(edit, candidate)
+        new_nodes = _fused_nodes(edit, candidate)
         last = max(candidate.positions)
         for position in candidate.positions:
             removed.append(edit.node_at(position))
-            edit.replace(position, [node] if position == last else [])
+            edit.replace(position, new_nodes if position == last else [])
         fused.append(
             FusedNorm(
                 kind=candidate.kind,
-                node=node.name,
-                op_type=node.op_type,
+                node=new_nodes[-1].name,
+                op_type=new_nodes[-1].op_type,
                 replaced=candidate.node_names,
                 input=candidate.input,
                 output=candidate.output,
@@ -226,15 +250,7 @@ def fuse_norms(
     upstream = {i for n in removed for i in n.input if i}
     edit.commit()
     _sweep(work.graph, upstream)
-    report = NormFusionReport(
-        fused=tuple(fused),
-        unfused=tuple(unfused),
-        existing=existing,
-        opset_before=before,
-        opset_after=after,
-        opset_note=note,
-    )
-    return NormFusionResult(model=work, report=report)
+    return tuple(fused), tuple(unfused)
 
 
 def _opset_reason(kind: NormKind, opset: int, note: str | None) -> str | None:
@@ -247,19 +263,25 @@ def _opset_reason(kind: NormKind, opset: int, note: str | None) -> str | None:
     return f"{reason} ({note})" if note and note.startswith("kept opset") else reason
 
 
-def _claim(candidates: list[NormCandidate]) -> list[NormCandidate]:
-    """Candidates in graph order, each node in at most one (later overlapping ones dropped:
-    two chains can share no node and both be norms)."""
+def _find(index: GraphIndex) -> list[NormCandidate]:
+    """Every norm chain in graph order.  A chain that shares a node with an earlier one (only
+    possible among chains that already failed a check) is kept as it is, with a reason."""
     taken: set[int] = set()
-    kept = []
-    for candidate in sorted(candidates, key=lambda c: max(c.positions)):
+    found = []
+    for candidate in sorted(
+        find_reduce_norms(index) + find_group_norms(index), key=lambda c: max(c.positions)
+    ):
         if taken.isdisjoint(candidate.positions):
             taken.update(candidate.positions)
-            kept.append(candidate)
-    return kept
+            found.append(candidate)
+        else:
+            problem = candidate.problem or "shares nodes with another norm"
+            found.append(dataclasses.replace(candidate, problem=problem))
+    return found
 
 
-def _fused_node(edit: GraphEdit, candidate: NormCandidate) -> onnx.NodeProto:
+def _fused_nodes(edit: GraphEdit, candidate: NormCandidate) -> list[onnx.NodeProto]:
+    """The fused op (last), after the Reshape a GroupNorm may need first."""
     kind = candidate.kind
     scopes = {n.rpartition("/")[0] for n in candidate.node_names if "/" in n}
     scope = scopes.pop() if len(scopes) == 1 else None
@@ -280,7 +302,14 @@ def _fused_node(edit: GraphEdit, candidate: NormCandidate) -> onnx.NodeProto:
         edit.add_initializer(numpy_helper.from_array(value, init_name))
         return init_name
 
-    inputs = [candidate.input, tensor(candidate.scale, 1.0, "scale")]
+    before: list[onnx.NodeProto] = []
+    x = candidate.input
+    if candidate.reshape_to is not None:
+        x = edit.unique(f"{name}.input")
+        reshape = helper.make_node("Reshape", [candidate.input, candidate.reshape_to], [x])
+        reshape.name = edit.unique(f"{name}/Reshape")
+        before.append(reshape)
+    inputs = [x, tensor(candidate.scale, 1.0, "scale")]
     if kind is NormKind.GROUP_NORM:
         inputs.append(tensor(candidate.bias, 0.0, "bias"))
         attrs = {"epsilon": candidate.epsilon, "num_groups": candidate.num_groups}
@@ -288,7 +317,7 @@ def _fused_node(edit: GraphEdit, candidate: NormCandidate) -> onnx.NodeProto:
         if candidate.bias is not None:
             inputs.append(tensor(candidate.bias, 0.0, "bias"))
         attrs = {"axis": candidate.axis, "epsilon": candidate.epsilon}
-    return helper.make_node(kind.op_type, inputs, [candidate.output], name=name, **attrs)
+    return [*before, helper.make_node(kind.op_type, inputs, [candidate.output], name=name, **attrs)]
 
 
 def _existing(graph: onnx.GraphProto) -> tuple[ExistingNorm, ...]:

@@ -3,8 +3,9 @@
 onnx.version_converter rewrites every op it has an adapter for and fails (or guesses) on the
 rest; here each op the model uses is compared between the two versions instead:
 - unchanged schema (same since_version): nothing to do;
-- ReduceMax/Min/Mean/Prod/L1/L2/LogSum/LogSumExp/SumSquare crossing opset 18: their `axes`
-  attribute becomes a constant input (the only rewrite done here);
+- crossing opset 18, ReduceMax/Min/Mean/Prod/L1/L2/LogSum/LogSumExp/SumSquare: their `axes`
+  attribute becomes a constant input; Split without split sizes: gets `num_outputs` (the only
+  rewrites done here);
 - a new version that keeps every input, output and attribute (same type, same default) and
   only adds optional ones: kept as is, unless the op is listed in `_MEANING_CHANGED`, where a new
   attribute's default or a documented shape changes what existing nodes compute;
@@ -24,6 +25,9 @@ _MEANING_CHANGED = {
     "RoiAlign": (16,),  # coordinate_transformation_mode added with default half_pixel
     "GroupNormalization": (21,),  # scale and bias per channel, not per group
     "GridSample": (20,),  # mode values renamed; align_corners semantics for 5-D
+    "Softmax": (13,),  # one axis, no longer the flattened trailing dims
+    "LogSoftmax": (13,),
+    "Hardmax": (13,),
 }
 _AXES_TO_INPUT_AT_18 = {
     "ReduceMax", "ReduceMin", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2",
@@ -67,6 +71,7 @@ def upgrade_opset(model: onnx.ModelProto, target: int) -> OpsetUpgrade:
     if current < 18 <= target:
         for graph in _graphs(upgraded.graph):
             _axes_to_input(graph)
+            _split_count(graph)
     for entry in upgraded.opset_import:
         if entry.domain in _DEFAULT_DOMAINS:
             entry.version = target
@@ -75,6 +80,9 @@ def upgrade_opset(model: onnx.ModelProto, target: int) -> OpsetUpgrade:
     problem = _invalid_node(upgraded)
     if problem is not None:
         return OpsetUpgrade(None, f"a node fails onnx.checker at opset {target}: {problem}")
+    problem = _new_inference_error(model, upgraded)
+    if problem is not None:
+        return OpsetUpgrade(None, f"shape inference fails at opset {target}: {problem}")
     return OpsetUpgrade(upgraded)
 
 
@@ -136,6 +144,31 @@ def _invalid_node(model: onnx.ModelProto) -> str | None:
             except onnx.checker.ValidationError as exc:
                 return f"{node.name or node.op_type}: {str(exc).strip().splitlines()[0]}"
     return None
+
+
+def _new_inference_error(model: onnx.ModelProto, upgraded: onnx.ModelProto) -> str | None:
+    """An error strict shape inference raises on the upgraded model and not on the original:
+    rules a schema comparison cannot see (Split-18 wants split sizes or num_outputs)."""
+    try:
+        onnx.shape_inference.infer_shapes(upgraded, strict_mode=True)
+        return None
+    except onnx.shape_inference.InferenceError as exc:
+        error = str(exc).strip().splitlines()[0]
+    try:
+        onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    except onnx.shape_inference.InferenceError:
+        return None  # the original fails too (external data, custom ops): nothing new to blame
+    return error
+
+
+def _split_count(graph: onnx.GraphProto) -> None:
+    """Split-18 needs `num_outputs` where Split-13 split evenly by its output count."""
+    for node in graph.node:
+        if node.op_type != "Split" or node.domain not in _DEFAULT_DOMAINS:
+            continue
+        has_sizes = len(node.input) > 1 and node.input[1]
+        if not has_sizes and not any(a.name == "num_outputs" for a in node.attribute):
+            node.attribute.append(helper.make_attribute("num_outputs", len(node.output)))
 
 
 def _axes_to_input(graph: onnx.GraphProto) -> None:
