@@ -1,0 +1,745 @@
+/*
+ * SPDX-License-Identifier: Apache-2.0
+ *
+ * The flash kernels (graphfixAttentionFlash.h), included by one translation unit per element type
+ * (graphfixAttentionFlash{Float,Half,BFloat16}.cu) so that they compile in parallel.
+ * One block of 4 warps per [64 query rows, (batch,
+ * head)]; each warp owns 16 rows and keeps its scores, softmax statistics and output accumulator
+ * in registers (the mma accumulator layout: thread (g = lane / 4, t = lane % 4) holds rows g and
+ * g + 8, columns 2t and 2t + 1 of each 8-column tile). Per key tile of 64:
+ *
+ *   issue V_j (cp.async) | wait K_j | S = Q K_jᵀ | issue K_j+1 | softmax | wait V_j | O += P V_j
+ *
+ * so each load overlaps the other product. Shared-memory rows are padded (8 halves / 4 floats)
+ * so that ldmatrix and the float32 fragment loads are free of bank conflicts.
+ *
+ * float16/bfloat16: Q stays in registers as A fragments (ldmatrix), K and V are read with
+ * ldmatrix (V transposed); the scores' accumulators of two neighbouring 8-key tiles are exactly
+ * the A fragment of a 16-key step of P·V. float32: fragments are read with plain shared loads and
+ * split into TF32 hi + lo (3 products); for P·V the 8 keys of a step are taken in the order
+ * 0,2,4,6,1,3,5,7 (a permutation of the summation index, the same for P and V), which makes the
+ * scores' accumulator layout the TF32 A fragment without shuffles.
+ */
+#ifndef GRAPHFIX_ATTENTION_FLASH_CUH
+#define GRAPHFIX_ATTENTION_FLASH_CUH
+
+#include "graphfixAttentionFlash.h"
+
+#include "../common/cudaConversions.cuh"
+#include "graphfixAttentionMask.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math_constants.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <iterator>
+#include <type_traits>
+
+namespace graphfix
+{
+namespace plugin
+{
+namespace
+{
+
+constexpr int32_t kWARPS{4};
+constexpr int32_t kTHREADS{kWARPS * 32};
+constexpr int32_t kBLOCK_ROWS{64}; // 16 per warp
+constexpr int32_t kBLOCK_KEYS{64};
+constexpr int32_t kKEY_TILES{kBLOCK_KEYS / 8};
+constexpr uint32_t kFULL_MASK{0xffffffffU};
+constexpr float kLOG2E{1.4426950408889634F};
+constexpr float kNEGATIVE_INFINITY{-INFINITY};
+constexpr int32_t kPADDED_DIMS[]{32, 64, 80, 96, 128};
+constexpr int64_t kMAX_GRID_BLOCKS{(int64_t{1} << 31) - 1};
+
+static_assert(kBLOCK_ROWS == 16 * kWARPS, "each warp owns 16 query rows");
+
+//! Shared-memory row length in elements: padded so that 8 rows hit 8 different 16-byte bank groups
+//! (16-bit) or fragment loads hit 32 different banks (float32).
+template <typename T, int32_t kD>
+constexpr int32_t kROW = std::is_same_v<T, float> ? kD + 4 : kD + 8;
+
+template <typename T, int32_t kD>
+constexpr int32_t sharedBytesFor()
+{
+    return (kBLOCK_ROWS + 2 * kBLOCK_KEYS) * kROW<T, kD> * static_cast<int32_t>(sizeof(T));
+}
+
+// ---- PTX wrappers ------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t sharedAddress(void const* pointer)
+{
+    return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+//! 16 bytes global -> shared, asynchronously; zeros when !valid (src must still be a valid address).
+__device__ __forceinline__ void copyAsync16(void* shared, void const* global, bool valid)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sharedAddress(shared)), "l"(global),
+        "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void commitAsync()
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+//! Waits until at most N of this thread's committed groups are still in flight.
+template <int32_t N>
+__device__ __forceinline__ void waitAsync()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void loadMatrixX4(uint32_t (&r)[4], void const* shared)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(sharedAddress(shared)));
+}
+
+__device__ __forceinline__ void loadMatrixX4Transposed(uint32_t (&r)[4], void const* shared)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(sharedAddress(shared)));
+}
+
+//! c += a b, m16n8k16, 16-bit inputs, float32 accumulator.
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t const (&a)[4], uint32_t b0, uint32_t b1)
+{
+    if constexpr (std::is_same_v<T, __half>)
+    {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    else
+    {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
+//! c += a b, m16n8k8, TF32 inputs (bit patterns), float32 accumulator.
+__device__ __forceinline__ void mma1688(float (&c)[4], uint32_t const (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t toTf32(float x)
+{
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+
+//! x = hi + lo with hi and lo TF32 (lo keeps the next 11 bits; x - hi is exact in float32).
+__device__ __forceinline__ void splitTf32(float x, uint32_t& hi, uint32_t& lo)
+{
+    hi = toTf32(x);
+    lo = toTf32(x - __uint_as_float(hi));
+}
+
+//! Two floats as a 16-bit pair (a in the low half) and the pair of what rounding left over.
+template <typename T>
+__device__ __forceinline__ void splitPair(float a, float b, uint32_t& hi, uint32_t& lo)
+{
+    if constexpr (std::is_same_v<T, __half>)
+    {
+        __half2 const h = __floats2half2_rn(a, b);
+        float2 const f = __half22float2(h);
+        __half2 const l = __floats2half2_rn(a - f.x, b - f.y);
+        hi = *reinterpret_cast<uint32_t const*>(&h);
+        lo = *reinterpret_cast<uint32_t const*>(&l);
+    }
+    else
+    {
+        __nv_bfloat162 const h = __floats2bfloat162_rn(a, b);
+        float2 const f = __bfloat1622float2(h);
+        __nv_bfloat162 const l = __floats2bfloat162_rn(a - f.x, b - f.y);
+        hi = *reinterpret_cast<uint32_t const*>(&h);
+        lo = *reinterpret_cast<uint32_t const*>(&l);
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void storePair(T* out, float a, float b)
+{
+    if constexpr (std::is_same_v<T, float>)
+    {
+        *reinterpret_cast<float2*>(out) = make_float2(a, b);
+    }
+    else if constexpr (std::is_same_v<T, __half>)
+    {
+        *reinterpret_cast<__half2*>(out) = __floats2half2_rn(a, b);
+    }
+    else
+    {
+        *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(a, b);
+    }
+}
+
+// ---- the parts both kernels share --------------------------------------------------------------
+
+//! Where a block works and what it reads.
+template <typename T>
+struct BlockSetup
+{
+    int64_t q0;       //!< first query row of the block
+    int64_t keyEnd;   //!< keys past this are never allowed (causal) or absent
+    T const* qBase;   //!< this (batch, head)'s Q rows
+    T const* kBase;   //!< its K rows
+    T const* vBase;   //!< its V rows
+    T* outBase;       //!< its output rows
+    int64_t maskBase; //!< mask offset of (batch, head)
+
+    __device__ BlockSetup(T const* q, T const* k, T const* v, T* out, AttentionMaskView const& mask,
+        AttentionShape const& shape, AttentionParams const& params, int32_t qTiles)
+    {
+        // Heavy causal tiles (late rows) first, so the last wave is made of light ones.
+        int64_t const tile = qTiles - 1 - static_cast<int64_t>(blockIdx.x % static_cast<uint32_t>(qTiles));
+        int64_t const bh = blockIdx.x / static_cast<uint32_t>(qTiles);
+        int64_t const b = bh / shape.headsQ;
+        int64_t const h = bh - b * shape.headsQ;
+        int64_t const hkv = h / (shape.headsQ / shape.headsKV);
+        q0 = tile * kBLOCK_ROWS;
+        keyEnd = params.causal && q0 + kBLOCK_ROWS < shape.seqK ? q0 + kBLOCK_ROWS : shape.seqK;
+        qBase = q + bh * shape.seqQ * shape.headDim;
+        kBase = k + (b * shape.headsKV + hkv) * shape.seqK * shape.headDim;
+        vBase = v + (b * shape.headsKV + hkv) * shape.seqK * shape.valueDim;
+        outBase = out + bh * shape.seqQ * shape.valueDim;
+        maskBase = b * mask.stride[0] + h * mask.stride[1];
+    }
+};
+
+//! Copies rows [row0, row0 + 64) x [0, cols) of a [rows, cols] matrix into shared memory with row
+//! length kRow (elements), zeros for rows past `rows`; columns cols..kD-1 are left alone.
+template <typename T, int32_t kD, int32_t kRow>
+__device__ __forceinline__ void loadTileAsync(T* shared, T const* global, int64_t row0, int64_t rows, int32_t cols)
+{
+    constexpr int32_t kPER_CHUNK = 16 / static_cast<int32_t>(sizeof(T));
+    constexpr int32_t kCHUNKS = kD / kPER_CHUNK;
+    for (int32_t c = static_cast<int32_t>(threadIdx.x); c < kBLOCK_ROWS * kCHUNKS; c += kTHREADS)
+    {
+        int32_t const r = c / kCHUNKS;
+        int32_t const col = (c - r * kCHUNKS) * kPER_CHUNK;
+        if (col < cols)
+        {
+            int64_t const row = row0 + r;
+            bool const valid = row < rows;
+            copyAsync16(shared + r * kRow + col, valid ? global + row * cols + col : global, valid);
+        }
+    }
+}
+
+//! Zeros columns [from, kD) of `rows` shared rows (the head-dimension padding).
+template <typename T, int32_t kD, int32_t kRow>
+__device__ __forceinline__ void zeroPadding(T* shared, int32_t rows, int32_t from)
+{
+    int32_t const width = kD - from;
+    for (int32_t e = static_cast<int32_t>(threadIdx.x); e < rows * width; e += kTHREADS)
+    {
+        int32_t const r = e / width;
+        shared[r * kRow + from + (e - r * width)] = T{};
+    }
+}
+
+//! Turns one tile of raw scores (Q·Kᵀ accumulators) into unnormalised probabilities, updating
+//! the running maximum and this thread's part of the running sum, and gives the factor by which
+//! the output rows must be rescaled. Rows r0 and r0 + 8 (query indices), keys k0 + 8n + 2t + {0, 1}.
+struct OnlineSoftmax
+{
+    float rowMax[2];
+    float rowSum[2]; //!< this thread's columns only; reduced at the end
+
+    __device__ OnlineSoftmax()
+        : rowMax{kNEGATIVE_INFINITY, kNEGATIVE_INFINITY}
+        , rowSum{0.F, 0.F}
+    {
+    }
+
+    template <int32_t kN>
+    __device__ __forceinline__ void update(float (&s)[kN][4], float (&alpha)[2], int64_t r0, int64_t k0,
+        AttentionMaskView const& mask, int64_t maskBase, AttentionShape const& shape, AttentionParams const& params,
+        bool checkEach)
+    {
+        int32_t const t = static_cast<int32_t>(threadIdx.x % 4);
+        bool const masked = mask.kind != AttentionMaskKind::kNone;
+        float tileMax[2]{-CUDART_INF_F, -CUDART_INF_F};
+#pragma unroll
+        for (int32_t n = 0; n < kN; ++n)
+        {
+#pragma unroll
+            for (int32_t e = 0; e < 4; ++e)
+            {
+                float x = s[n][e] * params.scale;
+                if (params.softcap > 0.F)
+                {
+                    x = params.softcap * tanhf(x / params.softcap);
+                }
+                if (masked || checkEach)
+                {
+                    int64_t const qi = r0 + (e / 2) * 8;
+                    int64_t const kj = k0 + n * 8 + 2 * t + (e % 2);
+                    if (kj >= shape.seqK)
+                    {
+                        x = -CUDART_INF_F;
+                    }
+                    else
+                    {
+                        if (masked && qi < shape.seqQ)
+                        {
+                            x = mask_access::applyMask(
+                                mask, maskBase + qi * mask.stride[2] + kj * mask.stride[3], x, params.maskFill);
+                        }
+                        if (params.causal && kj > qi)
+                        {
+                            x = -CUDART_INF_F;
+                        }
+                    }
+                }
+                s[n][e] = x;
+                tileMax[e / 2] = fmaxf(tileMax[e / 2], x);
+            }
+        }
+#pragma unroll
+        for (int32_t i = 0; i < 2; ++i)
+        {
+            tileMax[i] = fmaxf(tileMax[i], __shfl_xor_sync(kFULL_MASK, tileMax[i], 1));
+            tileMax[i] = fmaxf(tileMax[i], __shfl_xor_sync(kFULL_MASK, tileMax[i], 2));
+            float const newMax = fmaxf(rowMax[i], tileMax[i]);
+            // A row with no allowed key so far keeps probabilities exp(-inf - 0) = 0 and sum 0.
+            alpha[i] = newMax == -CUDART_INF_F ? 1.F : exp2f((rowMax[i] - newMax) * kLOG2E);
+            rowMax[i] = newMax;
+            rowSum[i] *= alpha[i];
+        }
+        float const reference[2]{rowMax[0] == -CUDART_INF_F ? 0.F : rowMax[0],
+            rowMax[1] == -CUDART_INF_F ? 0.F : rowMax[1]};
+#pragma unroll
+        for (int32_t n = 0; n < kN; ++n)
+        {
+#pragma unroll
+            for (int32_t e = 0; e < 4; ++e)
+            {
+                float const p = exp2f((s[n][e] - reference[e / 2]) * kLOG2E);
+                s[n][e] = p;
+                rowSum[e / 2] += p;
+            }
+        }
+    }
+
+    //! The full row sums (over the 4 threads of a row).
+    __device__ __forceinline__ void finish()
+    {
+#pragma unroll
+        for (int32_t i = 0; i < 2; ++i)
+        {
+            rowSum[i] += __shfl_xor_sync(kFULL_MASK, rowSum[i], 1);
+            rowSum[i] += __shfl_xor_sync(kFULL_MASK, rowSum[i], 2);
+        }
+    }
+};
+
+//! Writes a warp's 16 output rows: o / sum, NaN (0 with nanToZero) where no key was allowed.
+template <typename T, int32_t kD>
+__device__ __forceinline__ void storeOutput(float const (&o)[kD / 8][4], OnlineSoftmax const& softmax, T* outBase,
+    int64_t r0, AttentionShape const& shape, AttentionParams const& params)
+{
+    int32_t const t = static_cast<int32_t>(threadIdx.x % 4);
+    float const blocked = params.nanToZero ? 0.F : CUDART_NAN_F;
+#pragma unroll
+    for (int32_t i = 0; i < 2; ++i)
+    {
+        int64_t const row = r0 + 8 * i;
+        if (row >= shape.seqQ)
+        {
+            continue;
+        }
+        float const sum = softmax.rowSum[i];
+        float const inverse = sum > 0.F ? 1.F / sum : 0.F;
+#pragma unroll
+        for (int32_t n = 0; n < kD / 8; ++n)
+        {
+            int32_t const col = n * 8 + 2 * t;
+            if (col < shape.valueDim)
+            {
+                float const a = sum > 0.F ? o[n][2 * i] * inverse : blocked;
+                float const b = sum > 0.F ? o[n][2 * i + 1] * inverse : blocked;
+                storePair(outBase + row * shape.valueDim + col, a, b);
+            }
+        }
+    }
+}
+
+// ---- float16 / bfloat16 ------------------------------------------------------------------------
+
+template <typename T, int32_t kD>
+__global__ void __launch_bounds__(kTHREADS) flashMma16Kernel(T const* __restrict__ q, T const* __restrict__ k,
+    T const* __restrict__ v, AttentionMaskView const mask, T* __restrict__ out, AttentionShape const shape,
+    AttentionParams const params, int32_t const qTiles)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    constexpr int32_t kRow = kROW<T, kD>;
+    extern __shared__ __align__(16) unsigned char sharedRaw[];
+    T* const sQ = reinterpret_cast<T*>(sharedRaw);
+    T* const sK = sQ + kBLOCK_ROWS * kRow;
+    T* const sV = sK + kBLOCK_KEYS * kRow;
+
+    BlockSetup<T> const block(q, k, v, out, mask, shape, params, qTiles);
+    int32_t const headDim = static_cast<int32_t>(shape.headDim);
+    int32_t const valueDim = static_cast<int32_t>(shape.valueDim);
+    int32_t const warp = static_cast<int32_t>(threadIdx.x / 32);
+    int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
+
+    if (headDim < kD)
+    {
+        zeroPadding<T, kD, kRow>(sQ, kBLOCK_ROWS + kBLOCK_KEYS, headDim); // sQ and sK are adjacent
+    }
+    if (valueDim < kD)
+    {
+        zeroPadding<T, kD, kRow>(sV, kBLOCK_KEYS, valueDim);
+    }
+    int32_t const keyTiles = static_cast<int32_t>((block.keyEnd + kBLOCK_KEYS - 1) / kBLOCK_KEYS);
+    loadTileAsync<T, kD, kRow>(sQ, block.qBase, block.q0, shape.seqQ, headDim);
+    if (keyTiles > 0)
+    {
+        loadTileAsync<T, kD, kRow>(sK, block.kBase, 0, shape.seqK, headDim);
+    }
+    commitAsync();
+    waitAsync<0>();
+    __syncthreads();
+
+    uint32_t qFragment[kD / 16][4];
+#pragma unroll
+    for (int32_t kk = 0; kk < kD / 16; ++kk)
+    {
+        loadMatrixX4(qFragment[kk], sQ + (warp * 16 + lane % 16) * kRow + kk * 16 + (lane / 16) * 8);
+    }
+
+    float o[kD / 8][4];
+#pragma unroll
+    for (int32_t n = 0; n < kD / 8; ++n)
+    {
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.F;
+    }
+    OnlineSoftmax softmax;
+    int64_t const warpRow0 = block.q0 + warp * 16;
+    int64_t const r0 = warpRow0 + lane / 4;
+
+    for (int32_t j = 0; j < keyTiles; ++j)
+    {
+        int64_t const k0 = static_cast<int64_t>(j) * kBLOCK_KEYS;
+        loadTileAsync<T, kD, kRow>(sV, block.vBase, k0, shape.seqK, valueDim);
+        commitAsync();
+        waitAsync<1>(); // K_j
+        __syncthreads();
+
+        float s[kKEY_TILES][4];
+#pragma unroll
+        for (int32_t n = 0; n < kKEY_TILES; ++n)
+        {
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.F;
+        }
+#pragma unroll
+        for (int32_t kk = 0; kk < kD / 16; ++kk)
+        {
+#pragma unroll
+            for (int32_t nn = 0; nn < kKEY_TILES / 2; ++nn)
+            {
+                uint32_t b[4];
+                loadMatrixX4(b, sK + (nn * 16 + (lane / 16) * 8 + lane % 8) * kRow + kk * 16 + ((lane / 8) % 2) * 8);
+                mma16816<T>(s[2 * nn], qFragment[kk], b[0], b[1]);
+                mma16816<T>(s[2 * nn + 1], qFragment[kk], b[2], b[3]);
+            }
+        }
+        __syncthreads(); // every warp is done with K_j
+        if (j + 1 < keyTiles)
+        {
+            loadTileAsync<T, kD, kRow>(sK, block.kBase, k0 + kBLOCK_KEYS, shape.seqK, headDim);
+        }
+        commitAsync();
+
+        bool const checkEach = k0 + kBLOCK_KEYS > shape.seqK || (params.causal && k0 + kBLOCK_KEYS - 1 > warpRow0);
+        float alpha[2];
+        softmax.update(s, alpha, r0, k0, mask, block.maskBase, shape, params, checkEach);
+#pragma unroll
+        for (int32_t n = 0; n < kD / 8; ++n)
+        {
+            o[n][0] *= alpha[0];
+            o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1];
+            o[n][3] *= alpha[1];
+        }
+
+        waitAsync<1>(); // V_j
+        __syncthreads();
+#pragma unroll
+        for (int32_t kk = 0; kk < kKEY_TILES / 2; ++kk)
+        {
+            uint32_t hi[4];
+            uint32_t lo[4];
+            splitPair<T>(s[2 * kk][0], s[2 * kk][1], hi[0], lo[0]);
+            splitPair<T>(s[2 * kk][2], s[2 * kk][3], hi[1], lo[1]);
+            splitPair<T>(s[2 * kk + 1][0], s[2 * kk + 1][1], hi[2], lo[2]);
+            splitPair<T>(s[2 * kk + 1][2], s[2 * kk + 1][3], hi[3], lo[3]);
+#pragma unroll
+            for (int32_t nn = 0; nn < kD / 16; ++nn)
+            {
+                uint32_t b[4];
+                loadMatrixX4Transposed(
+                    b, sV + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kRow + nn * 16 + (lane / 16) * 8);
+                mma16816<T>(o[2 * nn], lo, b[0], b[1]);
+                mma16816<T>(o[2 * nn + 1], lo, b[2], b[3]);
+                mma16816<T>(o[2 * nn], hi, b[0], b[1]);
+                mma16816<T>(o[2 * nn + 1], hi, b[2], b[3]);
+            }
+        }
+        __syncthreads(); // every warp is done with V_j
+    }
+    waitAsync<0>();
+    softmax.finish();
+    storeOutput<T, kD>(o, softmax, block.outBase, r0, shape, params);
+#endif
+}
+
+// ---- float32: 3xTF32 ---------------------------------------------------------------------------
+
+template <int32_t kD>
+__global__ void __launch_bounds__(kTHREADS) flashTf32x3Kernel(float const* __restrict__ q,
+    float const* __restrict__ k, float const* __restrict__ v, AttentionMaskView const mask, float* __restrict__ out,
+    AttentionShape const shape, AttentionParams const params, int32_t const qTiles)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    constexpr int32_t kRow = kROW<float, kD>;
+    extern __shared__ __align__(16) unsigned char sharedRaw[];
+    float* const sQ = reinterpret_cast<float*>(sharedRaw);
+    float* const sK = sQ + kBLOCK_ROWS * kRow;
+    float* const sV = sK + kBLOCK_KEYS * kRow;
+
+    BlockSetup<float> const block(q, k, v, out, mask, shape, params, qTiles);
+    int32_t const headDim = static_cast<int32_t>(shape.headDim);
+    int32_t const valueDim = static_cast<int32_t>(shape.valueDim);
+    int32_t const warp = static_cast<int32_t>(threadIdx.x / 32);
+    int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
+    int32_t const g = lane / 4;
+    int32_t const t = lane % 4;
+
+    if (headDim < kD)
+    {
+        zeroPadding<float, kD, kRow>(sQ, kBLOCK_ROWS + kBLOCK_KEYS, headDim);
+    }
+    if (valueDim < kD)
+    {
+        zeroPadding<float, kD, kRow>(sV, kBLOCK_KEYS, valueDim);
+    }
+    int32_t const keyTiles = static_cast<int32_t>((block.keyEnd + kBLOCK_KEYS - 1) / kBLOCK_KEYS);
+    loadTileAsync<float, kD, kRow>(sQ, block.qBase, block.q0, shape.seqQ, headDim);
+    if (keyTiles > 0)
+    {
+        loadTileAsync<float, kD, kRow>(sK, block.kBase, 0, shape.seqK, headDim);
+    }
+    commitAsync();
+    waitAsync<0>();
+    __syncthreads();
+
+    float o[kD / 8][4];
+#pragma unroll
+    for (int32_t n = 0; n < kD / 8; ++n)
+    {
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.F;
+    }
+    OnlineSoftmax softmax;
+    int64_t const warpRow0 = block.q0 + warp * 16;
+    int64_t const r0 = warpRow0 + g;
+    float const* const qRows = sQ + (warp * 16 + g) * kRow;
+
+    for (int32_t j = 0; j < keyTiles; ++j)
+    {
+        int64_t const k0 = static_cast<int64_t>(j) * kBLOCK_KEYS;
+        loadTileAsync<float, kD, kRow>(sV, block.vBase, k0, shape.seqK, valueDim);
+        commitAsync();
+        waitAsync<1>(); // K_j
+        __syncthreads();
+
+        float s[kKEY_TILES][4];
+#pragma unroll
+        for (int32_t n = 0; n < kKEY_TILES; ++n)
+        {
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.F;
+        }
+#pragma unroll 2
+        for (int32_t kk = 0; kk < kD / 8; ++kk)
+        {
+            uint32_t aHi[4];
+            uint32_t aLo[4];
+            splitTf32(qRows[kk * 8 + t], aHi[0], aLo[0]);
+            splitTf32(qRows[8 * kRow + kk * 8 + t], aHi[1], aLo[1]);
+            splitTf32(qRows[kk * 8 + t + 4], aHi[2], aLo[2]);
+            splitTf32(qRows[8 * kRow + kk * 8 + t + 4], aHi[3], aLo[3]);
+#pragma unroll
+            for (int32_t n = 0; n < kKEY_TILES; ++n)
+            {
+                float const* const kRowPtr = sK + (n * 8 + g) * kRow + kk * 8 + t;
+                uint32_t bHi[2];
+                uint32_t bLo[2];
+                splitTf32(kRowPtr[0], bHi[0], bLo[0]);
+                splitTf32(kRowPtr[4], bHi[1], bLo[1]);
+                mma1688(s[n], aLo, bHi[0], bHi[1]);
+                mma1688(s[n], aHi, bLo[0], bLo[1]);
+                mma1688(s[n], aHi, bHi[0], bHi[1]);
+            }
+        }
+        __syncthreads(); // every warp is done with K_j
+        if (j + 1 < keyTiles)
+        {
+            loadTileAsync<float, kD, kRow>(sK, block.kBase, k0 + kBLOCK_KEYS, shape.seqK, headDim);
+        }
+        commitAsync();
+
+        bool const checkEach = k0 + kBLOCK_KEYS > shape.seqK || (params.causal && k0 + kBLOCK_KEYS - 1 > warpRow0);
+        float alpha[2];
+        softmax.update(s, alpha, r0, k0, mask, block.maskBase, shape, params, checkEach);
+#pragma unroll
+        for (int32_t n = 0; n < kD / 8; ++n)
+        {
+            o[n][0] *= alpha[0];
+            o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1];
+            o[n][3] *= alpha[1];
+        }
+
+        waitAsync<1>(); // V_j
+        __syncthreads();
+#pragma unroll
+        for (int32_t kk = 0; kk < kKEY_TILES; ++kk)
+        {
+            // keys kk*8 + {0,2,4,6,1,3,5,7}: A's column t is key 2t, column t + 4 is key 2t + 1
+            uint32_t aHi[4];
+            uint32_t aLo[4];
+            splitTf32(s[kk][0], aHi[0], aLo[0]);
+            splitTf32(s[kk][2], aHi[1], aLo[1]);
+            splitTf32(s[kk][1], aHi[2], aLo[2]);
+            splitTf32(s[kk][3], aHi[3], aLo[3]);
+            float const* const vRows = sV + (kk * 8 + 2 * t) * kRow + g;
+#pragma unroll
+            for (int32_t n = 0; n < kD / 8; ++n)
+            {
+                uint32_t bHi[2];
+                uint32_t bLo[2];
+                splitTf32(vRows[n * 8], bHi[0], bLo[0]);
+                splitTf32(vRows[kRow + n * 8], bHi[1], bLo[1]);
+                mma1688(o[n], aLo, bHi[0], bHi[1]);
+                mma1688(o[n], aHi, bLo[0], bLo[1]);
+                mma1688(o[n], aHi, bHi[0], bHi[1]);
+            }
+        }
+        __syncthreads(); // every warp is done with V_j
+    }
+    waitAsync<0>();
+    softmax.finish();
+    storeOutput<float, kD>(o, softmax, block.outBase, r0, shape, params);
+#endif
+}
+
+// ---- dispatch ----------------------------------------------------------------------------------
+
+template <typename T, int32_t kD>
+constexpr auto kernelFor()
+{
+    if constexpr (std::is_same_v<T, float>)
+    {
+        return flashTf32x3Kernel<kD>;
+    }
+    else
+    {
+        return flashMma16Kernel<T, kD>;
+    }
+}
+
+//! Calls f with the kernel for plan.paddedDim, or returns cudaErrorInvalidConfiguration.
+template <typename T, typename F>
+cudaError_t withKernel(FlashPlan const& plan, F&& f)
+{
+    switch (plan.paddedDim)
+    {
+    case 32: return f(kernelFor<T, 32>());
+    case 64: return f(kernelFor<T, 64>());
+    case 80: return f(kernelFor<T, 80>());
+    case 96: return f(kernelFor<T, 96>());
+    case 128: return f(kernelFor<T, 128>());
+    default: return cudaErrorInvalidConfiguration;
+    }
+}
+
+constexpr int32_t sharedBytes(int32_t elementBytes, int32_t paddedDim)
+{
+    return (kBLOCK_ROWS + 2 * kBLOCK_KEYS) * (paddedDim + (elementBytes == 4 ? 4 : 8)) * elementBytes;
+}
+
+static_assert(sharedBytes(2, 128) == sharedBytesFor<__half, 128>(), "one shared-memory formula");
+static_assert(sharedBytes(4, 80) == sharedBytesFor<float, 80>(), "one shared-memory formula");
+
+inline bool aligned16(void const* p)
+{
+    return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+} // namespace
+
+template <typename T>
+cudaError_t prepareFlashAttention(FlashPlan const& plan) noexcept
+{
+    return withKernel<T>(plan, [&](auto kernel) {
+        return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.sharedBytes);
+    });
+}
+
+template <typename T>
+cudaError_t launchFlashAttention(T const* q, T const* k, T const* v, AttentionMaskView const& mask, T* out,
+    AttentionShape const& shape, AttentionParams const& params, FlashPlan const& plan, cudaStream_t stream) noexcept
+{
+    FlashKernel const expected = std::is_same_v<T, float> ? FlashKernel::kTf32x3 : FlashKernel::kMma16;
+    if (plan.kernel != expected || params.kTransposed || shape.headsKV <= 0 || shape.headsQ % shape.headsKV != 0)
+    {
+        return cudaErrorInvalidValue;
+    }
+    if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out))
+    {
+        return cudaErrorMisalignedAddress;
+    }
+    if (shape.batch == 0 || shape.headsQ == 0 || shape.seqQ == 0)
+    {
+        return cudaSuccess;
+    }
+    int64_t const qTiles = (shape.seqQ + kBLOCK_ROWS - 1) / kBLOCK_ROWS;
+    int64_t const blocks = qTiles * shape.batch * shape.headsQ;
+    if (blocks > kMAX_GRID_BLOCKS)
+    {
+        return cudaErrorInvalidConfiguration;
+    }
+    return withKernel<T>(plan, [&](auto kernel) {
+        kernel<<<static_cast<uint32_t>(blocks), kTHREADS, static_cast<size_t>(plan.sharedBytes), stream>>>(
+            q, k, v, mask, out, shape, params, static_cast<int32_t>(qTiles));
+        return cudaGetLastError();
+    });
+}
+
+} // namespace plugin
+} // namespace graphfix
+
+#endif // GRAPHFIX_ATTENTION_FLASH_CUH
