@@ -40,7 +40,7 @@ FlashPlan planFlashAttention(
             break;
         }
     }
-    plan.blockRows = kBLOCK_ROWS;
+    plan.blockRows = blockRowsFor(plan.paddedDim);
     plan.blockKeys = kBLOCK_KEYS;
     plan.sharedBytes = sharedBytes(elementBytes, plan.paddedDim);
     if (plan.sharedBytes > maxSharedBytes)

@@ -47,7 +47,6 @@ namespace
 
 constexpr int32_t kWARPS{4};
 constexpr int32_t kTHREADS{kWARPS * 32};
-constexpr int32_t kBLOCK_ROWS{64}; // 16 per warp
 constexpr int32_t kBLOCK_KEYS{64};
 constexpr int32_t kKEY_TILES{kBLOCK_KEYS / 8};
 constexpr uint32_t kFULL_MASK{0xffffffffU};
@@ -56,7 +55,15 @@ constexpr float kNEGATIVE_INFINITY{-INFINITY};
 constexpr int32_t kPADDED_DIMS[]{32, 64, 80, 96, 128};
 constexpr int64_t kMAX_GRID_BLOCKS{(int64_t{1} << 31) - 1};
 
-static_assert(kBLOCK_ROWS == 16 * kWARPS, "each warp owns 16 query rows");
+//! Query rows per block: each warp owns kMT tiles of 16 rows (2 for head dimensions up to 64,
+//! where registers allow it: each K and V fragment read from shared memory then serves 32 rows).
+template <int32_t kMT>
+constexpr int32_t kBLOCK_ROWS = 16 * kMT * kWARPS;
+
+constexpr int32_t rowTilesFor(int32_t paddedDim)
+{
+    return paddedDim <= 64 ? 2 : 1;
+}
 
 //! Shared-memory row length in elements: padded so that 8 rows hit 8 different 16-byte bank groups
 //! (16-bit) or fragment loads hit 32 different banks (float32).
@@ -66,7 +73,7 @@ constexpr int32_t kROW = std::is_same_v<T, float> ? kD + 4 : kD + 8;
 template <typename T, int32_t kD>
 constexpr int32_t sharedBytesFor()
 {
-    return (kBLOCK_ROWS + 2 * kBLOCK_KEYS) * kROW<T, kD> * static_cast<int32_t>(sizeof(T));
+    return (kBLOCK_ROWS<rowTilesFor(kD)> + 2 * kBLOCK_KEYS) * kROW<T, kD> * static_cast<int32_t>(sizeof(T));
 }
 
 // ---- PTX wrappers ------------------------------------------------------------------------------
@@ -80,19 +87,20 @@ __device__ __forceinline__ uint32_t sharedAddress(void const* pointer)
 __device__ __forceinline__ void copyAsync16(void* shared, void const* global, bool valid)
 {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sharedAddress(shared)), "l"(global),
-        "r"(valid ? 16 : 0));
+        "r"(valid ? 16 : 0)
+                 : "memory");
 }
 
 __device__ __forceinline__ void commitAsync()
 {
-    asm volatile("cp.async.commit_group;\n" ::);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
 //! Waits until at most N of this thread's committed groups are still in flight.
 template <int32_t N>
 __device__ __forceinline__ void waitAsync()
 {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 __device__ __forceinline__ void loadMatrixX4(uint32_t (&r)[4], void const* shared)
@@ -115,7 +123,7 @@ __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t const (&a)[4], 
 {
     if constexpr (std::is_same_v<T, __half>)
     {
-        asm volatile(
+        asm(
             "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
             "{%0, %1, %2, %3};\n"
             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -123,7 +131,7 @@ __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t const (&a)[4], 
     }
     else
     {
-        asm volatile(
+        asm(
             "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
             "{%0, %1, %2, %3};\n"
             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -134,7 +142,7 @@ __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t const (&a)[4], 
 //! c += a b, m16n8k8, TF32 inputs (bit patterns), float32 accumulator.
 __device__ __forceinline__ void mma1688(float (&c)[4], uint32_t const (&a)[4], uint32_t b0, uint32_t b1)
 {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -144,7 +152,9 @@ __device__ __forceinline__ void mma1688(float (&c)[4], uint32_t const (&a)[4], u
 __device__ __forceinline__ uint32_t toTf32(float x)
 {
     uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    asm("cvt.rna.tf32.f32 %0, %1;\n"
+        : "=r"(r)
+        : "f"(x));
     return r;
 }
 
@@ -209,7 +219,7 @@ struct BlockSetup
     int64_t maskBase; //!< mask offset of (batch, head)
 
     __device__ BlockSetup(T const* q, T const* k, T const* v, T* out, AttentionMaskView const& mask,
-        AttentionShape const& shape, AttentionParams const& params, int32_t qTiles)
+        AttentionShape const& shape, AttentionParams const& params, int32_t blockRows, int32_t qTiles)
     {
         // Heavy causal tiles (late rows) first, so the last wave is made of light ones.
         int64_t const tile = qTiles - 1 - static_cast<int64_t>(blockIdx.x % static_cast<uint32_t>(qTiles));
@@ -217,8 +227,8 @@ struct BlockSetup
         int64_t const b = bh / shape.headsQ;
         int64_t const h = bh - b * shape.headsQ;
         int64_t const hkv = h / (shape.headsQ / shape.headsKV);
-        q0 = tile * kBLOCK_ROWS;
-        keyEnd = params.causal && q0 + kBLOCK_ROWS < shape.seqK ? q0 + kBLOCK_ROWS : shape.seqK;
+        q0 = tile * blockRows;
+        keyEnd = params.causal && q0 + blockRows < shape.seqK ? q0 + blockRows : shape.seqK;
         qBase = q + bh * shape.seqQ * shape.headDim;
         kBase = k + (b * shape.headsKV + hkv) * shape.seqK * shape.headDim;
         vBase = v + (b * shape.headsKV + hkv) * shape.seqK * shape.valueDim;
@@ -227,14 +237,15 @@ struct BlockSetup
     }
 };
 
-//! Copies rows [row0, row0 + 64) x [0, cols) of a [rows, cols] matrix into shared memory with row
-//! length kRow (elements), zeros for rows past `rows`; columns cols..kD-1 are left alone.
-template <typename T, int32_t kD, int32_t kRow>
+//! Copies rows [row0, row0 + kRows) x [0, cols) of a [rows, cols] matrix into shared memory with
+//! row length kRow (elements), zeros for rows past `rows`; columns cols..kD-1 are left alone.
+template <typename T, int32_t kD, int32_t kRow, int32_t kRows>
 __device__ __forceinline__ void loadTileAsync(T* shared, T const* global, int64_t row0, int64_t rows, int32_t cols)
 {
     constexpr int32_t kPER_CHUNK = 16 / static_cast<int32_t>(sizeof(T));
     constexpr int32_t kCHUNKS = kD / kPER_CHUNK;
-    for (int32_t c = static_cast<int32_t>(threadIdx.x); c < kBLOCK_ROWS * kCHUNKS; c += kTHREADS)
+#pragma unroll 4
+    for (int32_t c = static_cast<int32_t>(threadIdx.x); c < kRows * kCHUNKS; c += kTHREADS)
     {
         int32_t const r = c / kCHUNKS;
         int32_t const col = (c - r * kCHUNKS) * kPER_CHUNK;
@@ -259,9 +270,10 @@ __device__ __forceinline__ void zeroPadding(T* shared, int32_t rows, int32_t fro
     }
 }
 
-//! Turns one tile of raw scores (Q·Kᵀ accumulators) into unnormalised probabilities, updating
-//! the running maximum and this thread's part of the running sum, and gives the factor by which
-//! the output rows must be rescaled. Rows r0 and r0 + 8 (query indices), keys k0 + 8n + 2t + {0, 1}.
+//! One 16-row tile's online softmax. update() turns a tile of raw scores (Q·Kᵀ accumulators) into
+//! unnormalised probabilities, updating the running maximum and this thread's part of the running
+//! sum, and gives the factor by which the output rows must be rescaled. The thread's rows are r0
+//! and r0 + 8 (query indices), its keys k0 + 8n + 2t + {0, 1}.
 struct OnlineSoftmax
 {
     float rowMax[2];
@@ -280,25 +292,39 @@ struct OnlineSoftmax
     {
         int32_t const t = static_cast<int32_t>(threadIdx.x % 4);
         bool const masked = mask.kind != AttentionMaskKind::kNone;
-        float tileMax[2]{-CUDART_INF_F, -CUDART_INF_F};
+        float tileMax[2]{kNEGATIVE_INFINITY, kNEGATIVE_INFINITY};
+        if (!masked && !checkEach && params.softcap == 0.F)
+        {
+            // the common tile: every key present and allowed; one basic block for the scheduler
 #pragma unroll
-        for (int32_t n = 0; n < kN; ++n)
+            for (int32_t n = 0; n < kN; ++n)
+            {
+#pragma unroll
+                for (int32_t e = 0; e < 4; ++e)
+                {
+                    s[n][e] *= params.scale;
+                    tileMax[e / 2] = fmaxf(tileMax[e / 2], s[n][e]);
+                }
+            }
+        }
+        else
         {
 #pragma unroll
-            for (int32_t e = 0; e < 4; ++e)
+            for (int32_t n = 0; n < kN; ++n)
             {
-                float x = s[n][e] * params.scale;
-                if (params.softcap > 0.F)
+#pragma unroll
+                for (int32_t e = 0; e < 4; ++e)
                 {
-                    x = params.softcap * tanhf(x / params.softcap);
-                }
-                if (masked || checkEach)
-                {
+                    float x = s[n][e] * params.scale;
+                    if (params.softcap > 0.F)
+                    {
+                        x = params.softcap * tanhf(x / params.softcap);
+                    }
                     int64_t const qi = r0 + (e / 2) * 8;
                     int64_t const kj = k0 + n * 8 + 2 * t + (e % 2);
                     if (kj >= shape.seqK)
                     {
-                        x = -CUDART_INF_F;
+                        x = kNEGATIVE_INFINITY;
                     }
                     else
                     {
@@ -309,12 +335,12 @@ struct OnlineSoftmax
                         }
                         if (params.causal && kj > qi)
                         {
-                            x = -CUDART_INF_F;
+                            x = kNEGATIVE_INFINITY;
                         }
                     }
+                    s[n][e] = x;
+                    tileMax[e / 2] = fmaxf(tileMax[e / 2], x);
                 }
-                s[n][e] = x;
-                tileMax[e / 2] = fmaxf(tileMax[e / 2], x);
             }
         }
 #pragma unroll
@@ -324,12 +350,12 @@ struct OnlineSoftmax
             tileMax[i] = fmaxf(tileMax[i], __shfl_xor_sync(kFULL_MASK, tileMax[i], 2));
             float const newMax = fmaxf(rowMax[i], tileMax[i]);
             // A row with no allowed key so far keeps probabilities exp(-inf - 0) = 0 and sum 0.
-            alpha[i] = newMax == -CUDART_INF_F ? 1.F : exp2f((rowMax[i] - newMax) * kLOG2E);
+            alpha[i] = newMax == kNEGATIVE_INFINITY ? 1.F : exp2f((rowMax[i] - newMax) * kLOG2E);
             rowMax[i] = newMax;
             rowSum[i] *= alpha[i];
         }
-        float const reference[2]{rowMax[0] == -CUDART_INF_F ? 0.F : rowMax[0],
-            rowMax[1] == -CUDART_INF_F ? 0.F : rowMax[1]};
+        float const reference[2]{rowMax[0] == kNEGATIVE_INFINITY ? 0.F : rowMax[0],
+            rowMax[1] == kNEGATIVE_INFINITY ? 0.F : rowMax[1]};
 #pragma unroll
         for (int32_t n = 0; n < kN; ++n)
         {
@@ -355,7 +381,21 @@ struct OnlineSoftmax
     }
 };
 
-//! Writes a warp's 16 output rows: o / sum, NaN (0 with nanToZero) where no key was allowed.
+//! o (16 rows) *= alpha, per row.
+template <int32_t kN>
+__device__ __forceinline__ void rescale(float (&o)[kN][4], float const (&alpha)[2])
+{
+#pragma unroll
+    for (int32_t n = 0; n < kN; ++n)
+    {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+    }
+}
+
+//! Writes 16 output rows: o / sum, NaN (0 with nanToZero) where no key was allowed.
 template <typename T, int32_t kD>
 __device__ __forceinline__ void storeOutput(float const (&o)[kD / 8][4], OnlineSoftmax const& softmax, T* outBase,
     int64_t r0, AttentionShape const& shape, AttentionParams const& params)
@@ -388,19 +428,20 @@ __device__ __forceinline__ void storeOutput(float const (&o)[kD / 8][4], OnlineS
 
 // ---- float16 / bfloat16 ------------------------------------------------------------------------
 
-template <typename T, int32_t kD>
+template <typename T, int32_t kD, int32_t kMT>
 __global__ void __launch_bounds__(kTHREADS) flashMma16Kernel(T const* __restrict__ q, T const* __restrict__ k,
     T const* __restrict__ v, AttentionMaskView const mask, T* __restrict__ out, AttentionShape const shape,
     AttentionParams const params, int32_t const qTiles)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     constexpr int32_t kRow = kROW<T, kD>;
+    constexpr int32_t kRows = kBLOCK_ROWS<kMT>;
     extern __shared__ __align__(16) unsigned char sharedRaw[];
     T* const sQ = reinterpret_cast<T*>(sharedRaw);
-    T* const sK = sQ + kBLOCK_ROWS * kRow;
+    T* const sK = sQ + kRows * kRow;
     T* const sV = sK + kBLOCK_KEYS * kRow;
 
-    BlockSetup<T> const block(q, k, v, out, mask, shape, params, qTiles);
+    BlockSetup<T> const block(q, k, v, out, mask, shape, params, kRows, qTiles);
     int32_t const headDim = static_cast<int32_t>(shape.headDim);
     int32_t const valueDim = static_cast<int32_t>(shape.valueDim);
     int32_t const warp = static_cast<int32_t>(threadIdx.x / 32);
@@ -408,52 +449,64 @@ __global__ void __launch_bounds__(kTHREADS) flashMma16Kernel(T const* __restrict
 
     if (headDim < kD)
     {
-        zeroPadding<T, kD, kRow>(sQ, kBLOCK_ROWS + kBLOCK_KEYS, headDim); // sQ and sK are adjacent
+        zeroPadding<T, kD, kRow>(sQ, kRows + kBLOCK_KEYS, headDim); // sQ and sK are adjacent
     }
     if (valueDim < kD)
     {
         zeroPadding<T, kD, kRow>(sV, kBLOCK_KEYS, valueDim);
     }
     int32_t const keyTiles = static_cast<int32_t>((block.keyEnd + kBLOCK_KEYS - 1) / kBLOCK_KEYS);
-    loadTileAsync<T, kD, kRow>(sQ, block.qBase, block.q0, shape.seqQ, headDim);
+    loadTileAsync<T, kD, kRow, kRows>(sQ, block.qBase, block.q0, shape.seqQ, headDim);
     if (keyTiles > 0)
     {
-        loadTileAsync<T, kD, kRow>(sK, block.kBase, 0, shape.seqK, headDim);
+        loadTileAsync<T, kD, kRow, kBLOCK_KEYS>(sK, block.kBase, 0, shape.seqK, headDim);
     }
     commitAsync();
     waitAsync<0>();
     __syncthreads();
 
-    uint32_t qFragment[kD / 16][4];
+    int32_t const warpRow = warp * 16 * kMT; // first row of the warp within the block
+    uint32_t qFragment[kMT][kD / 16][4];
 #pragma unroll
-    for (int32_t kk = 0; kk < kD / 16; ++kk)
+    for (int32_t mt = 0; mt < kMT; ++mt)
     {
-        loadMatrixX4(qFragment[kk], sQ + (warp * 16 + lane % 16) * kRow + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+        for (int32_t kk = 0; kk < kD / 16; ++kk)
+        {
+            loadMatrixX4(qFragment[mt][kk], sQ + (warpRow + mt * 16 + lane % 16) * kRow + kk * 16 + (lane / 16) * 8);
+        }
     }
 
-    float o[kD / 8][4];
+    float o[kMT][kD / 8][4];
 #pragma unroll
-    for (int32_t n = 0; n < kD / 8; ++n)
+    for (int32_t mt = 0; mt < kMT; ++mt)
     {
-        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.F;
+#pragma unroll
+        for (int32_t n = 0; n < kD / 8; ++n)
+        {
+            o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.F;
+        }
     }
-    OnlineSoftmax softmax;
-    int64_t const warpRow0 = block.q0 + warp * 16;
-    int64_t const r0 = warpRow0 + lane / 4;
+    OnlineSoftmax softmax[kMT];
+    int64_t const warpRow0 = block.q0 + warpRow;
 
     for (int32_t j = 0; j < keyTiles; ++j)
     {
         int64_t const k0 = static_cast<int64_t>(j) * kBLOCK_KEYS;
-        loadTileAsync<T, kD, kRow>(sV, block.vBase, k0, shape.seqK, valueDim);
+        loadTileAsync<T, kD, kRow, kBLOCK_KEYS>(sV, block.vBase, k0, shape.seqK, valueDim);
         commitAsync();
         waitAsync<1>(); // K_j
         __syncthreads();
 
-        float s[kKEY_TILES][4];
+        float s[kMT][kKEY_TILES][4];
 #pragma unroll
-        for (int32_t n = 0; n < kKEY_TILES; ++n)
+        for (int32_t mt = 0; mt < kMT; ++mt)
         {
-            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.F;
+#pragma unroll
+            for (int32_t n = 0; n < kKEY_TILES; ++n)
+            {
+                s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.F;
+            }
         }
 #pragma unroll
         for (int32_t kk = 0; kk < kD / 16; ++kk)
@@ -463,27 +516,29 @@ __global__ void __launch_bounds__(kTHREADS) flashMma16Kernel(T const* __restrict
             {
                 uint32_t b[4];
                 loadMatrixX4(b, sK + (nn * 16 + (lane / 16) * 8 + lane % 8) * kRow + kk * 16 + ((lane / 8) % 2) * 8);
-                mma16816<T>(s[2 * nn], qFragment[kk], b[0], b[1]);
-                mma16816<T>(s[2 * nn + 1], qFragment[kk], b[2], b[3]);
+#pragma unroll
+                for (int32_t mt = 0; mt < kMT; ++mt)
+                {
+                    mma16816<T>(s[mt][2 * nn], qFragment[mt][kk], b[0], b[1]);
+                    mma16816<T>(s[mt][2 * nn + 1], qFragment[mt][kk], b[2], b[3]);
+                }
             }
         }
         __syncthreads(); // every warp is done with K_j
         if (j + 1 < keyTiles)
         {
-            loadTileAsync<T, kD, kRow>(sK, block.kBase, k0 + kBLOCK_KEYS, shape.seqK, headDim);
+            loadTileAsync<T, kD, kRow, kBLOCK_KEYS>(sK, block.kBase, k0 + kBLOCK_KEYS, shape.seqK, headDim);
         }
         commitAsync();
 
         bool const checkEach = k0 + kBLOCK_KEYS > shape.seqK || (params.causal && k0 + kBLOCK_KEYS - 1 > warpRow0);
-        float alpha[2];
-        softmax.update(s, alpha, r0, k0, mask, block.maskBase, shape, params, checkEach);
 #pragma unroll
-        for (int32_t n = 0; n < kD / 8; ++n)
+        for (int32_t mt = 0; mt < kMT; ++mt)
         {
-            o[n][0] *= alpha[0];
-            o[n][1] *= alpha[0];
-            o[n][2] *= alpha[1];
-            o[n][3] *= alpha[1];
+            float alpha[2];
+            softmax[mt].update(
+                s[mt], alpha, warpRow0 + mt * 16 + lane / 4, k0, mask, block.maskBase, shape, params, checkEach);
+            rescale(o[mt], alpha);
         }
 
         waitAsync<1>(); // V_j
@@ -491,47 +546,77 @@ __global__ void __launch_bounds__(kTHREADS) flashMma16Kernel(T const* __restrict
 #pragma unroll
         for (int32_t kk = 0; kk < kKEY_TILES / 2; ++kk)
         {
-            uint32_t hi[4];
-            uint32_t lo[4];
-            splitPair<T>(s[2 * kk][0], s[2 * kk][1], hi[0], lo[0]);
-            splitPair<T>(s[2 * kk][2], s[2 * kk][3], hi[1], lo[1]);
-            splitPair<T>(s[2 * kk + 1][0], s[2 * kk + 1][1], hi[2], lo[2]);
-            splitPair<T>(s[2 * kk + 1][2], s[2 * kk + 1][3], hi[3], lo[3]);
+            uint32_t hi[kMT][4];
+            uint32_t lo[kMT][4];
+#pragma unroll
+            for (int32_t mt = 0; mt < kMT; ++mt)
+            {
+                splitPair<T>(s[mt][2 * kk][0], s[mt][2 * kk][1], hi[mt][0], lo[mt][0]);
+                splitPair<T>(s[mt][2 * kk][2], s[mt][2 * kk][3], hi[mt][1], lo[mt][1]);
+                splitPair<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1], hi[mt][2], lo[mt][2]);
+                splitPair<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3], hi[mt][3], lo[mt][3]);
+            }
 #pragma unroll
             for (int32_t nn = 0; nn < kD / 16; ++nn)
             {
                 uint32_t b[4];
                 loadMatrixX4Transposed(
                     b, sV + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kRow + nn * 16 + (lane / 16) * 8);
-                mma16816<T>(o[2 * nn], lo, b[0], b[1]);
-                mma16816<T>(o[2 * nn + 1], lo, b[2], b[3]);
-                mma16816<T>(o[2 * nn], hi, b[0], b[1]);
-                mma16816<T>(o[2 * nn + 1], hi, b[2], b[3]);
+#pragma unroll
+                for (int32_t mt = 0; mt < kMT; ++mt)
+                {
+                    mma16816<T>(o[mt][2 * nn], lo[mt], b[0], b[1]);
+                    mma16816<T>(o[mt][2 * nn + 1], lo[mt], b[2], b[3]);
+                    mma16816<T>(o[mt][2 * nn], hi[mt], b[0], b[1]);
+                    mma16816<T>(o[mt][2 * nn + 1], hi[mt], b[2], b[3]);
+                }
             }
         }
         __syncthreads(); // every warp is done with V_j
     }
     waitAsync<0>();
-    softmax.finish();
-    storeOutput<T, kD>(o, softmax, block.outBase, r0, shape, params);
+#pragma unroll
+    for (int32_t mt = 0; mt < kMT; ++mt)
+    {
+        softmax[mt].finish();
+        storeOutput<T, kD>(o[mt], softmax[mt], block.outBase, warpRow0 + mt * 16 + lane / 4, shape, params);
+    }
 #endif
 }
 
 // ---- float32: 3xTF32 ---------------------------------------------------------------------------
 
-template <int32_t kD>
+//! c += a b in 3xTF32 (lo·hi + hi·lo + hi·hi), the three products summed by the tensor core into
+//! a zeroed accumulator and added to c in float32: the tensor core truncates when it accumulates,
+//! so its error then stays within one 8-term step instead of growing along the whole sum.
+__device__ __forceinline__ void mma3xTf32(float (&c)[4], uint32_t const (&aHi)[4], uint32_t const (&aLo)[4],
+    uint32_t const (&bHi)[2], uint32_t const (&bLo)[2])
+{
+    float step[4]{0.F, 0.F, 0.F, 0.F};
+    mma1688(step, aLo, bHi[0], bHi[1]);
+    mma1688(step, aHi, bLo[0], bLo[1]);
+    mma1688(step, aHi, bHi[0], bHi[1]);
+#pragma unroll
+    for (int32_t e = 0; e < 4; ++e)
+    {
+        c[e] += step[e];
+    }
+}
+
+template <int32_t kD, int32_t kMT>
 __global__ void __launch_bounds__(kTHREADS) flashTf32x3Kernel(float const* __restrict__ q,
     float const* __restrict__ k, float const* __restrict__ v, AttentionMaskView const mask, float* __restrict__ out,
     AttentionShape const shape, AttentionParams const params, int32_t const qTiles)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     constexpr int32_t kRow = kROW<float, kD>;
+    constexpr int32_t kRows = kBLOCK_ROWS<kMT>;
     extern __shared__ __align__(16) unsigned char sharedRaw[];
     float* const sQ = reinterpret_cast<float*>(sharedRaw);
-    float* const sK = sQ + kBLOCK_ROWS * kRow;
+    float* const sK = sQ + kRows * kRow;
     float* const sV = sK + kBLOCK_KEYS * kRow;
 
-    BlockSetup<float> const block(q, k, v, out, mask, shape, params, qTiles);
+    BlockSetup<float> const block(q, k, v, out, mask, shape, params, kRows, qTiles);
     int32_t const headDim = static_cast<int32_t>(shape.headDim);
     int32_t const valueDim = static_cast<int32_t>(shape.valueDim);
     int32_t const warp = static_cast<int32_t>(threadIdx.x / 32);
@@ -541,56 +626,69 @@ __global__ void __launch_bounds__(kTHREADS) flashTf32x3Kernel(float const* __res
 
     if (headDim < kD)
     {
-        zeroPadding<float, kD, kRow>(sQ, kBLOCK_ROWS + kBLOCK_KEYS, headDim);
+        zeroPadding<float, kD, kRow>(sQ, kRows + kBLOCK_KEYS, headDim);
     }
     if (valueDim < kD)
     {
         zeroPadding<float, kD, kRow>(sV, kBLOCK_KEYS, valueDim);
     }
     int32_t const keyTiles = static_cast<int32_t>((block.keyEnd + kBLOCK_KEYS - 1) / kBLOCK_KEYS);
-    loadTileAsync<float, kD, kRow>(sQ, block.qBase, block.q0, shape.seqQ, headDim);
+    loadTileAsync<float, kD, kRow, kRows>(sQ, block.qBase, block.q0, shape.seqQ, headDim);
     if (keyTiles > 0)
     {
-        loadTileAsync<float, kD, kRow>(sK, block.kBase, 0, shape.seqK, headDim);
+        loadTileAsync<float, kD, kRow, kBLOCK_KEYS>(sK, block.kBase, 0, shape.seqK, headDim);
     }
     commitAsync();
     waitAsync<0>();
     __syncthreads();
 
-    float o[kD / 8][4];
+    int32_t const warpRow = warp * 16 * kMT;
+    float o[kMT][kD / 8][4];
 #pragma unroll
-    for (int32_t n = 0; n < kD / 8; ++n)
+    for (int32_t mt = 0; mt < kMT; ++mt)
     {
-        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.F;
+#pragma unroll
+        for (int32_t n = 0; n < kD / 8; ++n)
+        {
+            o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.F;
+        }
     }
-    OnlineSoftmax softmax;
-    int64_t const warpRow0 = block.q0 + warp * 16;
-    int64_t const r0 = warpRow0 + g;
-    float const* const qRows = sQ + (warp * 16 + g) * kRow;
+    OnlineSoftmax softmax[kMT];
+    int64_t const warpRow0 = block.q0 + warpRow;
+    float const* const qRows = sQ + (warpRow + g) * kRow;
 
     for (int32_t j = 0; j < keyTiles; ++j)
     {
         int64_t const k0 = static_cast<int64_t>(j) * kBLOCK_KEYS;
-        loadTileAsync<float, kD, kRow>(sV, block.vBase, k0, shape.seqK, valueDim);
+        loadTileAsync<float, kD, kRow, kBLOCK_KEYS>(sV, block.vBase, k0, shape.seqK, valueDim);
         commitAsync();
         waitAsync<1>(); // K_j
         __syncthreads();
 
-        float s[kKEY_TILES][4];
+        float s[kMT][kKEY_TILES][4];
 #pragma unroll
-        for (int32_t n = 0; n < kKEY_TILES; ++n)
+        for (int32_t mt = 0; mt < kMT; ++mt)
         {
-            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.F;
+#pragma unroll
+            for (int32_t n = 0; n < kKEY_TILES; ++n)
+            {
+                s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.F;
+            }
         }
 #pragma unroll 2
         for (int32_t kk = 0; kk < kD / 8; ++kk)
         {
-            uint32_t aHi[4];
-            uint32_t aLo[4];
-            splitTf32(qRows[kk * 8 + t], aHi[0], aLo[0]);
-            splitTf32(qRows[8 * kRow + kk * 8 + t], aHi[1], aLo[1]);
-            splitTf32(qRows[kk * 8 + t + 4], aHi[2], aLo[2]);
-            splitTf32(qRows[8 * kRow + kk * 8 + t + 4], aHi[3], aLo[3]);
+            uint32_t aHi[kMT][4];
+            uint32_t aLo[kMT][4];
+#pragma unroll
+            for (int32_t mt = 0; mt < kMT; ++mt)
+            {
+                float const* const rows = qRows + mt * 16 * kRow + kk * 8 + t;
+                splitTf32(rows[0], aHi[mt][0], aLo[mt][0]);
+                splitTf32(rows[8 * kRow], aHi[mt][1], aLo[mt][1]);
+                splitTf32(rows[4], aHi[mt][2], aLo[mt][2]);
+                splitTf32(rows[8 * kRow + 4], aHi[mt][3], aLo[mt][3]);
+            }
 #pragma unroll
             for (int32_t n = 0; n < kKEY_TILES; ++n)
             {
@@ -599,28 +697,27 @@ __global__ void __launch_bounds__(kTHREADS) flashTf32x3Kernel(float const* __res
                 uint32_t bLo[2];
                 splitTf32(kRowPtr[0], bHi[0], bLo[0]);
                 splitTf32(kRowPtr[4], bHi[1], bLo[1]);
-                mma1688(s[n], aLo, bHi[0], bHi[1]);
-                mma1688(s[n], aHi, bLo[0], bLo[1]);
-                mma1688(s[n], aHi, bHi[0], bHi[1]);
+#pragma unroll
+                for (int32_t mt = 0; mt < kMT; ++mt)
+                {
+                    mma3xTf32(s[mt][n], aHi[mt], aLo[mt], bHi, bLo);
+                }
             }
         }
         __syncthreads(); // every warp is done with K_j
         if (j + 1 < keyTiles)
         {
-            loadTileAsync<float, kD, kRow>(sK, block.kBase, k0 + kBLOCK_KEYS, shape.seqK, headDim);
+            loadTileAsync<float, kD, kRow, kBLOCK_KEYS>(sK, block.kBase, k0 + kBLOCK_KEYS, shape.seqK, headDim);
         }
         commitAsync();
 
         bool const checkEach = k0 + kBLOCK_KEYS > shape.seqK || (params.causal && k0 + kBLOCK_KEYS - 1 > warpRow0);
-        float alpha[2];
-        softmax.update(s, alpha, r0, k0, mask, block.maskBase, shape, params, checkEach);
 #pragma unroll
-        for (int32_t n = 0; n < kD / 8; ++n)
+        for (int32_t mt = 0; mt < kMT; ++mt)
         {
-            o[n][0] *= alpha[0];
-            o[n][1] *= alpha[0];
-            o[n][2] *= alpha[1];
-            o[n][3] *= alpha[1];
+            float alpha[2];
+            softmax[mt].update(s[mt], alpha, warpRow0 + mt * 16 + g, k0, mask, block.maskBase, shape, params, checkEach);
+            rescale(o[mt], alpha);
         }
 
         waitAsync<1>(); // V_j
@@ -629,12 +726,16 @@ __global__ void __launch_bounds__(kTHREADS) flashTf32x3Kernel(float const* __res
         for (int32_t kk = 0; kk < kKEY_TILES; ++kk)
         {
             // keys kk*8 + {0,2,4,6,1,3,5,7}: A's column t is key 2t, column t + 4 is key 2t + 1
-            uint32_t aHi[4];
-            uint32_t aLo[4];
-            splitTf32(s[kk][0], aHi[0], aLo[0]);
-            splitTf32(s[kk][2], aHi[1], aLo[1]);
-            splitTf32(s[kk][1], aHi[2], aLo[2]);
-            splitTf32(s[kk][3], aHi[3], aLo[3]);
+            uint32_t aHi[kMT][4];
+            uint32_t aLo[kMT][4];
+#pragma unroll
+            for (int32_t mt = 0; mt < kMT; ++mt)
+            {
+                splitTf32(s[mt][kk][0], aHi[mt][0], aLo[mt][0]);
+                splitTf32(s[mt][kk][2], aHi[mt][1], aLo[mt][1]);
+                splitTf32(s[mt][kk][1], aHi[mt][2], aLo[mt][2]);
+                splitTf32(s[mt][kk][3], aHi[mt][3], aLo[mt][3]);
+            }
             float const* const vRows = sV + (kk * 8 + 2 * t) * kRow + g;
 #pragma unroll
             for (int32_t n = 0; n < kD / 8; ++n)
@@ -643,16 +744,22 @@ __global__ void __launch_bounds__(kTHREADS) flashTf32x3Kernel(float const* __res
                 uint32_t bLo[2];
                 splitTf32(vRows[n * 8], bHi[0], bLo[0]);
                 splitTf32(vRows[kRow + n * 8], bHi[1], bLo[1]);
-                mma1688(o[n], aLo, bHi[0], bHi[1]);
-                mma1688(o[n], aHi, bLo[0], bLo[1]);
-                mma1688(o[n], aHi, bHi[0], bHi[1]);
+#pragma unroll
+                for (int32_t mt = 0; mt < kMT; ++mt)
+                {
+                    mma3xTf32(o[mt][n], aHi[mt], aLo[mt], bHi, bLo);
+                }
             }
         }
         __syncthreads(); // every warp is done with V_j
     }
     waitAsync<0>();
-    softmax.finish();
-    storeOutput<float, kD>(o, softmax, block.outBase, r0, shape, params);
+#pragma unroll
+    for (int32_t mt = 0; mt < kMT; ++mt)
+    {
+        softmax[mt].finish();
+        storeOutput<float, kD>(o[mt], softmax[mt], block.outBase, warpRow0 + mt * 16 + g, shape, params);
+    }
 #endif
 }
 
@@ -663,11 +770,11 @@ constexpr auto kernelFor()
 {
     if constexpr (std::is_same_v<T, float>)
     {
-        return flashTf32x3Kernel<kD>;
+        return flashTf32x3Kernel<kD, rowTilesFor(kD)>;
     }
     else
     {
-        return flashMma16Kernel<T, kD>;
+        return flashMma16Kernel<T, kD, rowTilesFor(kD)>;
     }
 }
 
@@ -686,12 +793,18 @@ cudaError_t withKernel(FlashPlan const& plan, F&& f)
     }
 }
 
+constexpr int32_t blockRowsFor(int32_t paddedDim)
+{
+    return 16 * rowTilesFor(paddedDim) * kWARPS;
+}
+
 constexpr int32_t sharedBytes(int32_t elementBytes, int32_t paddedDim)
 {
-    return (kBLOCK_ROWS + 2 * kBLOCK_KEYS) * (paddedDim + (elementBytes == 4 ? 4 : 8)) * elementBytes;
+    return (blockRowsFor(paddedDim) + 2 * kBLOCK_KEYS) * (paddedDim + (elementBytes == 4 ? 4 : 8)) * elementBytes;
 }
 
 static_assert(sharedBytes(2, 128) == sharedBytesFor<__half, 128>(), "one shared-memory formula");
+static_assert(sharedBytes(2, 64) == sharedBytesFor<__half, 64>(), "one shared-memory formula");
 static_assert(sharedBytes(4, 80) == sharedBytesFor<float, 80>(), "one shared-memory formula");
 
 inline bool aligned16(void const* p)
@@ -726,7 +839,7 @@ cudaError_t launchFlashAttention(T const* q, T const* k, T const* v, AttentionMa
     {
         return cudaSuccess;
     }
-    int64_t const qTiles = (shape.seqQ + kBLOCK_ROWS - 1) / kBLOCK_ROWS;
+    int64_t const qTiles = (shape.seqQ + plan.blockRows - 1) / plan.blockRows;
     int64_t const blocks = qTiles * shape.batch * shape.headsQ;
     if (blocks > kMAX_GRID_BLOCKS)
     {

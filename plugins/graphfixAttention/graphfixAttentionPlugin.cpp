@@ -676,6 +676,7 @@ void GraphfixAttentionPlugin::plan(AttentionProblem const& p)
         c.valueDim = s.valueDim;
         c.scale = mAttributes.scale;
         c.causal = mAttributes.causal != 0;
+        mBiasRows = s.seqQ;
         if (p.hasMask)
         {
             c.hasBias = true;
@@ -693,6 +694,23 @@ void GraphfixAttentionPlugin::plan(AttentionProblem const& p)
             mCudnn = std::make_unique<CudnnSdpa>();
         }
         cudnnAttempted = true;
+        if (p.hasMask && p.maskStrides[2] == 0)
+        {
+            // A mask that broadcasts over the queries (key padding): one bias row per (batch, head),
+            // given to cuDNN with row stride 0, instead of seqQ copies. Kept only if cuDNN takes it.
+            CudnnSdpaConfig broadcast = c;
+            int64_t const rowLength = roundUp(s.seqK, kBIAS_ROW_MULTIPLE);
+            broadcast.biasRowStride = 0;
+            broadcast.biasHeadStride = rowLength;
+            broadcast.biasBatchStride = c.biasHeads * rowLength;
+            std::string ignored;
+            if (mCudnn->prepare(broadcast, ignored))
+            {
+                c = broadcast;
+                mDirectBias = false;
+                mBiasRows = 1;
+            }
+        }
         if (mCudnn->prepare(c, reason))
         {
             int64_t const needed = mCudnn->workspaceSize(c);
@@ -778,7 +796,7 @@ void GraphfixAttentionPlugin::enqueueCudnn(
                             [&](auto tag) {
                                 using T = decltype(tag);
                                 return launchMaskToBias<T>(mask, static_cast<T*>(materialised), p.maskDims[0],
-                                    p.maskDims[1], s.seqQ, s.seqK, mCudnnConfig.biasRowStride, stream);
+                                    p.maskDims[1], mBiasRows, s.seqK, roundUp(s.seqK, kBIAS_ROW_MULTIPLE), stream);
                             }),
                 "writing the mask as a bias");
             bias = materialised;

@@ -162,6 +162,9 @@ private:
     bool mPlanned{false};
     bool mUseCudnn{false};
     bool mDirectBias{false};
+    //! Rows of the bias the cuDNN path materialises per (batch, head): seqQ, or 1 for a mask that
+    //! broadcasts over the queries (given to cuDNN with row stride 0).
+    int64_t mBiasRows{0};
     CudnnSdpaConfig mCudnnConfig{};
     FlashPlan mFlash{};
     AttentionWorkspace mWorkspace{};
