@@ -25,9 +25,6 @@
 
 #include "graphfixAttentionFlash.h"
 
-#include "../common/cudaConversions.cuh"
-#include "graphfixAttentionMask.cuh"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math_constants.h>
@@ -55,14 +52,16 @@ constexpr float kNEGATIVE_INFINITY{-INFINITY};
 constexpr int32_t kPADDED_DIMS[]{32, 64, 80, 96, 128};
 constexpr int64_t kMAX_GRID_BLOCKS{(int64_t{1} << 31) - 1};
 
-//! Query rows per block: each warp owns kMT tiles of 16 rows (2 for head dimensions up to 64,
-//! where registers allow it: each K and V fragment read from shared memory then serves 32 rows).
+//! Query rows per block: each warp owns kMT tiles of 16 rows.
 template <int32_t kMT>
 constexpr int32_t kBLOCK_ROWS = 16 * kMT * kWARPS;
 
-constexpr int32_t rowTilesFor(int32_t paddedDim)
+//! kMT for a padded head dimension. Two tiles per warp (each K and V fragment read from shared
+//! memory then serves 32 rows) measured slower on the H200 on most benchmark shapes (SDXL cross,
+//! SigLIP, BERT: 200+ registers, fewer blocks per SM), 3% faster on SDXL self only: one.
+constexpr int32_t rowTilesFor(int32_t /*paddedDim*/)
 {
-    return paddedDim <= 64 ? 2 : 1;
+    return 1;
 }
 
 //! Shared-memory row length in elements: padded so that 8 rows hit 8 different 16-byte bank groups
@@ -147,6 +146,14 @@ __device__ __forceinline__ void mma1688(float (&c)[4], uint32_t const (&a)[4], u
         "{%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+//! 2^x by the SFU (relative error about 2^-22; results below 2^-126 flush to 0, -inf gives 0).
+__device__ __forceinline__ float exp2Approx(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
 }
 
 __device__ __forceinline__ uint32_t toTf32(float x)
@@ -270,6 +277,50 @@ __device__ __forceinline__ void zeroPadding(T* shared, int32_t rows, int32_t fro
     }
 }
 
+__device__ __forceinline__ float maskElement(uint8_t x)
+{
+    return x != 0 ? 1.F : 0.F;
+}
+
+__device__ __forceinline__ float maskElement(float x)
+{
+    return x;
+}
+
+__device__ __forceinline__ float maskElement(__half x)
+{
+    return __half2float(x);
+}
+
+__device__ __forceinline__ float maskElement(__nv_bfloat16 x)
+{
+    return __bfloat162float(x);
+}
+
+//! Applies a mask of element type M to a tile of scaled scores (rows at mask offsets rowBase,
+//! keys k0 + 8n + 2t + {0, 1}); keys past seqK are left for the caller to block.
+template <typename M, int32_t kN>
+__device__ __forceinline__ void applyMaskTile(float (&s)[kN][4], AttentionMaskView const& mask,
+    int64_t const (&rowBase)[2], int64_t k0, int32_t t, AttentionShape const& shape, AttentionParams const& params)
+{
+    M const* const data = static_cast<M const*>(mask.data);
+    bool const isBool = mask.kind == AttentionMaskKind::kBool;
+#pragma unroll
+    for (int32_t n = 0; n < kN; ++n)
+    {
+#pragma unroll
+        for (int32_t e = 0; e < 4; ++e)
+        {
+            int64_t const kj = k0 + n * 8 + 2 * t + (e % 2);
+            if (kj < shape.seqK)
+            {
+                float const m = maskElement(data[rowBase[e / 2] + kj * mask.stride[3]]);
+                s[n][e] = isBool ? (m != 0.F ? s[n][e] : params.maskFill) : s[n][e] + m;
+            }
+        }
+    }
+}
+
 //! One 16-row tile's online softmax. update() turns a tile of raw scores (Q·Kᵀ accumulators) into
 //! unnormalised probabilities, updating the running maximum and this thread's part of the running
 //! sum, and gives the factor by which the output rows must be rescaled. The thread's rows are r0
@@ -285,17 +336,46 @@ struct OnlineSoftmax
     {
     }
 
-    template <int32_t kN>
+    //! kFOLD: on the common tile, fold the scale into the exponent's FFMA, exp2(s·(scale·log2e) −
+    //! max·log2e) as FlashAttention does, one instruction per score fewer than scaling first; the
+    //! exponent is then rounded relative to s·scale rather than to s·scale − max, so the float32
+    //! kernel keeps the separate steps.
+    template <bool kFOLD, int32_t kN>
     __device__ __forceinline__ void update(float (&s)[kN][4], float (&alpha)[2], int64_t r0, int64_t k0,
         AttentionMaskView const& mask, int64_t maskBase, AttentionShape const& shape, AttentionParams const& params,
         bool checkEach)
     {
         int32_t const t = static_cast<int32_t>(threadIdx.x % 4);
         bool const masked = mask.kind != AttentionMaskKind::kNone;
+        bool const common = !masked && !checkEach && params.softcap == 0.F;
+        bool const folded = kFOLD && common && params.scale > 0.F;
         float tileMax[2]{kNEGATIVE_INFINITY, kNEGATIVE_INFINITY};
-        if (!masked && !checkEach && params.softcap == 0.F)
+        if (common)
         {
-            // the common tile: every key present and allowed; one basic block for the scheduler
+            // every key present and allowed; one basic block for the scheduler
+#pragma unroll
+            for (int32_t n = 0; n < kN; ++n)
+            {
+#pragma unroll
+                for (int32_t e = 0; e < 4; ++e)
+                {
+                    if (!folded)
+                    {
+                        s[n][e] *= params.scale;
+                    }
+                    tileMax[e / 2] = fmaxf(tileMax[e / 2], s[n][e]);
+                }
+            }
+            if (folded)
+            {
+                // scale > 0 and rounding are monotonic: max(s)·scale == max(s·scale) exactly
+                tileMax[0] *= params.scale;
+                tileMax[1] *= params.scale;
+            }
+        }
+        else
+        {
+            // Each stage a uniform branch around an unrolled loop (not a branch per element).
 #pragma unroll
             for (int32_t n = 0; n < kN; ++n)
             {
@@ -303,7 +383,80 @@ struct OnlineSoftmax
                 for (int32_t e = 0; e < 4; ++e)
                 {
                     s[n][e] *= params.scale;
+                    if (params.softcap > 0.F)
+                    {
+                        s[n][e] = params.softcap * tanhf(s[n][e] / params.softcap);
+                    }
+                }
+            }
+            if (masked)
+            {
+                // rows past seqQ read the last row's mask (their output is never written)
+                int64_t const lastRow = shape.seqQ - 1;
+                int64_t const rowBase[2]{maskBase + (r0 < lastRow ? r0 : lastRow) * mask.stride[2],
+                    maskBase + (r0 + 8 < lastRow ? r0 + 8 : lastRow) * mask.stride[2]};
+                switch (mask.type)
+                {
+                case AttentionMaskType::kBool: applyMaskTile<uint8_t>(s, mask, rowBase, k0, t, shape, params); break;
+                case AttentionMaskType::kFloat: applyMaskTile<float>(s, mask, rowBase, k0, t, shape, params); break;
+                case AttentionMaskType::kHalf: applyMaskTile<__half>(s, mask, rowBase, k0, t, shape, params); break;
+                case AttentionMaskType::kBFloat16:
+                    applyMaskTile<__nv_bfloat16>(s, mask, rowBase, k0, t, shape, params);
+                    break;
+                }
+            }
+            if (checkEach)
+            {
+#pragma unroll
+                for (int32_t n = 0; n < kN; ++n)
+                {
+#pragma unroll
+                    for (int32_t e = 0; e < 4; ++e)
+                    {
+                        int64_t const qi = r0 + (e / 2) * 8;
+                        int64_t const kj = k0 + n * 8 + 2 * t + (e % 2);
+                        if (kj >= shape.seqK || (params.causal && kj > qi))
+                        {
+                            s[n][e] = kNEGATIVE_INFINITY;
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int32_t n = 0; n < kN; ++n)
+            {
+#pragma unroll
+                for (int32_t e = 0; e < 4; ++e)
+                {
                     tileMax[e / 2] = fmaxf(tileMax[e / 2], s[n][e]);
+                }
+            }
+        }
+#pragma unroll
+        for (int32_t i = 0; i < 2; ++i)
+        {
+            tileMax[i] = fmaxf(tileMax[i], __shfl_xor_sync(kFULL_MASK, tileMax[i], 1));
+            tileMax[i] = fmaxf(tileMax[i], __shfl_xor_sync(kFULL_MASK, tileMax[i], 2));
+            float const newMax = fmaxf(rowMax[i], tileMax[i]);
+            // A row with no allowed key so far keeps probabilities exp(-inf - 0) = 0 and sum 0.
+            alpha[i] = newMax == kNEGATIVE_INFINITY ? 1.F : exp2Approx((rowMax[i] - newMax) * kLOG2E);
+            rowMax[i] = newMax;
+            rowSum[i] *= alpha[i];
+        }
+        float const reference[2]{rowMax[0] == kNEGATIVE_INFINITY ? 0.F : rowMax[0],
+            rowMax[1] == kNEGATIVE_INFINITY ? 0.F : rowMax[1]};
+        if (folded)
+        {
+            float const factor = params.scale * kLOG2E;
+            float const offset[2]{-reference[0] * kLOG2E, -reference[1] * kLOG2E};
+#pragma unroll
+            for (int32_t n = 0; n < kN; ++n)
+            {
+#pragma unroll
+                for (int32_t e = 0; e < 4; ++e)
+                {
+                    s[n][e] = exp2Approx(fmaf(s[n][e], factor, offset[e / 2]));
+                    rowSum[e / 2] += s[n][e];
                 }
             }
         }
@@ -315,56 +468,9 @@ struct OnlineSoftmax
 #pragma unroll
                 for (int32_t e = 0; e < 4; ++e)
                 {
-                    float x = s[n][e] * params.scale;
-                    if (params.softcap > 0.F)
-                    {
-                        x = params.softcap * tanhf(x / params.softcap);
-                    }
-                    int64_t const qi = r0 + (e / 2) * 8;
-                    int64_t const kj = k0 + n * 8 + 2 * t + (e % 2);
-                    if (kj >= shape.seqK)
-                    {
-                        x = kNEGATIVE_INFINITY;
-                    }
-                    else
-                    {
-                        if (masked && qi < shape.seqQ)
-                        {
-                            x = mask_access::applyMask(
-                                mask, maskBase + qi * mask.stride[2] + kj * mask.stride[3], x, params.maskFill);
-                        }
-                        if (params.causal && kj > qi)
-                        {
-                            x = kNEGATIVE_INFINITY;
-                        }
-                    }
-                    s[n][e] = x;
-                    tileMax[e / 2] = fmaxf(tileMax[e / 2], x);
+                    s[n][e] = exp2Approx((s[n][e] - reference[e / 2]) * kLOG2E);
+                    rowSum[e / 2] += s[n][e];
                 }
-            }
-        }
-#pragma unroll
-        for (int32_t i = 0; i < 2; ++i)
-        {
-            tileMax[i] = fmaxf(tileMax[i], __shfl_xor_sync(kFULL_MASK, tileMax[i], 1));
-            tileMax[i] = fmaxf(tileMax[i], __shfl_xor_sync(kFULL_MASK, tileMax[i], 2));
-            float const newMax = fmaxf(rowMax[i], tileMax[i]);
-            // A row with no allowed key so far keeps probabilities exp(-inf - 0) = 0 and sum 0.
-            alpha[i] = newMax == kNEGATIVE_INFINITY ? 1.F : exp2f((rowMax[i] - newMax) * kLOG2E);
-            rowMax[i] = newMax;
-            rowSum[i] *= alpha[i];
-        }
-        float const reference[2]{rowMax[0] == kNEGATIVE_INFINITY ? 0.F : rowMax[0],
-            rowMax[1] == kNEGATIVE_INFINITY ? 0.F : rowMax[1]};
-#pragma unroll
-        for (int32_t n = 0; n < kN; ++n)
-        {
-#pragma unroll
-            for (int32_t e = 0; e < 4; ++e)
-            {
-                float const p = exp2f((s[n][e] - reference[e / 2]) * kLOG2E);
-                s[n][e] = p;
-                rowSum[e / 2] += p;
             }
         }
     }
@@ -536,7 +642,7 @@ __global__ void __launch_bounds__(kTHREADS) flashMma16Kernel(T const* __restrict
         for (int32_t mt = 0; mt < kMT; ++mt)
         {
             float alpha[2];
-            softmax[mt].update(
+            softmax[mt].template update<true>(
                 s[mt], alpha, warpRow0 + mt * 16 + lane / 4, k0, mask, block.maskBase, shape, params, checkEach);
             rescale(o[mt], alpha);
         }
@@ -716,7 +822,8 @@ __global__ void __launch_bounds__(kTHREADS) flashTf32x3Kernel(float const* __res
         for (int32_t mt = 0; mt < kMT; ++mt)
         {
             float alpha[2];
-            softmax[mt].update(s[mt], alpha, warpRow0 + mt * 16 + g, k0, mask, block.maskBase, shape, params, checkEach);
+            softmax[mt].template update<false>(
+                s[mt], alpha, warpRow0 + mt * 16 + g, k0, mask, block.maskBase, shape, params, checkEach);
             rescale(o[mt], alpha);
         }
 

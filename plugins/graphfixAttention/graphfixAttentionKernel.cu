@@ -18,7 +18,6 @@
 #include "graphfixAttentionKernel.h"
 
 #include "../common/cudaConversions.cuh"
-#include "graphfixAttentionMask.cuh"
 
 #include <math_constants.h>
 #include <mma.h>
@@ -48,7 +47,18 @@ __device__ __forceinline__ float negativeInfinity()
     return -CUDART_INF_F;
 }
 
-using mask_access::maskValue;
+//! One mask element as float (a bool mask gives 1 or 0).
+__device__ __forceinline__ float maskValue(AttentionMaskView const& mask, int64_t offset)
+{
+    switch (mask.type)
+    {
+    case AttentionMaskType::kBool: return static_cast<uint8_t const*>(mask.data)[offset] != 0 ? 1.F : 0.F;
+    case AttentionMaskType::kFloat: return static_cast<float const*>(mask.data)[offset];
+    case AttentionMaskType::kHalf: return __half2float(static_cast<__half const*>(mask.data)[offset]);
+    case AttentionMaskType::kBFloat16: return __bfloat162float(static_cast<__nv_bfloat16 const*>(mask.data)[offset]);
+    }
+    return 0.F;
+}
 
 __device__ __forceinline__ bool maskBlocks(AttentionMaskView const& mask, int64_t offset)
 {
