@@ -569,7 +569,18 @@ int32_t GraphfixAttentionPlugin::enqueue(nvinfer1::PluginTensorDesc const* input
             // allocation, capture-safe); the own kernels need only a host-side plan.
             AttentionWorkspace const scratch
                 = workspaceLayout(p, mAttributes.kTransposed != 0, cudnnMayRun(p.type, p.hasMask, p.maskType));
-            enqueueOwn(p, flashPlanFor(p), scratch, inputs, outputs[0], workspace, stream);
+            FlashPlan const flash = flashPlanFor(p);
+            if (flash.kernel != FlashKernel::kNone)
+            {
+                // a function attribute, not a stream operation: allowed under capture
+                checkLaunch(forType(p.type,
+                                [&](auto tag) {
+                                    using T = decltype(tag);
+                                    return prepareFlashAttention<T>(flash);
+                                }),
+                    "setting the flash kernel's shared memory");
+            }
+            enqueueOwn(p, flash, scratch, inputs, outputs[0], workspace, stream);
             return 0;
         }
         bool const directBiasAligned

@@ -10,7 +10,7 @@
  *   probe --library L --loading M [--field name:type:length:values]... --inputs SPEC
  *       createPlugin from the fields, then output types and shapes, supportsFormatCombination,
  *       configurePlugin, getWorkspaceSize, onShapeChange and the serialisation round trip
- *   run --library L --loading M --manifest FILE [--capture 1]                (needs a GPU)
+ *   run --library L --loading M --manifest FILE [--capture 1] [--stale-shape 1] (needs a GPU)
  *       one case per line, `FIELDS|INPUTS|OUTPUT|ITERATIONS`: FIELDS as --field values joined
  *       by ';', INPUTS as `dtype:d0,d1,..:path` joined by ';' (Q, K, V[, mask]; raw little-endian
  *       files; dtype float32, float16, bfloat16 or bool), OUTPUT a path; ITERATIONS > 0 also times
@@ -18,7 +18,8 @@
  *       captured once into a CUDA graph and replayed (graph_median_ms, no host overhead).
  *       --capture 1: the enqueue whose output is written runs under stream capture
  *       (cudaStreamCaptureModeGlobal, which refuses allocation and synchronisation) and the graph
- *       is then launched, as trtexec --useCudaGraph does.
+ *       is then launched, as trtexec --useCudaGraph does. --stale-shape 1: onShapeChange is given
+ *       a batch one larger than enqueue then runs (a plan made for other shapes).
  *
  * SPEC for probe: `dtype:d0,d1,..` joined by ';'. The plugin is made as TensorRT makes one: a
  * build-phase plugin configured with dynamic dimensions, its serialised fields given to
@@ -577,8 +578,8 @@ double medianMilliseconds(cudaStream_t stream, int32_t iterations, Launch&& laun
     return times[times.size() / 2];
 }
 
-std::string runCase(
-    nvinfer1::IPluginCreatorV3One* creator, std::string const& line, cudaStream_t stream, bool capture)
+std::string runCase(nvinfer1::IPluginCreatorV3One* creator, std::string const& line, cudaStream_t stream,
+    bool capture, bool staleShape)
 {
     auto const parts = split(line, '|');
     if (parts.size() != 4)
@@ -639,7 +640,24 @@ std::string runCase(
         inDescs.push_back(d.desc);
     }
     nvinfer1::PluginTensorDesc const outDesc = dynamicDesc(outDims, tensors[0].type, TensorFormat::kLINEAR).desc;
-    if (runtime->onShapeChange(inDescs.data(), nbInputs, &outDesc, 1) != 0)
+    // --stale-shape 1: onShapeChange sees a batch one larger than enqueue then gets, so enqueue
+    // meets shapes it was not planned for.
+    std::vector<nvinfer1::PluginTensorDesc> shapeDescs = inDescs;
+    nvinfer1::PluginTensorDesc shapeOut = outDesc;
+    if (staleShape)
+    {
+        int32_t const rank = inDescs[0].dims.nbDims;
+        int64_t const batch = inDescs[0].dims.d[0];
+        for (auto& d : shapeDescs)
+        {
+            if (d.dims.nbDims == rank && d.dims.d[0] == batch)
+            {
+                d.dims.d[0] = batch + 1;
+            }
+        }
+        shapeOut.dims.d[0] = batch + 1;
+    }
+    if (runtime->onShapeChange(shapeDescs.data(), nbInputs, &shapeOut, 1) != 0)
     {
         return fail("onShapeChange");
     }
@@ -726,7 +744,8 @@ int run(Arguments const& args)
     {
         if (!line.empty())
         {
-            results.push_back(runCase(creator, line, stream, args.get("capture", "0") == "1"));
+            results.push_back(runCase(
+                creator, line, stream, args.get("capture", "0") == "1", args.get("stale-shape", "0") == "1"));
         }
     }
     checkCuda(cudaStreamDestroy(stream), "cudaStreamDestroy");
