@@ -3,8 +3,8 @@
  *
  * The flash kernels (graphfixAttentionFlash.h), included by one translation unit per element type
  * (graphfixAttentionFlash{Float,Half,BFloat16}.cu) so that they compile in parallel.
- * One block of 4 warps per [64 query rows, (batch,
- * head)]; each warp owns 16 rows and keeps its scores, softmax statistics and output accumulator
+ * One block of 4 warps per [64 query rows, (batch, head)]; each warp owns 16 rows (kMT 16-row
+ * tiles, one: see rowTilesFor) and keeps its scores, softmax statistics and output accumulator
  * in registers (the mma accumulator layout: thread (g = lane / 4, t = lane % 4) holds rows g and
  * g + 8, columns 2t and 2t + 1 of each 8-column tile). Per key tile of 64:
  *

@@ -11,8 +11,7 @@
  *  - float32: mma.sync m16n8k8 on TF32 with 3xTF32 split products (a = hi + lo;
  *    hi·hi + hi·lo + lo·hi, float32 accumulation), float32-level accuracy for both products.
  *
- * Both: blocks of 4 warps, 128 query rows (32 per warp) for head dimensions up to 64, else 64
- * (16 per warp); 64 keys per tile, K and V tiles
+ * Both: blocks of 4 warps, 64 query rows (16 per warp), 64 keys per tile, K and V tiles
  * loaded with cp.async while the previous product runs, online softmax in float32 registers,
  * every feature of the node contract (grouped heads, causal, bool/additive masks broadcast to
  * [B, Hq, S, T], softcap, mask_fill, nan_to_zero). K must be given as [.., T, D] rows (the plugin
