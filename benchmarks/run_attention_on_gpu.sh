@@ -42,13 +42,8 @@ grep -h "graphfix plugins" "$BUILD/graphfix-plugin-build.log" | tee -a "$OUT/att
 $PY -m pytest tests/test_attention_plugin_gpu.py -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/attention_gpu_tests.log"
 [[ ${PIPESTATUS[0]} == 0 ]] || status=1
 
-$PY benchmarks/attention_bench.py --cuda-archs "$ARCH" --build-dir "$BUILD" \
+# Every shape and dtype, each contender timed by CUDA events and by CUDA-graph replay.
+$PY benchmarks/attention_bench.py --cuda-archs "$ARCH" --build-dir "$BUILD" ${BENCH_ARGS:-} \
   --json "$OUT/attention_bench.json" 2>&1 | tee "$OUT/attention_bench.log"
-[[ ${PIPESTATUS[0]} == 0 ]] || status=1
-
-# The portable kernel alone (what runs without cuDNN, for float32, softcap, ...), on the smaller shapes.
-$PY benchmarks/attention_bench.py --cuda-archs "$ARCH" --build-dir "$BUILD" --backend portable \
-  --only "BERT,cross,SigLIP" --dtypes float16,float32 --iterations 10 \
-  --json "$OUT/attention_bench_portable.json" 2>&1 | tee "$OUT/attention_bench_portable.log"
 [[ ${PIPESTATUS[0]} == 0 ]] || status=1
 exit $status

@@ -5,14 +5,21 @@ through TensorRT's plugin interfaces: createPlugin, configurePlugin with dynamic
 getWorkspaceSize, the serialisation round trip, attachToContext, onShapeChange, enqueue. Outputs
 are poisoned before each run and the bytes around each output checked untouched.
 
-Both backends run every case: `portable` (the plugin's own kernel, float32 probabilities) and
-`auto` (cuDNN's fused SDPA where the plugin takes it, else the portable kernel). cuDNN is found
-through an installed `nvidia-cudnn-cu12/cu13` wheel (as PyTorch ships it) or the system.
+Both backends run every case: `portable` (the plugin's own kernels) and `auto` (cuDNN's fused
+SDPA where the plugin takes it, else the own kernels), each once plainly, once with the
+enqueue captured into a CUDA graph (cudaStreamCaptureModeGlobal: no allocation, no
+synchronisation) and the graph launched, and once captured after an onShapeChange for other
+shapes (enqueue then runs the own kernels from a host-side plan, building nothing). cuDNN is found through an installed
+`nvidia-cudnn-cu12/cu13` wheel (as PyTorch ships it) or the system.
 
-Bounds, with inputs ~N(0, 1): the portable kernel (CUDA cores for float32 and very wide heads,
-tensor cores with the probabilities split into two or three 16-bit terms otherwise) within half
-an ulp of the output format of the exact result plus float32 accumulation error (4e-5 absolute); the cuDNN path, which rounds
-the probabilities to the I/O type before the second product, within 2^-8 (float16) or 2^-5
+The own kernels: the flash kernels on tensor cores (mma.sync m16n8k16 for float16/bfloat16 with
+the probabilities split into two 16-bit terms; 3xTF32 mma.sync m16n8k8 for float32) for head
+dimensions up to 128 in multiples of 8 (4 for float32); the fallback kernel for the rest. Which
+one ran is read from the plugin's onShapeChange note and checked against that rule.
+
+Bounds, with inputs ~N(0, 1): the own kernels within half an ulp of the output format of the
+exact result plus float32 accumulation error (4e-5 absolute); the cuDNN path, which rounds the
+probabilities to the I/O type before the second product, within 2^-8 (float16) or 2^-5
 (bfloat16) absolute — the accuracy of the fused kernels the issue measured.
 
 Run on a GPU machine:  python -m pytest tests/test_attention_plugin_gpu.py -m gpu -q
@@ -34,6 +41,13 @@ pytestmark = pytest.mark.gpu
 
 DTYPES = ("float32", "float16", "bfloat16")
 BACKENDS = ("portable", "auto")
+# harness flags per mode; "stale": onShapeChange planned a larger batch than enqueue then gets
+# (enqueue must run the shapes it is given without re-planning), under capture
+MODES = {
+    "plain": ("--capture", "0"),
+    "captured": ("--capture", "1"),
+    "stale": ("--capture", "1", "--stale-shape", "1"),
+}
 EPS = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 CUDNN_ATOL = {"float16": 2.0**-8, "bfloat16": 2.0**-5}
 
@@ -121,6 +135,41 @@ CASES = (
         cudnn_eligible=False,
     ),
     Case("rank3_mask", (3, 20, 64), 1, 30, 64, mask="rand_bool", mask_shape=(3, 1, 30)),
+    # several query and key tiles, neither a multiple of 64, grouped heads, a per-head bool mask
+    Case(
+        "tiles_gqa_mask",
+        (2, 4, 200, 96),
+        2,
+        333,
+        96,
+        mask="rand_bool",
+        mask_shape=(2, 1, 200, 333),
+    ),
+    # softcap, causal and a padding mask together, on the fast paths
+    Case(
+        "softcap_causal_pad",
+        (2, 2, 150, 128),
+        2,
+        150,
+        128,
+        causal=True,
+        softcap=4.0,
+        mask="pad_bool",
+        mask_shape=(2, 1, 1, 150),
+        magnitude=2.0,
+        cudnn_eligible=False,
+    ),
+    Case(
+        "d80_add_f32_zero",
+        (1, 3, 70, 80),
+        3,
+        90,
+        80,
+        mask="add_f32",
+        mask_shape=(1, 3, 70, 90),
+        nan_to_zero=True,
+        cudnn_eligible=False,
+    ),
     Case(
         "d2048_refused",
         (1, 1, 8, 2048),
@@ -222,8 +271,19 @@ class Outcome:
 
     @property
     def path(self) -> str:
+        """cudnn, flash or fallback, from the plugin's onShapeChange note."""
         notes = [m["text"] for m in self.result.get("messages", []) if "onShapeChange" in m["text"]]
-        return "cudnn" if notes and notes[-1].endswith("cuDNN SDPA") else "portable"
+        if notes and notes[-1].endswith("cuDNN SDPA"):
+            return "cudnn"
+        return "flash" if notes and "; flash kernel" in notes[-1] else "fallback"
+
+
+def expected_own_path(case: Case, dtype: str) -> str:
+    """Which own kernel the plugin must take (sm_80+): the flash kernels' limits."""
+    d, dv = case.q[-1], case.value_dim
+    multiple = 4 if dtype == "float32" else 8
+    fits = d % multiple == 0 and dv % multiple == 0 and max(d, dv) <= 128
+    return "flash" if fits else "fallback"
 
 
 @pytest.fixture(scope="session")
@@ -272,25 +332,27 @@ def gpu_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, st
     outcomes = {}
     env = cudnn_runtime_environment()
     for backend in BACKENDS:
-        done = support.run_harness_process(
-            tools,
-            "run",
-            "dynamic",
-            "--manifest",
-            str(manifest),
-            env={**env, "GRAPHFIX_ATTENTION_BACKEND": backend},
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-        results = json.loads(done.stdout)
-        for (case, dtype, out_path, out_shape, reference), result in zip(
-            pending, results["cases"], strict=True
-        ):
-            out = (
-                _decode(out_path.read_bytes(), dtype, out_shape)
-                if result["status"] == 0
-                else np.full(out_shape, np.nan)
+        for mode in MODES:
+            done = support.run_harness_process(
+                tools,
+                "run",
+                "dynamic",
+                "--manifest",
+                str(manifest),
+                *MODES[mode],
+                env={**env, "GRAPHFIX_ATTENTION_BACKEND": backend},
             )
-            outcomes[(backend, case.name, dtype)] = Outcome(result, out, reference)
+            assert done.returncode == 0, done.stdout + done.stderr
+            results = json.loads(done.stdout)
+            for (case, dtype, out_path, out_shape, reference), result in zip(
+                pending, results["cases"], strict=True
+            ):
+                out = (
+                    _decode(out_path.read_bytes(), dtype, out_shape)
+                    if result["status"] == 0
+                    else np.full(out_shape, np.nan)
+                )
+                outcomes[(backend, mode, case.name, dtype)] = Outcome(result, out, reference)
     return outcomes
 
 
@@ -298,13 +360,14 @@ def _cudnn_loadable(outcomes) -> bool:
     return any(o.path == "cudnn" for o in outcomes.values())
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", [c for c in CASES if not c.refused], ids=lambda c: c.name)
 def test_enqueue_matches_float64_reference(
-    gpu_outcomes, backend: str, case: Case, dtype: str
+    gpu_outcomes, backend: str, mode: str, case: Case, dtype: str
 ) -> None:
-    outcome = gpu_outcomes[(backend, case.name, dtype)]
+    outcome = gpu_outcomes[(backend, mode, case.name, dtype)]
     result = outcome.result
     assert result["status"] == 0, result
     assert result["cuda"] == "no error"
@@ -315,7 +378,7 @@ def test_enqueue_matches_float64_reference(
         assert nan_rows.any() != case.nan_to_zero
     valid = ~nan_rows
     error = np.abs(outcome.out[valid] - outcome.reference[valid])
-    if outcome.path == "cudnn":
+    if outcome.path == "cudnn" and mode != "stale":
         bound = CUDNN_ATOL[dtype] + EPS[dtype] * np.abs(outcome.reference[valid])
     else:
         bound = 4e-5 + EPS[dtype] * np.abs(outcome.reference[valid])
@@ -330,15 +393,32 @@ def test_enqueue_matches_float64_reference(
 def test_auto_takes_cudnn_where_it_can(gpu_outcomes, case: Case, dtype: str) -> None:
     if not _cudnn_loadable(gpu_outcomes):
         pytest.skip("cuDNN could not be loaded here; the auto backend used the portable kernel")
-    outcome = gpu_outcomes[("auto", case.name, dtype)]
+    outcome = gpu_outcomes[("auto", "plain", case.name, dtype)]
     assert outcome.path == "cudnn", outcome.result["messages"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", [c for c in CASES if not c.refused], ids=lambda c: c.name)
+def test_portable_takes_the_flash_kernel_where_it_can(gpu_outcomes, case: Case, dtype: str) -> None:
+    outcome = gpu_outcomes[("portable", "plain", case.name, dtype)]
+    assert outcome.path == expected_own_path(case, dtype), outcome.result["messages"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", [c for c in CASES if not c.refused], ids=lambda c: c.name)
+def test_captured_enqueue_gives_the_same_bytes(gpu_outcomes, backend: str, case: Case) -> None:
+    for dtype in DTYPES:
+        plain = gpu_outcomes[(backend, "plain", case.name, dtype)]
+        captured = gpu_outcomes[(backend, "captured", case.name, dtype)]
+        assert captured.result["captured"] and captured.result["status"] == 0, captured.result
+        np.testing.assert_array_equal(captured.out, plain.out)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", [c for c in CASES if c.refused], ids=lambda c: c.name)
 def test_unsupported_shape_is_a_clear_error(gpu_outcomes, backend: str, case: Case) -> None:
     for dtype in DTYPES:
-        result = gpu_outcomes[(backend, case.name, dtype)].result
+        result = gpu_outcomes[(backend, "plain", case.name, dtype)].result
         assert result["status"] == -1
         assert result["stage"] == "onShapeChange"
         assert any(case.refused in m["text"] for m in result["messages"]), result["messages"]
@@ -349,5 +429,5 @@ def test_unsupported_shape_is_a_clear_error(gpu_outcomes, backend: str, case: Ca
 )
 def test_auto_keeps_what_cudnn_cannot_do_on_the_portable_kernel(gpu_outcomes, case: Case) -> None:
     for dtype in DTYPES:
-        assert gpu_outcomes[("auto", case.name, dtype)].path == "portable"
-    assert gpu_outcomes[("auto", "basic77", "float32")].path == "portable"
+        assert gpu_outcomes[("auto", "plain", case.name, dtype)].path != "cudnn"
+    assert gpu_outcomes[("auto", "plain", "basic77", "float32")].path != "cudnn"

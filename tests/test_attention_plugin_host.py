@@ -204,6 +204,65 @@ def test_workspace_only_where_the_cudnn_path_may_run(tools: Tools) -> None:
     assert probe(tools, SCALE).report["workspace_size"] >= 8 << 20
 
 
+def test_k_transposed_takes_scratch_for_k_rows_on_every_path(tools: Tools) -> None:
+    # K given as [B, Hkv, D, T]: the flash kernels read it transposed into the workspace.
+    inputs = "float16:2,4,16,64;float16:2,2,64,16;float16:2,2,16,32;bool:2,1,1,16"
+    transposed = "k_transposed:kINT32:1:1"
+    keys = 2 * 2 * 16 * 64 * 2
+    portable = probe(tools, SCALE, transposed, inputs=inputs, backend="portable").report
+    assert portable["workspace_size"] == keys
+    float32 = inputs.replace("float16", "float32")
+    assert probe(tools, SCALE, transposed, inputs=float32).report["workspace_size"] == 2 * keys
+    assert (
+        probe(tools, SCALE, transposed, inputs=inputs).report["workspace_size"] >= (8 << 20) + keys
+    )
+
+
+def _own_kernel(report: dict) -> str:
+    notes = [m["text"] for m in report["messages"] if "onShapeChange" in m["text"]]
+    return notes[-1].split("; ", 1)[1]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "d", "dv", "expected"),
+    [
+        (
+            "float16",
+            64,
+            64,
+            "flash kernel mma.sync m16n8k16 float16, head dim padded to 64, 64x64 "
+            "tiles, 27648 bytes of shared memory",
+        ),
+        (
+            "bfloat16",
+            72,
+            72,
+            "flash kernel mma.sync m16n8k16 bfloat16, head dim padded to 80, 64x64 "
+            "tiles, 33792 bytes of shared memory",
+        ),
+        ("float16", 64, 128, "flash kernel mma.sync m16n8k16 float16, head dim padded to 128"),
+        (
+            "float32",
+            64,
+            64,
+            "flash kernel mma.sync m16n8k8 3xTF32, head dim padded to 64, 64x64 "
+            "tiles, 52224 bytes of shared memory",
+        ),
+        ("float32", 128, 128, "3xTF32, head dim padded to 128, 64x64 tiles, 101376 bytes"),
+        ("float32", 20, 24, "3xTF32, head dim padded to 32"),
+        ("float16", 20, 24, "fallback kernel, no flash kernel: head dimensions not multiples of 8"),
+        ("float16", 136, 136, "fallback kernel, no flash kernel: head dimensions above 128"),
+    ],
+)
+def test_own_kernel_choice_and_tiling(
+    tools: Tools, dtype: str, d: int, dv: int, expected: str
+) -> None:
+    inputs = f"{dtype}:2,4,16,{d};{dtype}:2,2,16,{d};{dtype}:2,2,16,{dv}"
+    report = probe(tools, SCALE, "softcap:kFLOAT32:1:30", inputs=inputs).report
+    assert report["on_shape_change"] == 0
+    assert expected in _own_kernel(report)
+
+
 def _cudnn_reason(report: dict) -> str | None:
     notes = [m["text"] for m in report["messages"] if "onShapeChange" in m["text"]]
     return None if notes[-1].endswith("cuDNN SDPA") else notes[-1]

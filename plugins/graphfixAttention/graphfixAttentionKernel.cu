@@ -10,9 +10,9 @@
  * them to the I/O type before the second product lose most of their accuracy there); the output
  * is rounded once. Rows whose keys are all blocked (-inf) give NaN, or 0 with nanToZero.
  *
- * It is the path for what the cuDNN path cannot run (float32, softcap, bool masks with a finite
- * fill, float32 masks with 16-bit inputs, head dimensions cuDNN refuses, installs without cuDNN),
- * correct first and reasonably fast second. float32 runs on CUDA cores; float16 and bfloat16 on
+ * It is the fallback for what neither the cuDNN path nor the flash kernels
+ * (graphfixAttentionFlash.h) can run: head dimensions above 128 or not multiples of 8 (4 for
+ * float32), GPUs before sm_80, misaligned tensors; correct first and reasonably fast second. float32 runs on CUDA cores; float16 and bfloat16 on
  * sm_80 and newer take the tensor-core variant below (same algorithm and accuracy).
  */
 #include "graphfixAttentionKernel.h"

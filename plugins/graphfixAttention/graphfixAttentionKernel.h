@@ -5,8 +5,9 @@
  * plugin (graphfixAttentionPlugin.h) turns tensor descriptors into an AttentionShape, an
  * AttentionMaskView and AttentionParams.
  *
- *  - launchAttention: the portable path, a flash-style kernel (online softmax, float32 scores,
- *    statistics and accumulation) covering every feature of the node contract;
+ *  - launchAttention: the fallback kernel, flash-style (online softmax, float32 scores,
+ *    statistics and accumulation), covering every feature of the node contract for every head
+ *    dimension and GPU the flash kernels (graphfixAttentionFlash.h) cannot take;
  *  - launchTransposeKeys, launchMaskToBias, launchFirstAllowedKey, launchBlockedRows: the small
  *    kernels around the cuDNN path (graphfixAttentionCudnn.h), which takes K as [T, D] rows, an
  *    additive bias of Q's type, and gives unspecified values for rows whose keys are all blocked.
@@ -72,7 +73,7 @@ struct AttentionParams
     bool nanToZero{false};  //!< a row whose scores are all -inf gives 0 instead of NaN
 };
 
-//! The portable path: out = softmax(mask(softcap(scale * Q Kᵀ))) V with float32 scores,
+//! The fallback kernel: out = softmax(mask(softcap(scale * Q Kᵀ))) V with float32 scores,
 //! statistics and accumulation. T is float, __half or __nv_bfloat16. Returns
 //! cudaErrorInvalidConfiguration when the head dimensions need more shared memory than the
 //! device has (headDim + valueDim above about 1500 floats on a 227 KiB device).

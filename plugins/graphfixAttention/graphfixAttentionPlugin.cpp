@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 
 namespace graphfix
 {
@@ -23,9 +24,12 @@ using nvinfer1::DataType;
 using nvinfer1::TensorFormat;
 
 constexpr int64_t kSCRATCH_ALIGNMENT{256};
-//! Bytes of the enqueue workspace set aside for cuDNN's own workspace; a graph that needs more
-//! gets a buffer of the plugin's own, allocated in onShapeChange.
+//! Bytes of the enqueue workspace set aside for cuDNN's own workspace; a shape whose graph needs
+//! more runs on the own kernels (enqueue allocates nothing).
 constexpr int64_t kCUDNN_WORKSPACE_RESERVE{int64_t{8} << 20};
+//! sm_80's opt-in shared memory per block: what the flash kernels are planned for when no device
+//! is visible (the host harness).
+constexpr int64_t kASSUMED_SHARED_BYTES{166912};
 //! cuDNN's fused attention wants head dimensions in multiples of 8, at most 256.
 constexpr int64_t kCUDNN_HEAD_DIM_MULTIPLE{8};
 constexpr int64_t kCUDNN_MAX_HEAD_DIM{256};
@@ -180,27 +184,29 @@ AttentionMaskView maskView(AttentionProblem const& p, void const* data)
     return view;
 }
 
-//! The cuDNN path's scratch for `p`; monotone in every dimension, so the layout of the largest
-//! shapes bounds that of every smaller one.
-AttentionWorkspace workspaceLayout(AttentionProblem const& p, bool kTransposed)
+//! The scratch for `p`: K transposed (both paths), cuDNN's workspace and the mask as a bias
+//! (`withCudnn`). Monotone in every dimension, so the layout of the largest shapes bounds that of
+//! every smaller one.
+AttentionWorkspace workspaceLayout(AttentionProblem const& p, bool kTransposed, bool withCudnn)
 {
     AttentionShape const& s = p.shape;
     int64_t const size = elementSize(p.type);
     AttentionWorkspace w;
-    int64_t at = kCUDNN_WORKSPACE_RESERVE;
+    w.cudnnBytes = withCudnn ? kCUDNN_WORKSPACE_RESERVE : 0;
+    int64_t at = w.cudnnBytes;
     w.keysOffset = at;
     if (kTransposed)
     {
         at += roundUp(s.batch * s.headsKV * s.seqK * s.headDim * size, kSCRATCH_ALIGNMENT);
     }
     w.biasOffset = at;
-    if (p.hasMask)
+    if (withCudnn && p.hasMask)
     {
         at += roundUp(p.maskDims[0] * p.maskDims[1] * s.seqQ * roundUp(s.seqK, kBIAS_ROW_MULTIPLE) * size,
             kSCRATCH_ALIGNMENT);
     }
     w.firstOffset = at;
-    if (p.hasMask)
+    if (withCudnn && p.hasMask)
     {
         at += roundUp(p.maskDims[0] * p.maskDims[1] * p.maskDims[2] * 4, kSCRATCH_ALIGNMENT);
     }
@@ -243,6 +249,39 @@ AttentionBackend backendFromEnvironment()
     }
     throw PluginError(std::string{kGRAPHFIX_ATTENTION_BACKEND_ENV} + "=" + text
         + " is not a backend; allowed: auto (default), cudnn, portable");
+}
+
+//! The current device's compute capability major and opt-in shared memory per block; {0,
+//! kASSUMED_SHARED_BYTES} when no device is visible.
+std::pair<int32_t, int64_t> deviceLimits()
+{
+    int32_t device = 0;
+    int32_t major = 0;
+    int32_t shared = 0;
+    if (cudaGetDevice(&device) != cudaSuccess
+        || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess
+        || cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+    {
+        cudaGetLastError(); // clear the error a host without a GPU leaves
+        return {0, kASSUMED_SHARED_BYTES};
+    }
+    return {major, shared};
+}
+
+FlashPlan flashPlanFor(AttentionProblem const& p)
+{
+    auto const [major, shared] = deviceLimits();
+    return planFlashAttention(p.shape, static_cast<int32_t>(elementSize(p.type)), shared, major);
+}
+
+std::string flashText(FlashPlan const& plan, DataType type)
+{
+    std::string const kind = plan.kernel == FlashKernel::kTf32x3 ? "mma.sync m16n8k8 3xTF32"
+        : type == DataType::kBF16                               ? "mma.sync m16n8k16 bfloat16"
+                                                                : "mma.sync m16n8k16 float16";
+    return "flash kernel " + kind + ", head dim padded to " + std::to_string(plan.paddedDim) + ", "
+        + std::to_string(plan.blockRows) + "x" + std::to_string(plan.blockKeys) + " tiles, "
+        + std::to_string(plan.sharedBytes) + " bytes of shared memory";
 }
 
 std::string dimsText(AttentionShape const& s)
@@ -289,14 +328,7 @@ GraphfixAttentionPlugin::GraphfixAttentionPlugin(AttentionAttributes const& attr
     }
 }
 
-GraphfixAttentionPlugin::~GraphfixAttentionPlugin()
-{
-    mCudnn.reset();
-    if (mCudnnScratch != nullptr)
-    {
-        cudaFree(mCudnnScratch);
-    }
-}
+GraphfixAttentionPlugin::~GraphfixAttentionPlugin() = default;
 
 // IPluginV3
 
@@ -468,11 +500,8 @@ size_t GraphfixAttentionPlugin::getWorkspaceSize(nvinfer1::DynamicPluginTensorDe
             types[i] = inputs[i].desc.type;
         }
         AttentionProblem const p = describe(dims, types, nbInputs, mAttributes.kTransposed != 0);
-        if (!cudnnMayRun(p.type, p.hasMask, p.maskType))
-        {
-            return 0;
-        }
-        return static_cast<size_t>(workspaceLayout(p, mAttributes.kTransposed != 0).total);
+        return static_cast<size_t>(
+            workspaceLayout(p, mAttributes.kTransposed != 0, cudnnMayRun(p.type, p.hasMask, p.maskType)).total);
     }
     catch (...)
     {
@@ -529,13 +558,29 @@ int32_t GraphfixAttentionPlugin::enqueue(nvinfer1::PluginTensorDesc const* input
         }
         check(mPlanned, "enqueue before onShapeChange");
         AttentionProblem const p = describe(dims, types, nbInputs, mAttributes.kTransposed != 0);
-        if (!(p == mProblem))
-        {
-            plan(p);
-        }
         AttentionShape const& s = p.shape;
         if (s.batch == 0 || s.headsQ == 0 || s.seqQ == 0)
         {
+            return 0;
+        }
+        if (!(p == mProblem))
+        {
+            // Shapes onShapeChange did not see: no re-planning here (no cuDNN graph build, no
+            // allocation, capture-safe); the own kernels need only a host-side plan.
+            AttentionWorkspace const scratch
+                = workspaceLayout(p, mAttributes.kTransposed != 0, cudnnMayRun(p.type, p.hasMask, p.maskType));
+            FlashPlan const flash = flashPlanFor(p);
+            if (flash.kernel != FlashKernel::kNone)
+            {
+                // a function attribute, not a stream operation: allowed under capture
+                checkLaunch(forType(p.type,
+                                [&](auto tag) {
+                                    using T = decltype(tag);
+                                    return prepareFlashAttention<T>(flash);
+                                }),
+                    "setting the flash kernel's shared memory");
+            }
+            enqueueOwn(p, flash, scratch, inputs, outputs[0], workspace, stream);
             return 0;
         }
         bool const directBiasAligned
@@ -546,7 +591,7 @@ int32_t GraphfixAttentionPlugin::enqueue(nvinfer1::PluginTensorDesc const* input
         }
         else
         {
-            enqueuePortable(inputs, outputs[0], stream);
+            enqueueOwn(mProblem, mFlash, mWorkspace, inputs, outputs[0], workspace, stream);
         }
         return 0;
     }
@@ -605,6 +650,8 @@ void GraphfixAttentionPlugin::plan(AttentionProblem const& p)
     mPlanned = true;
     mUseCudnn = false;
     mDirectBias = false;
+    mWorkspace = workspaceLayout(p, mAttributes.kTransposed != 0, cudnnMayRun(p.type, p.hasMask, p.maskType));
+    mFlash = flashPlanFor(p);
     std::string reason;
     bool cudnnAttempted = false;
     if (mBackend == AttentionBackend::kPortable)
@@ -640,6 +687,7 @@ void GraphfixAttentionPlugin::plan(AttentionProblem const& p)
         c.valueDim = s.valueDim;
         c.scale = mAttributes.scale;
         c.causal = mAttributes.causal != 0;
+        mBiasRows = s.seqQ;
         if (p.hasMask)
         {
             c.hasBias = true;
@@ -657,36 +705,63 @@ void GraphfixAttentionPlugin::plan(AttentionProblem const& p)
             mCudnn = std::make_unique<CudnnSdpa>();
         }
         cudnnAttempted = true;
+        if (p.hasMask && p.maskStrides[2] == 0)
+        {
+            // A mask that broadcasts over the queries (key padding): one bias row per (batch, head),
+            // given to cuDNN with row stride 0, instead of seqQ copies. Kept only if cuDNN takes it.
+            CudnnSdpaConfig broadcast = c;
+            int64_t const rowLength = roundUp(s.seqK, kBIAS_ROW_MULTIPLE);
+            broadcast.biasRowStride = 0;
+            broadcast.biasHeadStride = rowLength;
+            broadcast.biasBatchStride = c.biasHeads * rowLength;
+            std::string ignored;
+            if (mCudnn->prepare(broadcast, ignored))
+            {
+                c = broadcast;
+                mDirectBias = false;
+                mBiasRows = 1;
+            }
+        }
         if (mCudnn->prepare(c, reason))
         {
             int64_t const needed = mCudnn->workspaceSize(c);
-            if (needed > kCUDNN_WORKSPACE_RESERVE && needed > mCudnnScratchBytes)
+            if (needed <= mWorkspace.cudnnBytes)
             {
-                if (mCudnnScratch != nullptr)
-                {
-                    cudaFree(mCudnnScratch);
-                    mCudnnScratch = nullptr;
-                    mCudnnScratchBytes = 0;
-                }
-                checkLaunch(cudaMalloc(&mCudnnScratch, static_cast<size_t>(needed)), "cudaMalloc of cuDNN's workspace");
-                mCudnnScratchBytes = needed;
+                mCudnnConfig = c;
+                mUseCudnn = true;
             }
-            mCudnnConfig = c;
-            mWorkspace = workspaceLayout(p, mAttributes.kTransposed != 0);
-            mUseCudnn = true;
+            else
+            {
+                reason = "cuDNN wants " + std::to_string(needed) + " bytes of workspace, more than the "
+                    + std::to_string(mWorkspace.cudnnBytes) + " reserved";
+            }
+        }
+    }
+    if (mFlash.kernel != FlashKernel::kNone)
+    {
+        cudaError_t const prepared = forType(p.type, [&](auto tag) {
+            using T = decltype(tag);
+            return prepareFlashAttention<T>(mFlash);
+        });
+        if (prepared != cudaSuccess)
+        {
+            cudaGetLastError(); // no device (the host harness): enqueue cannot run here anyway
         }
     }
     if (!mUseCudnn)
     {
         mDirectBias = false;
-        check(portableAttentionFits(s.headDim, s.valueDim),
+        check(mFlash.kernel != FlashKernel::kNone || portableAttentionFits(s.headDim, s.valueDim),
             "head dimensions D=" + std::to_string(s.headDim) + ", Dv=" + std::to_string(s.valueDim)
                 + " need more shared memory than this GPU has for the portable kernel, and the cuDNN path cannot run "
                   "them ("
                 + reason + ")");
     }
+    std::string const own = mFlash.kernel != FlashKernel::kNone
+        ? flashText(mFlash, p.type)
+        : std::string{"fallback kernel, no flash kernel: "} + mFlash.reason;
     std::string const note = std::string{"GraphfixAttention "} + typeName(p.type) + " " + dimsText(s)
-        + (mUseCudnn ? std::string{": cuDNN SDPA"} : ": portable kernel (" + reason + ")");
+        + (mUseCudnn ? std::string{": cuDNN SDPA"} : ": portable kernel (" + reason + "); " + own);
     if (note != mPathNote)
     {
         mPathNote = note;
@@ -732,15 +807,16 @@ void GraphfixAttentionPlugin::enqueueCudnn(
                             [&](auto tag) {
                                 using T = decltype(tag);
                                 return launchMaskToBias<T>(mask, static_cast<T*>(materialised), p.maskDims[0],
-                                    p.maskDims[1], s.seqQ, s.seqK, mCudnnConfig.biasRowStride, stream);
+                                    p.maskDims[1], mBiasRows, s.seqK, roundUp(s.seqK, kBIAS_ROW_MULTIPLE), stream);
                             }),
                 "writing the mask as a bias");
             bias = materialised;
         }
     }
-    void* const cudnnWorkspace = mCudnnScratch != nullptr ? mCudnnScratch : scratch + mWorkspace.cudnnOffset;
     std::string error;
-    check(mCudnn->run(mCudnnConfig, inputs[0], keys, inputs[2], bias, output, cudnnWorkspace, stream, error), error);
+    check(mCudnn->run(mCudnnConfig, inputs[0], keys, inputs[2], bias, output, scratch + mWorkspace.cudnnOffset, stream,
+              error),
+        error);
     if (p.hasMask)
     {
         auto* const first = reinterpret_cast<int32_t*>(scratch + mWorkspace.firstOffset);
@@ -756,9 +832,10 @@ void GraphfixAttentionPlugin::enqueueCudnn(
     }
 }
 
-void GraphfixAttentionPlugin::enqueuePortable(void const* const* inputs, void* output, cudaStream_t stream) const
+void GraphfixAttentionPlugin::enqueueOwn(AttentionProblem const& p, FlashPlan const& flash,
+    AttentionWorkspace const& scratch, void const* const* inputs, void* output, void* workspace,
+    cudaStream_t stream) const
 {
-    AttentionProblem const& p = mProblem;
     AttentionParams params;
     params.scale = mAttributes.scale;
     params.softcap = mAttributes.softcap;
@@ -766,14 +843,47 @@ void GraphfixAttentionPlugin::enqueuePortable(void const* const* inputs, void* o
     params.causal = mAttributes.causal != 0;
     params.kTransposed = mAttributes.kTransposed != 0;
     params.nanToZero = mAttributes.nanToZero != 0;
+    AttentionShape const& s = p.shape;
     AttentionMaskView const mask = maskView(p, p.hasMask ? inputs[3] : nullptr);
+    if (flash.kernel != FlashKernel::kNone && (!params.kTransposed || workspace != nullptr))
+    {
+        void const* keys = inputs[1];
+        cudaError_t status = cudaSuccess;
+        if (params.kTransposed)
+        {
+            void* const transposed = static_cast<char*>(workspace) + scratch.keysOffset;
+            status = forType(p.type, [&](auto tag) {
+                using T = decltype(tag);
+                return launchTransposeKeys<T>(static_cast<T const*>(inputs[1]), static_cast<T*>(transposed),
+                    s.batch * s.headsKV, s.headDim, s.seqK, stream);
+            });
+            keys = transposed;
+        }
+        if (status == cudaSuccess)
+        {
+            AttentionParams rows = params;
+            rows.kTransposed = false;
+            status = forType(p.type, [&](auto tag) {
+                using T = decltype(tag);
+                return launchFlashAttention<T>(static_cast<T const*>(inputs[0]), static_cast<T const*>(keys),
+                    static_cast<T const*>(inputs[2]), mask, static_cast<T*>(output), s, rows, flash, stream);
+            });
+        }
+        // Misaligned tensors or a transpose too large for its grid: the fallback kernel runs them.
+        if (status != cudaErrorMisalignedAddress && status != cudaErrorInvalidConfiguration)
+        {
+            checkLaunch(status, "the flash attention kernel");
+            return;
+        }
+        cudaGetLastError();
+    }
     checkLaunch(forType(p.type,
                     [&](auto tag) {
                         using T = decltype(tag);
                         return launchAttention<T>(static_cast<T const*>(inputs[0]), static_cast<T const*>(inputs[1]),
-                            static_cast<T const*>(inputs[2]), mask, static_cast<T*>(output), p.shape, params, stream);
+                            static_cast<T const*>(inputs[2]), mask, static_cast<T*>(output), s, params, stream);
                     }),
-        "the portable attention kernel");
+        "the fallback attention kernel");
 }
 
 // GraphfixAttentionPluginCreator

@@ -6,11 +6,16 @@
  * float32 scores, softmax statistics and accumulation for float32, float16 and bfloat16 I/O.
  * IPluginV3 with the V3One core, build and runtime capabilities, and its IPluginCreatorV3One.
  *
- * Two paths (chosen per shape in onShapeChange, reported through the logger at kVERBOSE):
+ * Three paths (chosen per shape in onShapeChange, reported through the logger at kVERBOSE):
  *  - cuDNN's fused SDPA (graphfixAttentionCudnn.h) for float16/bfloat16 without softcap, with no
  *    mask, an additive mask of Q's type, or a bool mask whose fill is -inf; cuDNN is loaded at run
- *    time, graphs are built once per shape and cached;
- *  - the portable flash kernel (graphfixAttentionKernel.h) for everything else.
+ *    time, graphs are built once per shape in onShapeChange and cached;
+ *  - the own flash kernels on tensor cores (graphfixAttentionFlash.h; sm_80+, head dimensions up
+ *    to 128 in multiples of 8, or 4 for float32) for everything else;
+ *  - the fallback kernel (graphfixAttentionKernel.h) for what the flash kernels cannot run.
+ * enqueue allocates nothing, builds nothing and never synchronises: it can be captured into a
+ * CUDA graph. Its scratch (K transposed, the mask as a bias, cuDNN's workspace) comes from
+ * getWorkspaceSize.
  * $GRAPHFIX_ATTENTION_BACKEND picks: `auto` (default; the portable kernel, with a warning at plugin
  * creation, when cuDNN cannot be loaded), `cudnn` (creation fails when cuDNN cannot be loaded) or
  * `portable` (never touches cuDNN).
@@ -20,6 +25,7 @@
 
 #include "NvInferRuntime.h"
 #include "graphfixAttentionCudnn.h"
+#include "graphfixAttentionFlash.h"
 #include "graphfixAttentionKernel.h"
 
 #include <array>
@@ -83,10 +89,11 @@ struct AttentionProblem
     bool operator==(AttentionProblem const& other) const;
 };
 
-//! Where the cuDNN path keeps its scratch in the enqueue workspace (bytes from its start).
+//! Where the plugin keeps its scratch in the enqueue workspace (bytes from its start).
 struct AttentionWorkspace
 {
     int64_t cudnnOffset{0};
+    int64_t cudnnBytes{0};  //!< reserved for cuDNN's own workspace (0 where cuDNN cannot run)
     int64_t keysOffset{0};  //!< K transposed to [.., seqK, headDim]
     int64_t biasOffset{0};  //!< the mask as an additive bias of Q's type
     int64_t firstOffset{0}; //!< the first key each mask row allows, int32
@@ -143,7 +150,9 @@ private:
     //! Chooses the path for `problem`, building its cuDNN graph when that path is taken.
     void plan(AttentionProblem const& problem);
     void enqueueCudnn(void const* const* inputs, void* output, void* workspace, cudaStream_t stream);
-    void enqueuePortable(void const* const* inputs, void* output, cudaStream_t stream) const;
+    //! The own kernels: the flash kernel `flash` plans, else the fallback kernel.
+    void enqueueOwn(AttentionProblem const& problem, FlashPlan const& flash, AttentionWorkspace const& scratch,
+        void const* const* inputs, void* output, void* workspace, cudaStream_t stream) const;
 
     AttentionAttributes mAttributes;
     AttentionBackend mBackend;
@@ -153,13 +162,14 @@ private:
     bool mPlanned{false};
     bool mUseCudnn{false};
     bool mDirectBias{false};
+    //! Rows of the bias the cuDNN path materialises per (batch, head): seqQ, or 1 for a mask that
+    //! broadcasts over the queries (given to cuDNN with row stride 0).
+    int64_t mBiasRows{0};
     CudnnSdpaConfig mCudnnConfig{};
+    FlashPlan mFlash{};
     AttentionWorkspace mWorkspace{};
     std::string mPathNote;
     std::unique_ptr<CudnnSdpa> mCudnn;
-    //! Own device buffer for a cuDNN workspace larger than the part of TensorRT's reserved for it.
-    void* mCudnnScratch{nullptr};
-    int64_t mCudnnScratchBytes{0};
 
     std::array<nvinfer1::PluginField, 6> mSerializedFields{};
     nvinfer1::PluginFieldCollection mSerializedCollection{};

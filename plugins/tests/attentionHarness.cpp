@@ -10,11 +10,16 @@
  *   probe --library L --loading M [--field name:type:length:values]... --inputs SPEC
  *       createPlugin from the fields, then output types and shapes, supportsFormatCombination,
  *       configurePlugin, getWorkspaceSize, onShapeChange and the serialisation round trip
- *   run --library L --loading M --manifest FILE                              (needs a GPU)
+ *   run --library L --loading M --manifest FILE [--capture 1] [--stale-shape 1] (needs a GPU)
  *       one case per line, `FIELDS|INPUTS|OUTPUT|ITERATIONS`: FIELDS as --field values joined
  *       by ';', INPUTS as `dtype:d0,d1,..:path` joined by ';' (Q, K, V[, mask]; raw little-endian
  *       files; dtype float32, float16, bfloat16 or bool), OUTPUT a path; ITERATIONS > 0 also times
- *       that many enqueues (median, CUDA events)
+ *       that many enqueues (median, CUDA events): each one on its own (median_ms) and each one
+ *       captured once into a CUDA graph and replayed (graph_median_ms, no host overhead).
+ *       --capture 1: the enqueue whose output is written runs under stream capture
+ *       (cudaStreamCaptureModeGlobal, which refuses allocation and synchronisation) and the graph
+ *       is then launched, as trtexec --useCudaGraph does. --stale-shape 1: onShapeChange is given
+ *       a batch one larger than enqueue then runs (a plan made for other shapes).
  *
  * SPEC for probe: `dtype:d0,d1,..` joined by ';'. The plugin is made as TensorRT makes one: a
  * build-phase plugin configured with dynamic dimensions, its serialised fields given to
@@ -523,7 +528,58 @@ struct DeviceBuffer
     }
 };
 
-std::string runCase(nvinfer1::IPluginCreatorV3One* creator, std::string const& line, cudaStream_t stream)
+//! Captures `enqueue` on `stream` into an executable graph; the capture status on failure.
+template <typename Enqueue>
+cudaError_t captureGraph(cudaStream_t stream, Enqueue&& enqueue, int32_t& status, cudaGraphExec_t& exec)
+{
+    cudaError_t error = cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal);
+    if (error != cudaSuccess)
+    {
+        return error;
+    }
+    status = enqueue();
+    cudaGraph_t graph{};
+    error = cudaStreamEndCapture(stream, &graph);
+    if (error != cudaSuccess)
+    {
+        return error;
+    }
+    error = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    return error;
+}
+
+//! Median of `iterations` CUDA-event-timed calls of `launch` on `stream`, after 3 warm-up calls.
+template <typename Launch>
+double medianMilliseconds(cudaStream_t stream, int32_t iterations, Launch&& launch)
+{
+    cudaEvent_t start{};
+    cudaEvent_t stop{};
+    checkCuda(cudaEventCreate(&start), "cudaEventCreate");
+    checkCuda(cudaEventCreate(&stop), "cudaEventCreate");
+    for (int32_t i = 0; i < 3; ++i)
+    {
+        launch();
+    }
+    std::vector<float> times;
+    for (int32_t i = 0; i < iterations; ++i)
+    {
+        checkCuda(cudaEventRecord(start, stream), "cudaEventRecord");
+        launch();
+        checkCuda(cudaEventRecord(stop, stream), "cudaEventRecord");
+        checkCuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
+        float ms = 0.F;
+        checkCuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+        times.push_back(ms);
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+}
+
+std::string runCase(nvinfer1::IPluginCreatorV3One* creator, std::string const& line, cudaStream_t stream,
+    bool capture, bool staleShape)
 {
     auto const parts = split(line, '|');
     if (parts.size() != 4)
@@ -584,7 +640,24 @@ std::string runCase(nvinfer1::IPluginCreatorV3One* creator, std::string const& l
         inDescs.push_back(d.desc);
     }
     nvinfer1::PluginTensorDesc const outDesc = dynamicDesc(outDims, tensors[0].type, TensorFormat::kLINEAR).desc;
-    if (runtime->onShapeChange(inDescs.data(), nbInputs, &outDesc, 1) != 0)
+    // --stale-shape 1: onShapeChange sees a batch one larger than enqueue then gets, so enqueue
+    // meets shapes it was not planned for.
+    std::vector<nvinfer1::PluginTensorDesc> shapeDescs = inDescs;
+    nvinfer1::PluginTensorDesc shapeOut = outDesc;
+    if (staleShape)
+    {
+        int32_t const rank = inDescs[0].dims.nbDims;
+        int64_t const batch = inDescs[0].dims.d[0];
+        for (auto& d : shapeDescs)
+        {
+            if (d.dims.nbDims == rank && d.dims.d[0] == batch)
+            {
+                d.dims.d[0] = batch + 1;
+            }
+        }
+        shapeOut.dims.d[0] = batch + 1;
+    }
+    if (runtime->onShapeChange(shapeDescs.data(), nbInputs, &shapeOut, 1) != 0)
     {
         return fail("onShapeChange");
     }
@@ -610,9 +683,26 @@ std::string runCase(nvinfer1::IPluginCreatorV3One* creator, std::string const& l
     void* outputs[] = {output.data()};
     void* const workspacePointer = workspaceBytes > 0 ? workspace.data() : nullptr;
 
-    int32_t status
-        = runtime->enqueue(inDescs.data(), &outDesc, inputPointers.data(), outputs, workspacePointer, stream);
-    cudaError_t const sync = cudaStreamSynchronize(stream);
+    auto const enqueue = [&]() {
+        return runtime->enqueue(inDescs.data(), &outDesc, inputPointers.data(), outputs, workspacePointer, stream);
+    };
+    int32_t status = 0;
+    cudaError_t captured = cudaSuccess;
+    if (capture)
+    {
+        cudaGraphExec_t exec{};
+        captured = captureGraph(stream, enqueue, status, exec);
+        if (captured == cudaSuccess)
+        {
+            captured = cudaGraphLaunch(exec, stream);
+            cudaGraphExecDestroy(exec);
+        }
+    }
+    else
+    {
+        status = enqueue();
+    }
+    cudaError_t const sync = captured != cudaSuccess ? captured : cudaStreamSynchronize(stream);
     std::vector<char> back(outBytes + 2 * kGUARD_BYTES);
     checkCuda(cudaMemcpy(back.data(), output.base, back.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
     auto const poisoned = [](char c) { return c == kPOISON; };
@@ -622,35 +712,20 @@ std::string runCase(nvinfer1::IPluginCreatorV3One* creator, std::string const& l
         .write(back.data() + kGUARD_BYTES, static_cast<std::streamsize>(outBytes));
 
     double medianMs = 0.0;
+    double graphMedianMs = 0.0;
     if (iterations > 0 && status == 0 && sync == cudaSuccess)
     {
-        cudaEvent_t start{};
-        cudaEvent_t stop{};
-        checkCuda(cudaEventCreate(&start), "cudaEventCreate");
-        checkCuda(cudaEventCreate(&stop), "cudaEventCreate");
-        for (int32_t i = 0; i < 3; ++i)
-        {
-            status |= runtime->enqueue(inDescs.data(), &outDesc, inputPointers.data(), outputs, workspacePointer, stream);
-        }
-        std::vector<float> times;
-        for (int32_t i = 0; i < iterations; ++i)
-        {
-            checkCuda(cudaEventRecord(start, stream), "cudaEventRecord");
-            status |= runtime->enqueue(inDescs.data(), &outDesc, inputPointers.data(), outputs, workspacePointer, stream);
-            checkCuda(cudaEventRecord(stop, stream), "cudaEventRecord");
-            checkCuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
-            float ms = 0.F;
-            checkCuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-            times.push_back(ms);
-        }
-        cudaEventDestroy(start);
-        cudaEventDestroy(stop);
-        std::sort(times.begin(), times.end());
-        medianMs = times[times.size() / 2];
+        medianMs = medianMilliseconds(stream, iterations, [&]() { status |= enqueue(); });
+        cudaGraphExec_t exec{};
+        checkCuda(captureGraph(stream, enqueue, status, exec), "capturing enqueue into a CUDA graph");
+        graphMedianMs = medianMilliseconds(
+            stream, iterations, [&]() { checkCuda(cudaGraphLaunch(exec, stream), "cudaGraphLaunch"); });
+        cudaGraphExecDestroy(exec);
     }
     return object({{"output", quote(parts[2])}, {"status", number(status)}, {"cuda", quote(cudaGetErrorString(sync))},
         {"guards_intact", boolean(guardsIntact)}, {"workspace_bytes", number(workspaceBytes)},
-        {"median_ms", number(medianMs)}, {"messages", messagesJson(firstMessage)}});
+        {"median_ms", number(medianMs)}, {"graph_median_ms", number(graphMedianMs)}, {"captured", boolean(capture)},
+        {"messages", messagesJson(firstMessage)}});
 }
 
 int run(Arguments const& args)
@@ -669,7 +744,8 @@ int run(Arguments const& args)
     {
         if (!line.empty())
         {
-            results.push_back(runCase(creator, line, stream));
+            results.push_back(runCase(
+                creator, line, stream, args.get("capture", "0") == "1", args.get("stale-shape", "0") == "1"));
         }
     }
     checkCuda(cudaStreamDestroy(stream), "cudaStreamDestroy");
