@@ -6,6 +6,7 @@ Public API::
     matches = graphfix.find_attention("model.onnx")
     fixed = graphfix.break_attention_fusion(model)            # a new ModelProto
     result = graphfix.fix_attention(model, strategy="plugin")  # model + report
+    half = graphfix.convert_precision(model, to="float16")     # float32 islands + report
 """
 
 from graphfix.attention.match_types import (
@@ -29,6 +30,9 @@ from graphfix.errors import (
     UnsupportedModelError,
 )
 from graphfix.model_io import LoadedModel, SavedModel, load_model, save_model
+from graphfix.precision.convert import convert_precision
+from graphfix.precision.report import Island, PrecisionReport, PrecisionResult
+from graphfix.selectors import Selection, Selector, parse_selectors, select_nodes
 from graphfix.plugins.reference import with_reference_ops
 from graphfix.validation.validate import ValidationReport, ValidationUsageError, validate
 
@@ -62,18 +66,24 @@ __all__ = [
     "FixReport",
     "FixResult",
     "GraphfixError",
+    "Island",
     "LoadedModel",
     "ModelLoadError",
     "OutputPathError",
     "PluginBuildError",
+    "PrecisionReport",
+    "PrecisionResult",
     "SavedModel",
     "Scale",
+    "Selection",
     "SelectionError",
+    "Selector",
     "SkippedSoftmax",
     "UnsupportedModelError",
     "ValidationReport",
     "ValidationUsageError",
     "break_attention_fusion",
+    "convert_precision",
     "draw_attention_block",
     "draw_before_after",
     "error_heatmap_figure",
@@ -81,9 +91,11 @@ __all__ = [
     "find_attention",
     "fix_attention",
     "load_model",
+    "parse_selectors",
     "plot_report",
     "save_model",
     "scan_attention",
+    "select_nodes",
     "validate",
     "with_reference_ops",
 ]

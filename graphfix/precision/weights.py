@@ -7,6 +7,7 @@ protobuf rather than onnx-graphsurgeon: gs loads every tensor's values to build 
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import deque
 from collections.abc import Iterator
@@ -29,6 +30,33 @@ DEFERRED_CHECK_BYTES = 1 << 20
 # Chunks converted in parallel (numpy releases the GIL in its casts); bounds memory too.
 _WORKERS = max(1, min(4, os.cpu_count() or 1))
 _INFINITY_BITS = {"float16": 0x7C00, "bfloat16": 0x7F80}
+
+
+# float32 → float16 of big arrays through onnxruntime's Cast (MLAS, F16C): ~10× numpy's astype,
+# bit-identical (round to nearest even, overflow to infinity).
+_FAST_CAST_ELEMENTS = 1 << 16
+
+
+@functools.cache
+def _float16_cast():
+    import onnxruntime as ort
+    from onnx import helper
+
+    node = helper.make_node("Cast", ["x"], ["y"], to=onnx.TensorProto.FLOAT16)
+    graph = helper.make_graph(
+        [node],
+        "float32_to_float16",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT16, ["n"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1  # chunks are spread over threads by the caller
+    options.log_severity_level = 3
+    return ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
 
 
 class OutOfRangeWeight(Exception):
@@ -115,7 +143,15 @@ def to_target_bits(values: np.ndarray, to: str) -> np.ndarray:
     """`values` in the target type as little-endian uint16 bit patterns (round to nearest even)."""
     values = np.ascontiguousarray(values, dtype=np.float32)
     if to == "float16":
-        return values.astype("<f2").view("<u2")
+        if values.size >= _FAST_CAST_ELEMENTS:
+            return (
+                _float16_cast()
+                .run(None, {"x": values.reshape(-1)})[0]
+                .view("<u2")
+                .reshape(values.shape)
+            )
+        with np.errstate(over="ignore"):  # overflow is detected by the caller, not warned
+            return values.astype("<f2").view("<u2")
     bits = values.view(np.uint32)
     # round to nearest even on the 16 bits dropped; only NaN bit patterns could wrap around
     rounded = ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype("<u2")
