@@ -30,10 +30,10 @@ from graphfix.errors import (
     UnsupportedModelError,
 )
 from graphfix.model_io import LoadedModel, SavedModel, load_model, save_model
+from graphfix.plugins.reference import with_reference_ops
 from graphfix.precision.convert import convert_precision
 from graphfix.precision.report import Island, PrecisionReport, PrecisionResult
 from graphfix.selectors import Selection, Selector, parse_selectors, select_nodes
-from graphfix.plugins.reference import with_reference_ops
 from graphfix.validation.validate import ValidationReport, ValidationUsageError, validate
 
 # Drawing and plotting load on first use: `graphfix fix` starts without them.
