@@ -8,6 +8,7 @@ them), typed attributes retyped, value_info and graph I/O updated, weights on di
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import tempfile
@@ -162,9 +163,9 @@ def _fuse_norms(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str, tuple[tup
     """Fuse decomposed norms when `graphfix.precision.norms` is present; the norms it leaves
     unfused come back as (node name, reason) pairs and become float32 islands."""
     try:
-        from graphfix.precision import norms
-    except ImportError as exc:  # the norms module is not in this build (yet)
-        if exc.name not in ("graphfix.precision.norms", None):
+        norms = importlib.import_module("graphfix.precision.norms")
+    except ModuleNotFoundError as exc:  # the norms module is not in this build (yet)
+        if exc.name != "graphfix.precision.norms":
             raise
         return model, "norm fusion not available in this build; decomposed norms kept float32", ()
 
