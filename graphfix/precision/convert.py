@@ -678,41 +678,43 @@ def _write_initializers(
 ) -> None:
     """Each initializer once: as it is (float32 readers), in the target type (low readers),
     or both; external ones streamed to `stream`, tensor by tensor."""
-    graph = rewrite.model.graph
-    new: list[onnx.TensorProto] = []
-
-    def streamed(tensor: onnx.TensorProto, out: onnx.TensorProto, to: str | None) -> None:
-        weights.stream_tensor(
-            tensor, out, base_dir=base_dir, to=to, stream=stream, location=location
-        )
-
-    for tensor in list(graph.initializer):
-        low_name = rewrite.low_initializers.get(tensor.name)
-        if low_name is None or low_name != tensor.name:  # float32 readers keep it as it is
-            if stream is not None and weights.is_external(tensor):
+    if stream is None:
+        _replace_initializers(rewrite, None)
+        return
+    with weights.Streamer(stream, location, base_dir) as streamer:
+        _replace_initializers(rewrite, streamer)
+        for tensor in _all_tensors(rewrite.model):  # tensors in subgraphs and attributes
+            if weights.is_external(tensor) and _location(tensor) != location:
                 copy = onnx.TensorProto()
                 copy.CopyFrom(tensor)
-                streamed(tensor, copy, None)
+                streamer.write(copy, tensor, None)
+
+
+def _replace_initializers(rewrite: _Rewrite, streamer: weights.Streamer | None) -> None:
+    graph = rewrite.model.graph
+    new: list[onnx.TensorProto] = []
+    for tensor in list(graph.initializer):
+        low_name = rewrite.low_initializers.get(tensor.name)
+        on_disk = streamer is not None and weights.is_external(tensor)
+        if low_name is None or low_name != tensor.name:  # float32 readers keep it as it is
+            if on_disk:
+                copy = onnx.TensorProto()
+                copy.CopyFrom(tensor)
+                streamer.write(tensor, copy, None)
                 new.append(copy)
             else:
                 new.append(tensor)
         if low_name is not None:
-            if weights.is_external(tensor):
+            if on_disk:
                 converted = onnx.TensorProto(
                     name=low_name, dims=tensor.dims, data_type=rewrite.target
                 )
-                streamed(tensor, converted, rewrite.to)
+                streamer.write(tensor, converted, rewrite.to)
             else:
                 converted = weights.convert_in_memory(tensor, rewrite.to, low_name)
             new.append(converted)
     del graph.initializer[:]
     graph.initializer.extend(new)
-    if stream is not None:  # tensors in subgraphs and attributes that live on disk
-        for tensor in _all_tensors(rewrite.model):
-            if weights.is_external(tensor) and _location(tensor) != location:
-                copy = onnx.TensorProto()
-                copy.CopyFrom(tensor)
-                streamed(copy, tensor, None)
 
 
 def _all_tensors(model: onnx.ModelProto):

@@ -159,66 +159,148 @@ def to_target_bits(values: np.ndarray, to: str) -> np.ndarray:
     return rounded
 
 
-def _convert_chunk(chunk: np.ndarray, to: str) -> tuple[np.ndarray, bool]:
-    """The chunk in the target type, and whether a finite value overflowed to infinity."""
-    data = to_target_bits(chunk, to)
-    magnitude = data & 0x7FFF
+def _convert_chunk(
+    chunk: np.ndarray, to: str, out: np.ndarray, scratch: np.ndarray
+) -> tuple[np.ndarray, bool]:
+    """The chunk in the target type (in `out` where it can), and whether a finite value
+    overflowed to infinity."""
+    n = chunk.size
+    if to == "float16" and n >= _FAST_CAST_ELEMENTS:
+        session = _float16_cast()
+        binding = session.io_binding()
+        binding.bind_cpu_input("x", np.ascontiguousarray(chunk))
+        binding.bind_output("y", "cpu", 0, np.float16, [n], out.ctypes.data)
+        session.run_with_iobinding(binding)
+        data = out[:n]
+    else:
+        data = to_target_bits(chunk, to)
+    magnitude = np.bitwise_and(data, 0x7FFF, out=scratch[:n])
     if int(magnitude.max(initial=0)) < _INFINITY_BITS[to]:
         return data, False
     overflowed = (magnitude >= _INFINITY_BITS[to]) & np.isfinite(chunk)
     return data, bool(overflowed.any())
 
 
-def stream_tensor(
-    tensor: onnx.TensorProto,
-    out: onnx.TensorProto,
-    *,
-    base_dir: Path | None,
-    to: str | None,
-    stream: BinaryIO,
-    location: str,
-) -> None:
-    """Write `tensor`'s values (converted to `to`, or as they are when None) to `stream` and
-    make `out` reference them; `out` already has its name, dims and data type."""
-    offset = stream.tell()
-    if to is None:
-        src = external_source(tensor, base_dir)
+class Streamer:
+    """Writes tensors one after another into one data file, converting float32 chunks.
+
+    Chunks are read into reused buffers, converted on a few threads (onnxruntime and numpy
+    release the GIL) and written in order, so memory stays at (workers + 1) × 16 MB whatever
+    the model's size; tensors kept as they are move inside the kernel (copy_file_range).
+    """
+
+    def __init__(self, stream: BinaryIO, location: str, base_dir: Path | None) -> None:
+        self.stream, self.location, self.base_dir = stream, location, base_dir
+        self.pool = ThreadPoolExecutor(_WORKERS)
+        self.free = [
+            (
+                np.empty(_CHUNK_ELEMENTS, np.float32),
+                np.empty(_CHUNK_ELEMENTS, "<u2"),
+                np.empty(_CHUNK_ELEMENTS, "<u2"),
+            )
+            for _ in range(_WORKERS + 1)
+        ]
+
+    def __enter__(self) -> Streamer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.pool.shutdown()
+
+    def write(self, tensor: onnx.TensorProto, out: onnx.TensorProto, to: str | None) -> None:
+        """Write `tensor`'s values (converted to `to`, or as they are when None) and make `out`
+        reference them; `out` already has its name, dims and data type."""
+        offset = self.stream.tell()
+        if to is None:
+            self._copy(tensor)
+        else:
+            self._convert(tensor, to)
+        length = self.stream.tell() - offset
+        del out.external_data[:]
+        out.ClearField("raw_data")
+        out.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", self.location), ("offset", offset), ("length", length)):
+            entry = out.external_data.add()
+            entry.key, entry.value = key, str(value)
+
+    def _copy(self, tensor: onnx.TensorProto) -> None:
+        src = external_source(tensor, self.base_dir)
+        self.stream.flush()
+        start = self.stream.tell()
+        done = 0
         with open(src.file, "rb") as fin:
-            fin.seek(src.offset)
-            remaining = src.length
-            while remaining:
-                block = fin.read(min(remaining, 4 * _CHUNK_ELEMENTS))
+            copy_range = getattr(os, "copy_file_range", None)
+            try:
+                while copy_range is not None and done < src.length:
+                    n = copy_range(
+                        fin.fileno(),
+                        self.stream.fileno(),
+                        src.length - done,
+                        src.offset + done,
+                        start + done,
+                    )
+                    if n == 0:
+                        break
+                    done += n
+            except OSError:
+                pass  # another filesystem or an old kernel: the buffered copy below finishes
+            fin.seek(src.offset + done)
+            self.stream.seek(start + done)
+            while done < src.length:
+                block = fin.read(min(src.length - done, 4 * _CHUNK_ELEMENTS))
                 if not block:
                     raise ModelLoadError(
                         f"external data of {tensor.name} in {src.file} is truncated"
                     )
-                stream.write(block)
-                remaining -= len(block)
-    else:
-        with ThreadPoolExecutor(_WORKERS) as pool:
-            pending: deque = deque()
-            for chunk in _chunks(tensor, base_dir):
-                pending.append(pool.submit(_convert_chunk, chunk, to))
-                if len(pending) > _WORKERS:
-                    _write_converted(pending.popleft(), tensor, base_dir, stream)
-            while pending:
-                _write_converted(pending.popleft(), tensor, base_dir, stream)
-    length = stream.tell() - offset
-    del out.external_data[:]
-    out.ClearField("raw_data")
-    out.data_location = onnx.TensorProto.EXTERNAL
-    for key, value in (("location", location), ("offset", offset), ("length", length)):
-        entry = out.external_data.add()
-        entry.key, entry.value = key, str(value)
+                self.stream.write(block)
+                done += len(block)
+        self.stream.seek(start + src.length)
 
+    def _convert(self, tensor: onnx.TensorProto, to: str) -> None:
+        pending: deque = deque()
+        for values, buffers in self._chunks(tensor):
+            future = self.pool.submit(_convert_chunk, values, to, buffers[1], buffers[2])
+            pending.append((future, buffers))
+            if not self.free:
+                self._finish(*pending.popleft(), tensor)
+        while pending:
+            self._finish(*pending.popleft(), tensor)
 
-def _write_converted(
-    future, tensor: onnx.TensorProto, base_dir: Path | None, stream: BinaryIO
-) -> None:
-    data, overflowed = future.result()
-    if overflowed:
-        raise OutOfRangeWeight(tensor.name, max_abs(tensor, base_dir))
-    stream.write(memoryview(data))
+    def _finish(self, future, buffers, tensor: onnx.TensorProto) -> None:
+        try:
+            data, overflowed = future.result()
+            if overflowed:
+                raise OutOfRangeWeight(tensor.name, max_abs(tensor, self.base_dir))
+            self.stream.write(memoryview(data))
+        finally:
+            self.free.append(buffers)
+
+    def _chunks(self, tensor: onnx.TensorProto) -> Iterator[tuple[np.ndarray, tuple]]:
+        if not is_external(tensor):
+            values = numpy_helper.to_array(tensor).reshape(-1).astype(np.float32, copy=False)
+            for start in range(0, values.size, _CHUNK_ELEMENTS):
+                yield values[start : start + _CHUNK_ELEMENTS], self.free.pop()
+            return
+        src = external_source(tensor, self.base_dir)
+        with open(src.file, "rb", buffering=0) as fin:
+            fin.seek(src.offset)
+            remaining = src.length // 4
+            while remaining:
+                count = min(remaining, _CHUNK_ELEMENTS)
+                buffers = self.free.pop()
+                view = memoryview(buffers[0])[:count].cast("B")
+                got = 0
+                while got < 4 * count:
+                    n = fin.readinto(view[got:])
+                    if not n:
+                        self.free.append(buffers)
+                        raise ModelLoadError(
+                            f"external data of {tensor.name} in {src.file} is truncated: "
+                            f"expected {src.length} bytes at offset {src.offset}"
+                        )
+                    got += n
+                yield buffers[0][:count], buffers
+                remaining -= count
 
 
 def _chunks(tensor: onnx.TensorProto, base_dir: Path | None) -> Iterator[np.ndarray]:
