@@ -32,6 +32,8 @@ from graphfix.errors import (
 from graphfix.model_io import LoadedModel, SavedModel, load_model, save_model
 from graphfix.plugins.reference import with_reference_ops
 from graphfix.precision.convert import convert_precision
+from graphfix.precision.norm_types import NormKind
+from graphfix.precision.norms import NormFusionReport, NormFusionResult, fuse_norms
 from graphfix.precision.report import Island, PrecisionReport, PrecisionResult
 from graphfix.selectors import Selection, Selector, parse_selectors, select_nodes
 from graphfix.validation.validate import ValidationReport, ValidationUsageError, validate
@@ -69,6 +71,9 @@ __all__ = [
     "Island",
     "LoadedModel",
     "ModelLoadError",
+    "NormFusionReport",
+    "NormFusionResult",
+    "NormKind",
     "OutputPathError",
     "PluginBuildError",
     "PrecisionReport",
@@ -90,6 +95,7 @@ __all__ = [
     "error_histogram_figure",
     "find_attention",
     "fix_attention",
+    "fuse_norms",
     "load_model",
     "parse_selectors",
     "plot_report",
