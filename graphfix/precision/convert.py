@@ -1,9 +1,10 @@
 """`convert_precision`: a float32 model in float16 or bfloat16, with float32 islands where needed.
 
-Islands are planned by `islands.Planner` (why each node stays float32); this module applies the
-plan: Casts only where a tensor crosses between precisions (one per tensor and direction,
-shared by its consumers), initializers converted once (duplicated when both precisions read
-them), typed attributes retyped, value_info and graph I/O updated, weights on disk streamed.
+The steps, one module each: fuse decomposed norms (norms.py); find constants beyond the target's
+range; plan the float32 islands and say why (islands.py, policy.py); optionally rewrite attention
+blocks that must stay float32 with a plugin strategy; apply the plan (apply.py: Casts at island
+borders, retyped attributes and values); write each initializer once (initializers.py, weights
+on disk streamed); report (report.py, census.py).
 """
 
 from __future__ import annotations
