@@ -517,3 +517,9 @@ def test_norms_left_unfused_by_fuse_norms_become_islands(monkeypatch):
     assert island.reasons[0].reason is Reason.NORM and "opset 23" in island.reasons[0].detail
     assert result.report.norms == "fused 0 norm(s); 1 left unfused"
     assert convert_precision(_chain("Relu", "Tanh", "Relu"), fuse_norms=False).report.islands == ()
+
+
+def test_a_model_already_in_float16_is_refused():
+    half = convert_precision(_chain("Relu"), keep_io_types=False).model
+    with pytest.raises(UsageError, match="already in float16"):
+        convert_precision(half)

@@ -77,12 +77,32 @@ def convert_precision(
         external_data=None if external_data is None else Path(external_data),
     )
     loaded = load_model(model, load_weights=False)
+    _refuse_low_precision(loaded.model)
     known: dict[str, float] = {}
     while True:  # a big weight found beyond range while streaming: plan again with it known
         try:
             return _convert(loaded, options, known)
         except weights.OutOfRangeWeight as found:
             known[found.name] = found.biggest
+
+
+def _refuse_low_precision(model: onnx.ModelProto) -> None:
+    """A model already holding float16/bfloat16 weights or inputs chose its own float32 parts
+    (a Softmax between Casts, say): converting those would undo the exporter's choice."""
+    low = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
+    for tensor in model.graph.initializer:
+        if tensor.data_type in low:
+            raise UsageError(
+                f"the model is already in {low[tensor.data_type]} (initializer {tensor.name}); "
+                "convert_precision converts float32 models: pass the float32 export, or keep "
+                "this one as it is"
+            )
+    for vi in model.graph.input:
+        if vi.type.tensor_type.elem_type in low:
+            raise UsageError(
+                f"the model is already in {low[vi.type.tensor_type.elem_type]} (input "
+                f"{vi.name}); convert_precision converts float32 models: pass the float32 export"
+            )
 
 
 @dataclass(frozen=True)
