@@ -189,6 +189,11 @@ def modelopt_quantized_path(model: str, mode: str) -> Path:
     """`model` quantized by ModelOpt's ONNX PTQ (`mode` "int8" or "fp8"), run in the peers venv."""
     import numpy as np
 
+    if not PEERS_PYTHON.exists():
+        raise RuntimeError(
+            f"no peers venv at {PEERS_PYTHON}: python3 -m venv /work/venvs/peers && "
+            "/work/venvs/peers/bin/pip install torch==2.13.0 'nvidia-modelopt[onnx]'"
+        )
     source = float_path(model)
     directory = model_corpus.corpus_dir()
     path = directory / f"qdq-{model}-modelopt_{mode}-{_key(source.name, mode)}.onnx"

@@ -579,12 +579,19 @@ def check_reformat(ctx: LintContext, *, skip: set[str]) -> Iterator[Finding]:
             continue
         used, float_ops = pair_use(ctx, dq)
         if not used:
+            output = dq.output[0] in view.index.graph_outputs
             yield ctx.finding(
                 "qdq-reformat",
                 view.label(q),
                 f"Q/DQ pair {view.label(q)} → {view.label(dq)} feeds only float ops "
                 f"({', '.join(float_ops) or 'nothing'}); TensorRT runs it as Quantize + "
-                "Dequantize reformat layers with nothing quantized in between",
+                "Dequantize reformat layers with nothing quantized in between"
+                + (
+                    "; not fixed here: its output is a graph output (re-export without it)"
+                    if output
+                    else ""
+                ),
+                fixable=not output,
             )
 
 
