@@ -312,3 +312,19 @@ def test_duplicate_quantizers(second_scale, duplicate):
     add_pair(m, "x", consumers=("c2",), scale=second_scale)
     found = [f for f in inspect_qdq(m).findings if f.rule == "duplicate-quantizer"]
     assert bool(found) is duplicate
+
+
+@pytest.mark.parametrize(("axis", "bad"), [(0, False), (1, True)])
+def test_weight_axis_is_followed_through_a_transpose(axis, bad):
+    """DQ(W [N, K]) → Transpose → MatMul: scales on N (axis 0 before the transpose) are right."""
+    w = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+    nodes = [
+        helper.make_node("Transpose", ["W"], ["Wt"], name="t", perm=[1, 0]),
+        helper.make_node("MatMul", ["x", "Wt"], ["y"], name="mm"),
+    ]
+    m = model(
+        nodes, [value("x", (1, 8, 32))], [value("y", (1, 8, 64))], [numpy_helper.from_array(w, "W")]
+    )
+    quantize_weight(m, "W", axis=axis)
+    add_pair(m, "x")
+    assert ("weight-axis" in rules_at(inspect_qdq(m), "mm")) is bad

@@ -155,7 +155,7 @@ class LintContext:
 
 def compute_operands(view: QdqView, node: onnx.NodeProto) -> ComputeOperands:
     """The activation and weight operands of a compute node and the weight's channel axis."""
-    inputs = [i for i in node.input[:2]]
+    inputs = list(node.input[:2])
     if node.op_type in ("Conv", "ConvTranspose"):
         axis = 0 if node.op_type == "Conv" else 1
         return ComputeOperands((view.operand(inputs[0]),), view.operand(inputs[1]), axis)
@@ -177,13 +177,13 @@ def _weight_axis_ok(view: QdqView, operand: Operand, expected: int | None) -> bo
     q = operand.quantizer
     if q is None or not q.per_channel or expected is None:
         return None
-    dq = view.producer(operand.tensor)
     rank = len(view.shape(operand.tensor) or ()) or None
     axis = q.axis
     if operand.path:  # DQ → Transpose → node: follow the permutation; other paths: unknown
-        if operand.path != ("Transpose",) or dq is None:
+        transpose = view.producer(operand.tensor)
+        if operand.path != ("Transpose",) or transpose is None:
             return None
-        perm = view.attribute(dq, "perm")
+        perm = view.attribute(transpose, "perm")
         if perm is None:
             return None
         rank = len(perm)
