@@ -30,12 +30,14 @@ CONCAT = "/unet/up_blocks.0/Concat"
 @pytest.mark.parametrize("name", qdq_corpus.MODELS)
 def test_inspect_is_fast_and_covers_every_flop_of_an_ort_quantized_model(name):
     path = qdq_corpus.ort_quantized_path(name)
-    start = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     report = inspect_qdq(path)
-    seconds = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     c = report.coverage
-    print(f"{name}: {100 * c.fraction:.1f}% of {c.flops_total / 1e6:.1f} MFLOPs in {seconds:.1f}s")
-    assert seconds < 10
+    print(
+        f"{name}: {100 * c.fraction:.1f}% of {c.flops_total / 1e6:.1f} MFLOPs, {cpu:.1f}s CPU, {wall:.1f}s wall"
+    )
+    assert cpu < 10  # CPU time: on a shared machine the wall clock also counts other processes
     assert c.nodes_unknown_flops == 0 and c.flops_total > 0
     # quantize_static with per_channel=True quantizes every Conv/MatMul/Gemm, weights on the
     # right axis: nothing is left in float, but its Q/DQ on every Add and norm input is reported
