@@ -11,9 +11,13 @@ Only edits that are exact, or that can only lower the error against the float mo
   with that Q's parameters: Q(concat(DQ(Q(x)))) becomes Q(x), one rounding instead of two.
 
 Everything else (missing Q/DQ, per-tensor or wrongly-axed weights, channel alignment) needs a
-calibration or re-quantization and is reported as left, with the reason.  The graph is edited as
-raw protobuf on a copy: bypassing means renaming a consumer's input, and GraphIndex (the shared
-view) is rebuilt between passes.
+calibration or re-quantization and is reported as left, with the reason.
+
+The graph is edited as raw protobuf on a copy (bypassing a pair is renaming a consumer's input),
+not through onnx-graphsurgeon: the error guard copies the model once per trial, and on the
+5,474-node SVD UNet a graphsurgeon import/cleanup/export costs 0.43 s of CPU against 0.004 s for
+a protobuf copy (measured; up to 48 trials per fix).  GraphIndex, the shared view, is rebuilt
+between passes.
 """
 
 from __future__ import annotations
