@@ -72,14 +72,15 @@ def fix_qdq(
 
         guard = ErrorGuard(loaded.model, reference, feeds=feeds, max_trials=max_trials or 48)
     changes: list[QdqChange] = []
+    refused: list[QdqChange] = []
     notes: list[str] = []
     current = view.index.model
     for step in PASSES:
         if guard is None:
             made, current = _apply(current, step, sites, _everything, loaded.base_dir)
         else:
-            made, current, refused = _guarded(current, step, sites, guard, loaded.base_dir)
-            notes += refused
+            made, current, left = _guarded(current, step, sites, guard, loaded.base_dir)
+            refused += left
         changes += made
     fixed = current
     del fixed.graph.value_info[:]  # inferred for the lint; stale names would only mislead
@@ -88,8 +89,18 @@ def fix_qdq(
     if guard is not None:
         error = guard.check(fixed)
         notes.append(f"{guard.trials} error evaluations with onnxruntime")
+    if refused:
+        notes.append(
+            f"{len(refused)} fixable changes left as they were: alone or with their group they made "
+            "the error against the float model worse than the input's (or the trial budget ran out)"
+        )
     report = QdqFixReport(
-        changes=tuple(changes), before=before, after=after, error=error, notes=tuple(notes)
+        changes=tuple(changes),
+        before=before,
+        after=after,
+        error=error,
+        notes=tuple(notes),
+        refused=tuple(refused),
     )
     return QdqFixResult(model=fixed, report=report)
 
@@ -108,12 +119,15 @@ def _apply(
 
 
 def _guarded(model, step: Pass, sites, guard, base_dir):
-    """Apply `step`'s changes that keep the error no worse than the input model's, by halving."""
+    """Apply `step`'s changes that keep the error no worse than the input model's, by halving.
+
+    Returns (changes made, the model, proposed changes left out)."""
     proposed, candidate = _apply(model, step, sites, _everything, base_dir)
     if not proposed:
         return [], model, []
     if guard.acceptable(candidate):
         return proposed, candidate, []
+    by_node = {c.node: c for c in proposed}
     accepted: list[QdqChange] = []
     refused: list[str] = []
     pending = [[c.node for c in proposed]]
@@ -131,12 +145,7 @@ def _guarded(model, step: Pass, sites, guard, base_dir):
             pending[:0] = [group[:middle], group[middle:]]
         else:
             refused += group
-    notes = [
-        f"{step.__name__}: left {name} as it was: changing it alone or with its group made the "
-        "error against the float model worse than the input's"
-        for name in refused
-    ]
-    return accepted, model, notes
+    return accepted, model, [by_node[name] for name in refused if name in by_node]
 
 
 # --- passes ----------------------------------------------------------------------------------

@@ -320,6 +320,13 @@ def residual_adds(
         yield add, position, compute, via
 
 
+def _before_pair(view: QdqView, tensor: str) -> str:
+    """`tensor`, or the input of the Q → DQ pair that produces it."""
+    dq = view.producer(tensor)
+    q = view.pair_source(dq) if view.is_dq(dq) else None
+    return tensor if q is None else q.input[0]
+
+
 def check_residual(ctx: LintContext) -> Iterator[Finding]:
     """residual-qdq-on-conv-branch and residual-skip-not-quantized."""
     view = ctx.view
@@ -554,11 +561,11 @@ def pair_use(ctx: LintContext, dq: onnx.NodeProto) -> tuple[bool, tuple[str, ...
             ):
                 return True, ()
             if op == "Add" and any(
-                _compute_branch(view, other) is not None
+                _compute_branch(view, _before_pair(view, other)) is not None
                 for other in consumer.input
                 if other != tensor
             ):
-                return True, ()
+                return True, ()  # the skip input of a residual Add (its conv branch may be Q/DQ'd)
             float_ops.append(op)
     return False, tuple(dict.fromkeys(float_ops))
 
