@@ -34,15 +34,15 @@ from graphfix.errors import (
 )
 from graphfix.model_io import LoadedModel, SavedModel, load_model, save_model
 from graphfix.plugins.reference import with_reference_ops
+from graphfix.precision.convert import convert_precision
 from graphfix.precision.locate import LocateReport, locate
 from graphfix.precision.locate.emulate import emulate_low_precision
 from graphfix.precision.norm_types import NormKind
 from graphfix.precision.norms import NormFusionReport, NormFusionResult, fuse_norms
+from graphfix.precision.report import Island, PrecisionReport, PrecisionResult
 from graphfix.qdq.fix import fix_qdq
 from graphfix.qdq.lint import inspect_qdq
 from graphfix.qdq.report import QdqFixReport, QdqFixResult, QdqReport
-from graphfix.precision.convert import convert_precision
-from graphfix.precision.report import Island, PrecisionReport, PrecisionResult
 from graphfix.selectors import Selection, Selector, parse_selectors, select_nodes
 from graphfix.validation.validate import ValidationReport, ValidationUsageError, validate
 
@@ -88,11 +88,11 @@ __all__ = [
     "NormKind",
     "OutputPathError",
     "PluginBuildError",
+    "PrecisionReport",
+    "PrecisionResult",
     "QdqFixReport",
     "QdqFixResult",
     "QdqReport",
-    "PrecisionReport",
-    "PrecisionResult",
     "SavedModel",
     "Scale",
     "Selection",
@@ -117,9 +117,9 @@ __all__ = [
     "inspect_qdq",
     "load_model",
     "locate",
+    "parse_selectors",
     "plot_coverage",
     "plot_locate",
-    "parse_selectors",
     "plot_report",
     "save_model",
     "scan_attention",
