@@ -13,6 +13,7 @@ import sys
 from graphfix.cli.options import Option, add_options, api_kwargs
 from graphfix.cli.validate import VALIDATE_OPTIONS
 from graphfix.precision.locate.api import BACKENDS, PRECISIONS
+from graphfix.precision.locate.candidate import BASES
 
 _SHARED = {o.api: o for o in VALIDATE_OPTIONS}
 LOCATE_OPTIONS = (
@@ -50,9 +51,16 @@ LOCATE_OPTIONS = (
         {"action": "store_const", "const": False},
     ),
     Option(
+        ("--remedy-base",),
+        "remedy_base",
+        "what each remedy trial converts with: minimal (default: only what a trial proves "
+        "necessary stays float32) or convert_precision (its default float32 islands too)",
+        {"choices": BASES},
+    ),
+    Option(
         ("--max-trials",),
         "max_trials",
-        "most candidate runs the remedy search may make (default 24)",
+        "most candidate runs the remedy search may make (default 32)",
         {"type": int},
     ),
     Option(

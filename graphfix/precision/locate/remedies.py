@@ -4,7 +4,7 @@ Remedies: a float32 island (nodes kept in float32 by the converter) grown from a
 a suspect inside an attention block, that block's `fp32_island` attention strategy.  The search is
 greedy over the ranked suspects — per suspect the attention strategy, then the island in rings
 (the suspect plus every node whose reference values exceed the type's range, then its neighbours,
-ring by ring) until the candidate passes — followed by a bisection that drops contiguous runs of
+1, 1, 2, 4, ... rings more per trial) until the candidate passes — followed by a bisection that drops contiguous runs of
 island nodes the verdict does not need.  Every trial is one candidate build and run, recorded with
 its error.
 """
@@ -19,6 +19,7 @@ from enum import Enum
 import numpy as np
 import onnx
 
+from graphfix.attention.matcher import find_attention
 from graphfix.model_io import LoadedModel
 from graphfix.precision import policy
 from graphfix.precision.locate.candidate import BuiltCandidate, build_candidate
@@ -106,7 +107,9 @@ class TrialRunner:
         feeds: Mapping[str, np.ndarray],
         reference_outputs: Mapping[str, np.ndarray],
         tolerance: Tolerance,
+        base: str | None = None,
     ) -> None:
+        self.base = "minimal" if base is None else base
         self.model = model
         self.precision = precision
         self.feeds = feeds
@@ -116,9 +119,13 @@ class TrialRunner:
     def build(self, remedies: Sequence[Remedy]) -> BuiltCandidate:
         keep = sorted({n for r in remedies if r.kind is RemedyKind.FLOAT32_ISLAND for n in r.nodes})
         attention = [
-            (r.block, r.strategy) for r in remedies if r.kind is RemedyKind.ATTENTION_STRATEGY
+            (r.block, r.strategy, r.nodes)
+            for r in remedies
+            if r.kind is RemedyKind.ATTENTION_STRATEGY
         ]
-        return build_candidate(self.model, precision=self.precision, keep=keep, attention=attention)
+        return build_candidate(
+            self.model, precision=self.precision, keep=keep, attention=attention, base=self.base
+        )
 
     def compare(self, model: onnx.ModelProto) -> tuple[OutputComparison, ...]:
         from graphfix.validation.backends.onnxruntime_backend import OnnxRuntimeRunner
@@ -166,13 +173,20 @@ def search_remedies(
     errors: Sequence[TensorError],
     runner: TrialRunner,
     *,
-    max_trials: int = 24,
-    max_rings: int = 3,
+    max_trials: int = 32,
+    max_rings: int = 8,
     max_suspects: int = 5,
     progress: Callable[[Trial], None] | None = None,
 ) -> SearchResult:
     """Greedy over `suspects`, then bisection; at most `max_trials` candidate runs."""
     graph = _Neighbours(model)
+    chains = {
+        m.index: tuple(
+            name or node_label(model.graph.node[p], p)
+            for name, p in zip(m.chain_nodes, m.chain_positions, strict=False)
+        )
+        for m in find_attention(model)
+    }
     trials: list[Trial] = []
 
     def run(step: str, remedies: Sequence[Remedy]) -> tuple[Trial, BuiltCandidate]:
@@ -199,18 +213,25 @@ def search_remedies(
                 Remedy(
                     RemedyKind.ATTENTION_STRATEGY,
                     suspect.node,
+                    nodes=chains.get(suspect.attention_block, ()),
                     block=suspect.attention_block,
                     strategy="fp32_island",
                 )
             )
-        for _ in range(max_rings + 1):
+        steps = (
+            1  # rings added per trial: 1, 1, 2, 4, ... so the whole graph is reached in log steps
+        )
+        for ring in range(max_rings + 1):
             options.append(
                 Remedy(RemedyKind.FLOAT32_ISLAND, suspect.node, nodes=tuple(graph.ordered(island)))
             )
-            grown = island | graph.around(island)
+            grown = island
+            for _ in range(steps):
+                grown = grown | graph.around(grown)
             if grown == island:
                 break
             island = grown
+            steps = 1 if ring == 0 else steps * 2
         best: tuple[Trial, BuiltCandidate, Remedy] | None = None
         for option in options:
             if len(trials) >= max_trials:
