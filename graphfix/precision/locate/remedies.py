@@ -252,7 +252,7 @@ def search_remedies(
         passed=current.passed,
         error=current.error,
         float32_nodes=float32_compute_nodes(built.model),
-        model=built.model if kept else None,
+        model=built.model if kept or current.passed else None,
     )
 
 
@@ -300,7 +300,9 @@ def _without(islands: Sequence[Remedy], dropped: set[str]) -> list[Remedy]:
 
 def _beyond_range(model: onnx.ModelProto, errors: Sequence[TensorError], limit: float) -> set[str]:
     """Nodes that write or read a float value beyond `limit` in the reference (or a weight) where
-    the candidate as converted went wrong (saturating a mask constant is harmless)."""
+    the candidate as converted went wrong (saturating a mask constant is harmless).  Data movement
+    counts too: a Reshape left in float16 between two float32 nodes would overflow the value it
+    carries (it costs no float32 compute)."""
     big = {
         e.tensor
         for e in errors
@@ -316,8 +318,6 @@ def _beyond_range(model: onnx.ModelProto, errors: Sequence[TensorError], limit: 
                 big.add(init.name)
     nodes = set()
     for i, node in enumerate(model.graph.node):
-        if node.op_type in DATA_MOVEMENT and node.op_type != "Where":
-            continue
         if big.intersection(node.output) or big.intersection(node.input):
             nodes.add(node_label(node, i))
     return nodes
