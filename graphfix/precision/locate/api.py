@@ -13,7 +13,7 @@ from graphfix.attention.matcher import find_attention
 from graphfix.errors import UsageError
 from graphfix.model_io import LoadedModel, check_output_path, load_model, save_model
 from graphfix.precision.locate.candidate import BASES, build_candidate
-from graphfix.precision.locate.emulate import emulate_low_precision, is_low_precision
+from graphfix.precision.locate.emulate import emulate_low_precision
 from graphfix.precision.locate.localise import RANGE_MAX, measure, module_path, rank_suspects
 from graphfix.precision.locate.reference import (
     DEFAULT_CHUNK_BYTES,
@@ -133,8 +133,9 @@ def locate(
     errors = []
     ref_out: dict[str, np.ndarray] = {}
     cand_out: dict[str, np.ndarray] = {}
-    if is_low_precision(cand.model):
-        cand = LoadedModel(emulate_low_precision(cand.model), cand.path, True)
+    emulated = emulate_low_precision(cand.model)
+    if len(emulated.graph.node) != len(cand.model.graph.node):  # it stores something low
+        cand = LoadedModel(emulated, cand.path, True)
         notes.append(
             f"{computes_in} rounding made explicit (a Cast pair after every {computes_in} "
             "tensor): onnxruntime's CPU otherwise runs most float16 ops in float32"
