@@ -1,8 +1,11 @@
 """The smallest set of graph fixes with which the candidate passes validate's tolerance.
 
-Remedies: a float32 island (nodes kept in float32 by the converter) grown from a suspect, and, for
-a suspect inside an attention block, that block's `fp32_island` attention strategy.  The search is
-greedy over the ranked suspects — per suspect the attention strategy, then the island in rings
+Remedies: a float32 island (nodes kept in float32 by the converter) grown from a suspect; for a
+suspect inside a decomposed norm, norm fusion (`graphfix.precision.norms`: one LayerNormalization
+/ RMSNormalization / GroupNormalization node, whose statistics TensorRT and onnxruntime compute in
+float32); for a suspect inside an attention block, that block's `fp32_island` attention strategy.
+The search is greedy over the ranked suspects — per suspect norm fusion, the attention strategy,
+then the island in rings
 (the suspect plus every node whose reference values exceed the type's range, then its neighbours,
 1, 1, 2, 4, ... rings more per trial) until the candidate passes — followed by a bisection that drops contiguous runs of
 island nodes the verdict does not need.  Every trial is one candidate build and run, recorded with
@@ -40,6 +43,7 @@ _RANGE_MARGIN = 0.5  # values above this fraction of the type's range go to floa
 class RemedyKind(str, Enum):
     FLOAT32_ISLAND = "float32_island"
     ATTENTION_STRATEGY = "attention_strategy"
+    NORM_FUSION = "norm_fusion"
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,8 @@ class Remedy:
     def describe(self) -> str:
         if self.kind is RemedyKind.ATTENTION_STRATEGY:
             return f"attention block {self.block}: strategy {self.strategy}"
+        if self.kind is RemedyKind.NORM_FUSION:
+            return f"norm fusion (the norm of {len(self.nodes)} node(s) around {self.suspect})"
         return f"float32 island of {len(self.nodes)} node(s) around {self.suspect}"
 
 
@@ -110,6 +116,7 @@ class TrialRunner:
         base: str | None = None,
     ) -> None:
         self.base = "minimal" if base is None else base
+        self._fusion = None  # fuse_norms' result, made on first use
         self.model = model
         self.precision = precision
         self.feeds = feeds
@@ -118,14 +125,38 @@ class TrialRunner:
 
     def build(self, remedies: Sequence[Remedy]) -> BuiltCandidate:
         keep = sorted({n for r in remedies if r.kind is RemedyKind.FLOAT32_ISLAND for n in r.nodes})
+        model = self.model
+        if any(r.kind is RemedyKind.NORM_FUSION for r in remedies):
+            model = self.fused_norms()
+            names = {n.name for n in model.graph.node}
+            keep = [n for n in keep if n in names]  # nodes fused away are no longer there
         attention = [
             (r.block, r.strategy, r.nodes)
             for r in remedies
             if r.kind is RemedyKind.ATTENTION_STRATEGY
         ]
         return build_candidate(
-            self.model, precision=self.precision, keep=keep, attention=attention, base=self.base
+            model, precision=self.precision, keep=keep, attention=attention, base=self.base
         )
+
+    def fused_norms(self) -> onnx.ModelProto:
+        """The model with its decomposed norms fused (`graphfix.precision.norms`), cached."""
+        return self._norm_fusion().model
+
+    def norm_chains(self) -> dict[str, tuple[str, ...]]:
+        """node → the nodes of the decomposed norm it belongs to (empty without norm fusion)."""
+        try:
+            report = self._norm_fusion().report
+        except ImportError:
+            return {}
+        return {node: tuple(f.replaced) for f in report.fused for node in f.replaced}
+
+    def _norm_fusion(self):
+        if self._fusion is None:
+            from graphfix.precision.norms import fuse_norms
+
+            self._fusion = fuse_norms(self.model)
+        return self._fusion
 
     def compare(self, model: onnx.ModelProto) -> tuple[OutputComparison, ...]:
         from graphfix.validation.backends.onnxruntime_backend import OnnxRuntimeRunner
@@ -187,6 +218,7 @@ def search_remedies(
         )
         for m in find_attention(model)
     }
+    norms = runner.norm_chains()
     trials: list[Trial] = []
 
     def run(step: str, remedies: Sequence[Remedy]) -> tuple[Trial, BuiltCandidate]:
@@ -206,6 +238,8 @@ def search_remedies(
         if any(suspect.node in r.nodes for r in kept):
             continue
         options: list[Remedy] = []
+        if suspect.node in norms and not any(r.kind is RemedyKind.NORM_FUSION for r in kept):
+            options.append(Remedy(RemedyKind.NORM_FUSION, suspect.node, nodes=norms[suspect.node]))
         if suspect.attention_block is not None and not any(
             r.block == suspect.attention_block for r in kept
         ):
