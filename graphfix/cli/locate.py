@@ -20,8 +20,9 @@ LOCATE_OPTIONS = (
     Option(
         ("--precision",),
         "precision",
-        "the candidate is MODEL converted to this type (run by onnxruntime on the CPU: real "
-        "float16/bfloat16 storage and arithmetic); enables the remedy search",
+        "the candidate is MODEL converted to this type, run by onnxruntime on the CPU with the "
+        "type's rounding and overflow made explicit at every stored tensor; enables the remedy "
+        "search",
         {"choices": PRECISIONS},
     ),
     Option(
@@ -67,7 +68,7 @@ LOCATE_OPTIONS = (
         ("--chunk-mb",),
         "chunk_bytes",
         "MiB of intermediate tensors held per side at once (default 256)",
-        {"type": float},
+        {"type": float, "metavar": "MIB"},
         convert=lambda mb: int(mb * (1 << 20)),
     ),
 )
