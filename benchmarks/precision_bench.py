@@ -6,6 +6,9 @@ this venv's onnxruntime (CPU) on one seeded input per model:
     loads   onnxruntime builds a session for it
     agrees  every float output is within float16 tolerance of the float32 model
             (graphfix.validation.compare, DEFAULT_TOLERANCES["fp16"]: atol 1e-2, rtol 1e-2)
+    torch   the same, with the model run op by op through torch in its own types
+            (tools/torch_onnx_eval.py, CPU): onnxruntime's CPU provider runs float16 ops that
+            lack a kernel in float32 and drops Cast pairs, which can hide float16 overflow
     fp32    compute nodes left in float32 (graphfix.precision.census), summed over the models
 
 The peers run as subprocesses of the peers venv (benchmarks/peer_convert.py), which holds
@@ -33,6 +36,7 @@ import onnx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tools"))
 sys.path.insert(0, str(REPO))
 
 from model_corpus import entries, model_path, random_feed  # noqa: E402
@@ -50,6 +54,7 @@ class Outcome:
     converted: bool = False
     loads: bool = False
     agrees: bool = False
+    torch_agrees: bool | None = None  # None: the interpreter cannot run it
     compute: int = 0
     float32: int = 0
     error: str = ""
@@ -65,11 +70,13 @@ class Tally:
         conv = sum(o.converted for o in done)
         loads = sum(o.loads for o in done)
         agrees = sum(o.agrees for o in done)
+        ran = [o for o in done if o.torch_agrees is not None]
+        torch_ok = f"{sum(o.torch_agrees for o in ran):>4}/{len(ran):<4}"
         compute = sum(o.compute for o in done if o.loads)
         fp32 = sum(o.float32 for o in done if o.loads)
         share = f"{100 * fp32 / compute:5.1f}%" if compute else "    -"
         return (
-            f"{tool:22s} {conv:>4}/{n:<4} {loads:>4}/{n:<4} {agrees:>4}/{n:<4} "
+            f"{tool:22s} {conv:>4}/{n:<4} {loads:>4}/{n:<4} {agrees:>4}/{n:<4} {torch_ok} "
             f"{fp32:>6}/{compute:<6} {share}"
         )
 
@@ -129,7 +136,32 @@ def evaluate(reference: Path, candidate: Path, feed: dict, expected: list) -> Ou
     outcome.agrees = agrees
     if not agrees:
         outcome.error = "outputs differ beyond float16 tolerance"
+    outcome.torch_agrees = _torch_agrees(candidate, feed, expected, tolerance)
+    if outcome.agrees and outcome.torch_agrees is False:
+        outcome.error = "run in float16 by torch: outputs differ beyond float16 tolerance"
     return outcome
+
+
+def _torch_agrees(candidate: Path, feed: dict, expected: list, tolerance) -> bool | None:
+    try:
+        import torch_onnx_eval
+    except ImportError:  # no torch here
+        return None
+    model = onnx.load(str(candidate))
+    try:
+        outputs = torch_onnx_eval.run_model(model, feed, "cpu")
+    except NotImplementedError:
+        return None
+    except Exception:
+        return None
+    for output, ref, got in zip(model.graph.output, expected, outputs, strict=True):
+        ref = np.asarray(ref)
+        if ref.dtype.kind != "f":
+            if not np.array_equal(ref, got):
+                return False
+        elif not compare_output(output.name, ref, got.astype(ref.dtype), tolerance).passed:
+            return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,12 +217,14 @@ def main(argv: list[str] | None = None) -> int:
                     tallies[tool].outcomes[name] = evaluate(path, candidate, feed, expected)
                 if args.details:
                     o = tallies[tool].outcomes[name]
-                    print(f"  {name:38s} {tool:22s} load={o.loads:d} agree={o.agrees:d} "
+                    print(f"  {name:38s} {tool:22s} load={o.loads:d} agree={o.agrees:d} torch={o.torch_agrees} "
                           f"fp32={o.float32}/{o.compute} {o.error[:120]}")  # fmt: skip
     print(
         f"{len(models)} float32 corpus models; float16 tolerance atol=rtol=1e-2; one seeded input"
     )
-    print(f"{'tool':22s} {'converts':>9} {'loads':>9} {'agrees':>9} {'fp32 compute nodes':>20}")
+    print(
+        f"{'tool':22s} {'converts':>9} {'loads':>9} {'agrees':>9} {'torch':>9} {'fp32 compute nodes':>20}"
+    )
     for tool in TOOLS:
         print(tallies[tool].row(tool) + f"   ({seconds[tool]:.1f} s)")
     failures = {

@@ -57,7 +57,7 @@ def run_large(
             Command("plain copy (cp)", ("cp", str(model.data_file), str(copy_dir / DATA_NAME)), _clear(copy_dir)),
             Command(
                 "graphfix precision",
-                (*_cli(), "precision", str(model.path), "-o", str(out), "--no-fuse-norms"),
+                (*_cli(), "precision", str(model.path), "-o", str(out)),
                 _clear(out_dir),
             ),
         ]  # fmt: skip

@@ -9,6 +9,7 @@ Public API::
     report = graphfix.locate("model.onnx", precision="float16")  # where float16 diverges
     report = graphfix.inspect_qdq("unet.int8.onnx")            # Q/DQ lint + FLOP coverage
     fixed = graphfix.fix_qdq("unet.int8.onnx", reference="unet.onnx")  # model + report
+    half = graphfix.convert_precision(model, to="float16")     # float32 islands + report
 """
 
 from graphfix.attention.match_types import (
@@ -33,13 +34,16 @@ from graphfix.errors import (
 )
 from graphfix.model_io import LoadedModel, SavedModel, load_model, save_model
 from graphfix.plugins.reference import with_reference_ops
+from graphfix.precision.convert import convert_precision
 from graphfix.precision.locate import LocateReport, locate
 from graphfix.precision.locate.emulate import emulate_low_precision
 from graphfix.precision.norm_types import NormKind
 from graphfix.precision.norms import NormFusionReport, NormFusionResult, fuse_norms
+from graphfix.precision.report import Island, PrecisionReport, PrecisionResult
 from graphfix.qdq.fix import fix_qdq
 from graphfix.qdq.lint import inspect_qdq
 from graphfix.qdq.report import QdqFixReport, QdqFixResult, QdqReport
+from graphfix.selectors import Selection, Selector, parse_selectors, select_nodes
 from graphfix.validation.validate import ValidationReport, ValidationUsageError, validate
 
 # Drawing and plotting load on first use: `graphfix fix` starts without them.
@@ -75,6 +79,7 @@ __all__ = [
     "FixReport",
     "FixResult",
     "GraphfixError",
+    "Island",
     "LoadedModel",
     "LocateReport",
     "ModelLoadError",
@@ -83,17 +88,22 @@ __all__ = [
     "NormKind",
     "OutputPathError",
     "PluginBuildError",
+    "PrecisionReport",
+    "PrecisionResult",
     "QdqFixReport",
     "QdqFixResult",
     "QdqReport",
     "SavedModel",
     "Scale",
+    "Selection",
     "SelectionError",
+    "Selector",
     "SkippedSoftmax",
     "UnsupportedModelError",
     "ValidationReport",
     "ValidationUsageError",
     "break_attention_fusion",
+    "convert_precision",
     "draw_attention_block",
     "draw_before_after",
     "emulate_low_precision",
@@ -107,11 +117,13 @@ __all__ = [
     "inspect_qdq",
     "load_model",
     "locate",
+    "parse_selectors",
     "plot_coverage",
     "plot_locate",
     "plot_report",
     "save_model",
     "scan_attention",
+    "select_nodes",
     "validate",
     "with_reference_ops",
 ]

@@ -1,8 +1,9 @@
 """Quantized diffusion models for the Q/DQ lint: real exports, quantized by real tools.
 
-Float models: the corpus's SD-like `UNet2DConditionModel` and `AutoencoderKL` (tests/model_corpus.py)
-and a small SVD-like `UNetSpatioTemporalConditionModel` exported here (its temporal ResNets are
-Conv3d with 3×1×1 kernels).  Quantizers: onnxruntime's `quantize_static` (QDQ format, symmetric
+Float models: the corpus's SD-like `UNet2DConditionModel` and `AutoencoderKL` (tests/model_corpus.py),
+and, exported here, an SDXL-like `UNet2DConditionModel` (text_time conditioning, 2-layer
+transformers, linear projections) and a small SVD-like `UNetSpatioTemporalConditionModel` (its
+temporal ResNets are Conv3d with 3×1×1 kernels).  Quantizers: onnxruntime's `quantize_static` (QDQ format, symmetric
 int8 activations per tensor, int8 weights per channel — what TensorRT consumes; used in CI) and
 ModelOpt's ONNX PTQ (`modelopt.onnx.quantization`, INT8 and FP8), which runs only in the separate
 peers venv (/work/venvs/peers, onnxruntime-gpu) through a subprocess; benchmarks only.
@@ -30,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import model_corpus
 
 PEERS_PYTHON = Path(os.environ.get("GRAPHFIX_PEERS_PYTHON", "/work/venvs/peers/bin/python"))
-MODELS = ("unet", "svd_unet", "vae")
+MODELS = ("unet", "sdxl_unet", "svd_unet", "vae")
 CALIBRATION_SAMPLES = 4
 SEED = 0
 
@@ -82,6 +83,61 @@ def _svd_unet() -> model_corpus.Exportable:
 RECIPE = "1"
 
 
+def _sdxl_unet() -> model_corpus.Exportable:
+    """SDXL's layout, small: text_time added conditioning, 2 transformer layers in the inner
+    block, linear projections in and out of the transformers."""
+    diffusers = model_corpus._diffusers()
+    torch = model_corpus._seeded()
+    unet = diffusers.UNet2DConditionModel(
+        sample_size=8,
+        in_channels=4,
+        out_channels=4,
+        block_out_channels=(32, 64),
+        layers_per_block=1,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=64,
+        attention_head_dim=(2, 4),
+        transformer_layers_per_block=(1, 2),
+        addition_embed_type="text_time",
+        addition_time_embed_dim=8,
+        projection_class_embeddings_input_dim=32 + 6 * 8,
+        norm_num_groups=8,
+        use_linear_projection=True,
+    ).eval()
+
+    class XLDenoiser(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.unet = unet
+
+        def forward(
+            self, sample: Any, timestep: Any, context: Any, text_embeds: Any, time_ids: Any
+        ) -> Any:
+            conditions = {"text_embeds": text_embeds, "time_ids": time_ids}
+            return self.unet(
+                sample,
+                timestep,
+                encoder_hidden_states=context,
+                added_cond_kwargs=conditions,
+                return_dict=False,
+            )[0]
+
+    args = (
+        torch.randn(1, 4, 8, 8),
+        torch.tensor(10.0),
+        torch.randn(1, 77, 64),
+        torch.randn(1, 32),
+        torch.randn(1, 6),
+    )
+    return model_corpus.Exportable(
+        XLDenoiser().eval(), args, ("sample", "timestep", "context", "text_embeds", "time_ids")
+    )
+
+
+_EXPORTS = {"svd_unet": _svd_unet, "sdxl_unet": _sdxl_unet}
+
+
 def _key(*parts: str) -> str:
     text = "\n".join([*parts, RECIPE])
     return hashlib.sha256(text.encode()).hexdigest()[:12]
@@ -93,20 +149,19 @@ def float_path(model: str) -> Path:
         return model_corpus.model_path(_corpus_entry("unet_sdpa-legacy17"))
     if model == "vae":
         return model_corpus.model_path(_corpus_entry("vae-legacy17"))
-    if model != "svd_unet":
+    if model not in _EXPORTS:
         raise ValueError(f"unknown model {model!r}; expected one of {MODELS}")
+    factory = _EXPORTS[model]
     directory = model_corpus.corpus_dir()
     versions = model_corpus._versions(
-        model_corpus.CorpusEntry(
-            "svd_unet", _svd_unet, "legacy", 17, model_corpus.Expected(), "diffusers"
-        )
+        model_corpus.CorpusEntry(model, factory, "legacy", 17, model_corpus.Expected(), "diffusers")
     )
-    path = directory / f"qdq-svd_unet-legacy17-{_key(versions)}.onnx"
+    path = directory / f"qdq-{model}-legacy17-{_key(versions)}.onnx"
     if not path.exists():
         directory.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.partial")
         try:
-            model_corpus._export(_svd_unet(), partial, exporter="legacy", opset=17)
+            model_corpus._export(factory(), partial, exporter="legacy", opset=17)
             partial.replace(path)
         finally:
             partial.unlink(missing_ok=True)
@@ -189,6 +244,11 @@ def modelopt_quantized_path(model: str, mode: str) -> Path:
     """`model` quantized by ModelOpt's ONNX PTQ (`mode` "int8" or "fp8"), run in the peers venv."""
     import numpy as np
 
+    if not PEERS_PYTHON.exists():
+        raise RuntimeError(
+            f"no peers venv at {PEERS_PYTHON}: python3 -m venv /work/venvs/peers && "
+            "/work/venvs/peers/bin/pip install torch==2.13.0 'nvidia-modelopt[onnx]'"
+        )
     source = float_path(model)
     directory = model_corpus.corpus_dir()
     path = directory / f"qdq-{model}-modelopt_{mode}-{_key(source.name, mode)}.onnx"
@@ -198,6 +258,7 @@ def modelopt_quantized_path(model: str, mode: str) -> Path:
     calibration = path.with_suffix(".calib.npz")
     np.savez(calibration, **feeds[0])  # one sample: ModelOpt splits arrays on the batch axis
     partial = path.with_suffix(f".{os.getpid()}.partial.onnx")
+    before = set(directory.iterdir())
     # A CalibrationDataReader, not `calibration_data`: ModelOpt splits arrays on their first
     # axis, which a 0-d timestep does not have; it also asks the reader for `get_first`.
     script = (
@@ -231,6 +292,8 @@ def modelopt_quantized_path(model: str, mode: str) -> Path:
     finally:
         partial.unlink(missing_ok=True)
         calibration.unlink(missing_ok=True)
+        for leftover in set(directory.glob(f"{source.stem}_*.onnx")) - before:
+            leftover.unlink()  # ModelOpt's intermediate files (_named, _opset19, ...)
     return path
 
 

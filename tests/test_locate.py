@@ -91,6 +91,65 @@ def attention_model(key_offset: float) -> onnx.ModelProto:
     )
 
 
+def layer_norm_model() -> onnx.ModelProto:
+    """A decomposed LayerNorm (as legacy exports write it) on activations spread over ±900: its
+    squared deviations reach ~8e5, beyond float16, unless the norm is fused."""
+    rng = np.random.default_rng(3)
+    inits = [
+        numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+        numpy_helper.from_array(np.array(1e-5, np.float32), "eps"),
+        numpy_helper.from_array(rng.uniform(0.5, 1.5, 64).astype(np.float32), "gamma"),
+        numpy_helper.from_array(rng.uniform(-0.1, 0.1, 64).astype(np.float32), "beta"),
+        numpy_helper.from_array(np.full((64,), 300.0, np.float32), "spread"),
+    ]
+    nodes = [
+        helper.make_node("Mul", ["x", "spread"], ["h"], name="/proj/Mul"),
+        helper.make_node("ReduceMean", ["h"], ["mean"], axes=[-1], name="/ln/ReduceMean"),
+        helper.make_node("Sub", ["h", "mean"], ["d"], name="/ln/Sub"),
+        helper.make_node("Pow", ["d", "two"], ["d2"], name="/ln/Pow"),
+        helper.make_node("ReduceMean", ["d2"], ["var"], axes=[-1], name="/ln/ReduceMean_1"),
+        helper.make_node("Add", ["var", "eps"], ["var_eps"], name="/ln/Add"),
+        helper.make_node("Sqrt", ["var_eps"], ["std"], name="/ln/Sqrt"),
+        helper.make_node("Div", ["d", "std"], ["normed"], name="/ln/Div"),
+        helper.make_node("Mul", ["normed", "gamma"], ["scaled"], name="/ln/Mul"),
+        helper.make_node("Add", ["scaled", "beta"], ["y"], name="/ln/Add_1"),
+    ]
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("x", F, [2, 16, 64])],
+        [helper.make_tensor_value_info("y", F, [2, 16, 64])],
+        inits,
+    )
+
+
+def test_norm_overflow_is_repaired_by_norm_fusion_without_float32_nodes():
+    pytest.importorskip("graphfix.precision.norms", reason="norm fusion not in this build")
+    from graphfix.precision.locate.candidate import build_candidate
+    from graphfix.precision.locate.remedies import TrialRunner, search_remedies
+    from graphfix.validation.compare import DEFAULT_TOLERANCES
+
+    model = layer_norm_model()
+    # convert_precision fuses norms itself: the candidate that diverges is a conversion that does
+    # not (the remedy trials' minimal one, or the user's own float16 export)
+    unfused = build_candidate(model, precision="float16", base="minimal").model
+    report = locate(model, unfused)
+    assert report.diverges
+    assert report.suspects[0].node in ("/ln/Pow", "/ln/ReduceMean_1"), report.suspects
+    feeds = make_inputs(model).feeds
+    reference = {"y": validate(model, model, backend="onnxruntime").reference_outputs["y"]}
+    runner = TrialRunner(
+        model,
+        precision="float16",
+        feeds=feeds,
+        reference_outputs=reference,
+        tolerance=DEFAULT_TOLERANCES["fp16"],
+    )
+    found = search_remedies(model, report.suspects, report.tensors, runner)
+    assert [r.kind.value for r in found.kept] == ["norm_fusion"]
+    assert found.passed and found.float32_nodes == ()  # the fused norm computes stats inside
+    assert any(n.op_type == "LayerNormalization" for n in found.model.graph.node)
+
+
 def _variance_inputs(tmp_path):
     x = (30.0 + np.random.default_rng(2).standard_normal((4, 16, 64))).astype(np.float32)
     path = tmp_path / "x.npz"

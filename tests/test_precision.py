@@ -479,3 +479,47 @@ def test_bfloat16_structure_and_rounding():
     assert casts == {BF16, F32}
     types = _types(result.model)
     assert types["a"] == BF16 and types["y"] == F32
+
+
+def test_norms_left_unfused_by_fuse_norms_become_islands(monkeypatch):
+    import sys
+    import types
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Unfused:
+        nodes: tuple[str, ...]
+        reason: str
+
+    @dataclass(frozen=True)
+    class Report:
+        unfused: tuple[Unfused, ...]
+
+        def summary(self) -> str:
+            return "fused 0 norm(s); 1 left unfused"
+
+    @dataclass(frozen=True)
+    class Result:
+        model: onnx.ModelProto
+        report: Report
+
+    fake = types.ModuleType("graphfix.precision.norms")
+    fake.fuse_norms = lambda model: Result(
+        model, Report((Unfused(("tanh1",), "RMSNorm below opset 23"),))
+    )
+    monkeypatch.setitem(sys.modules, "graphfix.precision.norms", fake)
+    import graphfix.precision
+
+    monkeypatch.setattr(graphfix.precision, "norms", fake, raising=False)
+    result = convert_precision(_chain("Relu", "Tanh", "Relu"))
+    (island,) = result.report.islands
+    assert island.nodes == ("tanh1",)
+    assert island.reasons[0].reason is Reason.NORM and "opset 23" in island.reasons[0].detail
+    assert result.report.norms == "fused 0 norm(s); 1 left unfused"
+    assert convert_precision(_chain("Relu", "Tanh", "Relu"), fuse_norms=False).report.islands == ()
+
+
+def test_a_model_already_in_float16_is_refused():
+    half = convert_precision(_chain("Relu"), keep_io_types=False).model
+    with pytest.raises(UsageError, match="already in float16"):
+        convert_precision(half)

@@ -18,6 +18,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from graphfix.errors import UsageError
 from graphfix.precision.census import is_float32_model, precision_census
 from graphfix.precision.convert import convert_precision
 from graphfix.validation.compare import DEFAULT_TOLERANCES, compare_output
@@ -71,7 +72,9 @@ def test_float16_loads_agrees_and_runs_mostly_low(entry: model_corpus.CorpusEntr
     path = model_corpus.model_path(entry)
     original = onnx.load(str(path))
     if not is_float32_model(original):
-        pytest.skip("a float16 export whose Softmax computes in float32: not a float32 model")
+        with pytest.raises(UsageError, match="already in"):
+            convert_precision(original)
+        return  # a float16 export whose Softmax computes in float32: refused, not converted
     result = convert_precision(original)
     onnx.checker.check_model(result.model)
     feed = model_corpus.random_feed(original, np.random.default_rng(0))
@@ -136,3 +139,43 @@ def test_bfloat16_is_structurally_the_float16_plan(entry: model_corpus.CorpusEnt
     assert brain.report.compute_nodes == half.compute_nodes
     assert brain.report.compute_nodes_low >= half.compute_nodes_low
     onnx.checker.check_model(brain.model)
+
+
+def _torch_eval():
+    pytest.importorskip("torch")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "torch_onnx_eval", Path(__file__).resolve().parents[1] / "tools" / "torch_onnx_eval.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Ops the torch interpreter (tools/torch_onnx_eval.py) does not run.
+_NOT_INTERPRETED = {"Attention"}
+
+
+@pytest.mark.parametrize("entry", _params())
+def test_16bit_numerics_through_torch(entry: model_corpus.CorpusEntry) -> None:
+    """float16 and bfloat16 computed in their own types (torch, CPU), not onnxruntime's float32
+    fallbacks: every output within the float16 / bfloat16 tolerance of float32."""
+    evaluator = _torch_eval()
+    path = model_corpus.model_path(entry)
+    original = onnx.load(str(path))
+    if not is_float32_model(original):
+        pytest.skip("not a float32 model")
+    if {n.op_type for n in original.graph.node} & _NOT_INTERPRETED:
+        pytest.skip("uses an op the torch interpreter does not run")
+    feed = model_corpus.random_feed(original, np.random.default_rng(0))
+    expected = _session(path).run(None, feed)
+    for to, kind in (("float16", "fp16"), ("bfloat16", "bf16")):
+        got = evaluator.run_model(convert_precision(original, to=to).model, feed, "cpu")
+        tolerance = DEFAULT_TOLERANCES[kind]
+        for output, ref, out in zip(original.graph.output, expected, got, strict=True):
+            if ref.dtype.kind == "f":
+                stats = compare_output(output.name, ref, out.astype(ref.dtype), tolerance)
+                assert stats.passed, f"{entry.name} {to} {output.name}: {stats}"
+            else:
+                np.testing.assert_array_equal(out, ref)

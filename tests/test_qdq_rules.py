@@ -312,3 +312,53 @@ def test_duplicate_quantizers(second_scale, duplicate):
     add_pair(m, "x", consumers=("c2",), scale=second_scale)
     found = [f for f in inspect_qdq(m).findings if f.rule == "duplicate-quantizer"]
     assert bool(found) is duplicate
+
+
+@pytest.mark.parametrize(("axis", "bad"), [(0, False), (1, True)])
+def test_weight_axis_is_followed_through_a_transpose(axis, bad):
+    """DQ(W [N, K]) → Transpose → MatMul: scales on N (axis 0 before the transpose) are right."""
+    w = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+    nodes = [
+        helper.make_node("Transpose", ["W"], ["Wt"], name="t", perm=[1, 0]),
+        helper.make_node("MatMul", ["x", "Wt"], ["y"], name="mm"),
+    ]
+    m = model(
+        nodes, [value("x", (1, 8, 32))], [value("y", (1, 8, 64))], [numpy_helper.from_array(w, "W")]
+    )
+    quantize_weight(m, "W", axis=axis)
+    add_pair(m, "x")
+    assert ("weight-axis" in rules_at(inspect_qdq(m), "mm")) is bad
+
+
+def test_flops_of_conv_transpose_gemm_and_grouped_conv():
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node(
+            "ConvTranspose",
+            ["x", "Wt"],
+            ["up"],
+            name="deconv",
+            strides=[2, 2],
+            pads=[1, 1, 1, 1],
+            output_padding=[1, 1],
+        ),
+        helper.make_node("Conv", ["up", "Wg"], ["g"], name="grouped", group=4, pads=[1, 1, 1, 1]),
+        helper.make_node("Flatten", ["g"], ["flat"], name="flatten"),
+        helper.make_node("Gemm", ["flat", "Wf"], ["y"], name="fc", transB=1),
+    ]
+    inits = [
+        numpy_helper.from_array(
+            rng.standard_normal((32, 16, 3, 3)).astype(np.float32), "Wt"
+        ),  # [Cin, Cout, k, k]
+        numpy_helper.from_array(
+            rng.standard_normal((16, 4, 3, 3)).astype(np.float32), "Wg"
+        ),  # 16 out, 16/4 in
+        numpy_helper.from_array(rng.standard_normal((10, 16 * 16 * 16)).astype(np.float32), "Wf"),
+    ]
+    m = model(nodes, [value("x", (1, 32, 8, 8))], [value("y", (1, 10))], inits)
+    flops = {n.node: n.flops for n in inspect_qdq(m).nodes}
+    assert flops == {
+        "deconv": 2 * 1 * 32 * 8 * 8 * 16 * 3 * 3,
+        "grouped": 2 * 1 * 16 * 16 * 16 * 4 * 3 * 3,
+        "fc": 2 * 1 * 10 * 16 * 16 * 16,
+    }

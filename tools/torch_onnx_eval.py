@@ -7,14 +7,13 @@ minimal interpreter runs every node in the types the graph gives it, on torch's 
 
 Two steps (the second needs only torch, onnx and numpy):
 
-    python tools/torch_onnx_eval.py prepare OUT_DIR          # here: float32 corpus models,
-                                                             # their float16 and bfloat16
-                                                             # conversions, inputs, onnxruntime
-                                                             # float32 outputs
-    python tools/torch_onnx_eval.py check OUT_DIR --device cuda
+    python tools/torch_onnx_eval.py prepare .cache/precision-check   # CPU: the float32 corpus
+        # models' float16 and bfloat16 conversions, one seeded input each, onnxruntime's float32
+        # outputs, and the float32 models up to 1 MB (~40 MB in all)
+    python tools/torch_onnx_eval.py check .cache/precision-check --device cuda
 
-`check` first runs each float32 model through the interpreter and compares with onnxruntime
-(tolerance fp32: proves the interpreter), then the float16 and bfloat16 conversions (tolerances
+`check` first runs each stored float32 model through the interpreter and compares with
+onnxruntime (tolerance fp32, TF32 off: proves the interpreter), then the float16 and bfloat16 conversions (tolerances
 fp16 / bf16 of graphfix.validation.compare), and prints one line per model and a summary.
 Exit 1 when a conversion disagrees.
 """
@@ -443,7 +442,7 @@ def run_model(model: onnx.ModelProto, feed: dict[str, np.ndarray], device: str) 
 
 
 # --- prepare (here) and check (on the GPU) -----------------------------------------------------
-def prepare(out: Path, only: list[str]) -> None:
+def prepare(out: Path, only: list[str], float32_max_bytes: int = 1 << 20) -> None:
     sys.path.insert(0, str(REPO / "tests"))
     sys.path.insert(0, str(REPO))
     import onnxruntime as ort
@@ -463,7 +462,8 @@ def prepare(out: Path, only: list[str]) -> None:
             continue
         folder = out / entry.name
         folder.mkdir(exist_ok=True)
-        onnx.save(model, folder / "float32.onnx")
+        if path.stat().st_size <= float32_max_bytes:  # the interpreter's own check; keeps the
+            onnx.save(model, folder / "float32.onnx")  # folder small enough to carry to a GPU
         for to in ("float16", "bfloat16"):
             onnx.save(convert_precision(model, to=to).model, folder / f"{to}.onnx")
         feed = random_feed(model, np.random.default_rng(0))
@@ -491,6 +491,15 @@ def _agrees(reference: np.ndarray, candidate: np.ndarray, kind: str) -> tuple[bo
 
 
 def check(folder: Path, device: str) -> int:
+    torch = _torch()
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            print(f"no CUDA device for --device {device}", file=sys.stderr)
+            return 3
+        # float32 means float32: no TF32 in MatMul or Conv (cuDNN allows it by default)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     names = json.loads((folder / "models.json").read_text())
     failures = 0
     counts = {k: [0, 0] for k in TOLERANCES}
@@ -501,6 +510,9 @@ def check(folder: Path, device: str) -> int:
         expected = [stored[f"arr_{i}"] for i in range(len(stored.files))]
         line = [f"{name:40s}"]
         for kind in TOLERANCES:
+            if not (here / f"{kind}.onnx").exists():
+                line.append(f"{kind}: not prepared")
+                continue
             model = onnx.load(str(here / f"{kind}.onnx"))
             try:
                 got = run_model(model, feed, device)
@@ -533,12 +545,16 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("prepare")
     p.add_argument("out", type=Path)
     p.add_argument("--only", action="append", default=[])
+    p.add_argument(
+        "--float32-max-mb", type=float, default=1.0,
+        help="store the float32 model (the interpreter's own check) only up to this size",
+    )  # fmt: skip
     c = sub.add_parser("check")
     c.add_argument("folder", type=Path)
     c.add_argument("--device", default="cuda")
     args = parser.parse_args(argv)
     if args.command == "prepare":
-        prepare(args.out, args.only)
+        prepare(args.out, args.only, int(args.float32_max_mb * (1 << 20)))
         return 0
     return check(args.folder, args.device)
 

@@ -13,14 +13,16 @@ import sys
 from graphfix.cli.options import Option, add_options, api_kwargs
 from graphfix.cli.validate import VALIDATE_OPTIONS
 from graphfix.precision.locate.api import BACKENDS, PRECISIONS
+from graphfix.precision.locate.candidate import BASES
 
 _SHARED = {o.api: o for o in VALIDATE_OPTIONS}
 LOCATE_OPTIONS = (
     Option(
         ("--precision",),
         "precision",
-        "the candidate is MODEL converted to this type (run by onnxruntime on the CPU: real "
-        "float16/bfloat16 storage and arithmetic); enables the remedy search",
+        "the candidate is MODEL converted to this type, run by onnxruntime on the CPU with the "
+        "type's rounding and overflow made explicit at every stored tensor; enables the remedy "
+        "search",
         {"choices": PRECISIONS},
     ),
     Option(
@@ -50,16 +52,23 @@ LOCATE_OPTIONS = (
         {"action": "store_const", "const": False},
     ),
     Option(
+        ("--remedy-base",),
+        "remedy_base",
+        "what each remedy trial converts with: minimal (default: only what a trial proves "
+        "necessary stays float32) or convert_precision (its default float32 islands too)",
+        {"choices": BASES},
+    ),
+    Option(
         ("--max-trials",),
         "max_trials",
-        "most candidate runs the remedy search may make (default 24)",
+        "most candidate runs the remedy search may make (default 32)",
         {"type": int},
     ),
     Option(
         ("--chunk-mb",),
         "chunk_bytes",
         "MiB of intermediate tensors held per side at once (default 256)",
-        {"type": float},
+        {"type": float, "metavar": "MIB"},
         convert=lambda mb: int(mb * (1 << 20)),
     ),
 )

@@ -114,9 +114,18 @@ def _cmd_fix(args: argparse.Namespace) -> int:
             f"coverage: {100 * before.fraction:.1f}% → {100 * after.fraction:.1f}% of "
             f"{_mflops(after.flops_total)} MFLOPs"
         )
+        if report.refused:
+            print(
+                f"left by the error guard ({len(report.refused)} fixable changes would have made "
+                "the error against the float model worse):"
+            )
+            for change in report.refused if args.all else report.refused[:_EXAMPLES]:
+                print(f"  {change.rule}: {change.node}")
+            if not args.all and len(report.refused) > _EXAMPLES:
+                print(f"  … {len(report.refused) - _EXAMPLES} more (--all lists every one)")
         print(f"left ({len(report.unfixed)}):")
         print("\n".join(finding_lines(report.unfixed, show_all=args.all)[1:] or ["  nothing"]))
-        for note in report.notes if args.all else report.notes[-1:]:
+        for note in report.notes:
             print(f"note: {note}")
         if report.error is not None:
             print(describe_error(report.error))

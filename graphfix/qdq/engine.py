@@ -55,12 +55,17 @@ class EnginePrecisionCount:
     compute_float: int
     by_precision: dict[str, int] = field(default_factory=dict)  # compute layers per precision
     reformats_to_or_from_quantized: int = 0  # TREx ReformatLinter's red flag
+    # Myelin regions ({ForeignNode[...]}) hide their convs/GEMMs: counted apart, by input type
+    myelin_quantized: int = 0
+    myelin_float: int = 0
 
     def summary(self) -> str:
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(self.by_precision.items()))
         return (
             f"{self.compute_quantized} quantized and {self.compute_float} float conv/GEMM layers "
-            f"({kinds}); {self.reformats_to_or_from_quantized} reformats to or from a quantized type"
+            f"({kinds}); {self.reformats_to_or_from_quantized} reformats to or from a quantized type; "
+            f"Myelin regions: {self.myelin_quantized} with quantized and {self.myelin_float} with "
+            "float inputs"
         )
 
 
@@ -102,12 +107,19 @@ def engine_precision(info: str | dict) -> EnginePrecisionCount:
             )
         )
     compute = [layer for layer in layers if layer.compute]
+    myelin = [
+        layer
+        for layer in layers
+        if "myelin" in layer.layer_type.lower() or "ForeignNode" in layer.name
+    ]
     return EnginePrecisionCount(
         layers=tuple(layers),
         compute_quantized=sum(1 for layer in compute if layer.quantized),
         compute_float=sum(1 for layer in compute if not layer.quantized),
         by_precision=dict(Counter(layer.precision or "unknown" for layer in compute)),
         reformats_to_or_from_quantized=reformats,
+        myelin_quantized=sum(1 for layer in myelin if layer.quantized),
+        myelin_float=sum(1 for layer in myelin if not layer.quantized),
     )
 
 

@@ -11,9 +11,13 @@ Only edits that are exact, or that can only lower the error against the float mo
   with that Q's parameters: Q(concat(DQ(Q(x)))) becomes Q(x), one rounding instead of two.
 
 Everything else (missing Q/DQ, per-tensor or wrongly-axed weights, channel alignment) needs a
-calibration or re-quantization and is reported as left, with the reason.  The graph is edited as
-raw protobuf on a copy: bypassing means renaming a consumer's input, and GraphIndex (the shared
-view) is rebuilt between passes.
+calibration or re-quantization and is reported as left, with the reason.
+
+The graph is edited as raw protobuf on a copy (bypassing a pair is renaming a consumer's input),
+not through onnx-graphsurgeon: the error guard copies the model once per trial, and on the
+5,474-node SVD UNet a graphsurgeon import/cleanup/export costs 0.43 s of CPU against 0.004 s for
+a protobuf copy (measured; up to 48 trials per fix).  GraphIndex, the shared view, is rebuilt
+between passes.
 """
 
 from __future__ import annotations
@@ -68,14 +72,15 @@ def fix_qdq(
 
         guard = ErrorGuard(loaded.model, reference, feeds=feeds, max_trials=max_trials or 48)
     changes: list[QdqChange] = []
+    refused: list[QdqChange] = []
     notes: list[str] = []
     current = view.index.model
     for step in PASSES:
         if guard is None:
             made, current = _apply(current, step, sites, _everything, loaded.base_dir)
         else:
-            made, current, refused = _guarded(current, step, sites, guard, loaded.base_dir)
-            notes += refused
+            made, current, left = _guarded(current, step, sites, guard, loaded.base_dir)
+            refused += left
         changes += made
     fixed = current
     del fixed.graph.value_info[:]  # inferred for the lint; stale names would only mislead
@@ -84,8 +89,18 @@ def fix_qdq(
     if guard is not None:
         error = guard.check(fixed)
         notes.append(f"{guard.trials} error evaluations with onnxruntime")
+    if refused:
+        notes.append(
+            f"{len(refused)} fixable changes left as they were: alone or with their group they made "
+            "the error against the float model worse than the input's (or the trial budget ran out)"
+        )
     report = QdqFixReport(
-        changes=tuple(changes), before=before, after=after, error=error, notes=tuple(notes)
+        changes=tuple(changes),
+        before=before,
+        after=after,
+        error=error,
+        notes=tuple(notes),
+        refused=tuple(refused),
     )
     return QdqFixResult(model=fixed, report=report)
 
@@ -104,12 +119,15 @@ def _apply(
 
 
 def _guarded(model, step: Pass, sites, guard, base_dir):
-    """Apply `step`'s changes that keep the error no worse than the input model's, by halving."""
+    """Apply `step`'s changes that keep the error no worse than the input model's, by halving.
+
+    Returns (changes made, the model, proposed changes left out)."""
     proposed, candidate = _apply(model, step, sites, _everything, base_dir)
     if not proposed:
         return [], model, []
     if guard.acceptable(candidate):
         return proposed, candidate, []
+    by_node = {c.node: c for c in proposed}
     accepted: list[QdqChange] = []
     refused: list[str] = []
     pending = [[c.node for c in proposed]]
@@ -127,12 +145,7 @@ def _guarded(model, step: Pass, sites, guard, base_dir):
             pending[:0] = [group[:middle], group[middle:]]
         else:
             refused += group
-    notes = [
-        f"{step.__name__}: left {name} as it was: changing it alone or with its group made the "
-        "error against the float model worse than the input's"
-        for name in refused
-    ]
-    return accepted, model, notes
+    return accepted, model, [by_node[name] for name in refused if name in by_node]
 
 
 # --- passes ----------------------------------------------------------------------------------

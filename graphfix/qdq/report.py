@@ -148,6 +148,7 @@ class QdqFixReport:
     after: QdqReport
     error: ErrorCheck | None = None
     notes: tuple[str, ...] = field(default=())
+    refused: tuple[QdqChange, ...] = field(default=())  # fixable, left by the error guard
 
     @property
     def unfixed(self) -> tuple[Finding, ...]:
@@ -170,6 +171,7 @@ class QdqFixReport:
             },
             "unfixed": [f.to_dict() for f in self.unfixed],
             "error": error,
+            "refused": [asdict(c) for c in self.refused],
             "notes": list(self.notes),
         }
 

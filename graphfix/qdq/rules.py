@@ -155,7 +155,7 @@ class LintContext:
 
 def compute_operands(view: QdqView, node: onnx.NodeProto) -> ComputeOperands:
     """The activation and weight operands of a compute node and the weight's channel axis."""
-    inputs = [i for i in node.input[:2]]
+    inputs = list(node.input[:2])
     if node.op_type in ("Conv", "ConvTranspose"):
         axis = 0 if node.op_type == "Conv" else 1
         return ComputeOperands((view.operand(inputs[0]),), view.operand(inputs[1]), axis)
@@ -177,13 +177,13 @@ def _weight_axis_ok(view: QdqView, operand: Operand, expected: int | None) -> bo
     q = operand.quantizer
     if q is None or not q.per_channel or expected is None:
         return None
-    dq = view.producer(operand.tensor)
     rank = len(view.shape(operand.tensor) or ()) or None
     axis = q.axis
     if operand.path:  # DQ → Transpose → node: follow the permutation; other paths: unknown
-        if operand.path != ("Transpose",) or dq is None:
+        transpose = view.producer(operand.tensor)
+        if operand.path != ("Transpose",) or transpose is None:
             return None
-        perm = view.attribute(dq, "perm")
+        perm = view.attribute(transpose, "perm")
         if perm is None:
             return None
         rank = len(perm)
@@ -318,6 +318,13 @@ def residual_adds(
             continue
         _, position, compute, via = max(branches, key=lambda b: b[0])
         yield add, position, compute, via
+
+
+def _before_pair(view: QdqView, tensor: str) -> str:
+    """`tensor`, or the input of the Q → DQ pair that produces it."""
+    dq = view.producer(tensor)
+    q = view.pair_source(dq) if view.is_dq(dq) else None
+    return tensor if q is None else q.input[0]
 
 
 def check_residual(ctx: LintContext) -> Iterator[Finding]:
@@ -554,11 +561,11 @@ def pair_use(ctx: LintContext, dq: onnx.NodeProto) -> tuple[bool, tuple[str, ...
             ):
                 return True, ()
             if op == "Add" and any(
-                _compute_branch(view, other) is not None
+                _compute_branch(view, _before_pair(view, other)) is not None
                 for other in consumer.input
                 if other != tensor
             ):
-                return True, ()
+                return True, ()  # the skip input of a residual Add (its conv branch may be Q/DQ'd)
             float_ops.append(op)
     return False, tuple(dict.fromkeys(float_ops))
 
@@ -579,12 +586,19 @@ def check_reformat(ctx: LintContext, *, skip: set[str]) -> Iterator[Finding]:
             continue
         used, float_ops = pair_use(ctx, dq)
         if not used:
+            output = dq.output[0] in view.index.graph_outputs
             yield ctx.finding(
                 "qdq-reformat",
                 view.label(q),
                 f"Q/DQ pair {view.label(q)} → {view.label(dq)} feeds only float ops "
                 f"({', '.join(float_ops) or 'nothing'}); TensorRT runs it as Quantize + "
-                "Dequantize reformat layers with nothing quantized in between",
+                "Dequantize reformat layers with nothing quantized in between"
+                + (
+                    "; not fixed here: its output is a graph output (re-export without it)"
+                    if output
+                    else ""
+                ),
+                fixable=not output,
             )
 
 

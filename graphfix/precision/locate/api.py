@@ -12,8 +12,8 @@ import onnx
 from graphfix.attention.matcher import find_attention
 from graphfix.errors import UsageError
 from graphfix.model_io import LoadedModel, check_output_path, load_model, save_model
-from graphfix.precision.locate.candidate import build_candidate
-from graphfix.precision.locate.emulate import emulate_low_precision, is_low_precision
+from graphfix.precision.locate.candidate import BASES, build_candidate
+from graphfix.precision.locate.emulate import emulate_low_precision
 from graphfix.precision.locate.localise import RANGE_MAX, measure, module_path, rank_suspects
 from graphfix.precision.locate.reference import (
     DEFAULT_CHUNK_BYTES,
@@ -56,6 +56,7 @@ def locate(
     chunk_bytes: int | None = None,
     max_trials: int | None = None,
     top: int | None = None,
+    remedy_base: str | None = None,
 ) -> LocateReport:
     """Compare every intermediate tensor of `candidate` (or of `model` converted to `precision`)
     with `model` run in float32, rank the nodes that create the error, and search remedies.
@@ -66,7 +67,11 @@ def locate(
     make it pass validate's tolerance.  `apply`: keep the repaired model in the report; with
     `output`, write it (same rules as `graphfix fix`).  `backend="tensorrt"` builds TensorRT
     engines instead (see `trt_candidate`).  `chunk_bytes` bounds the intermediates held per side.
+    `remedy_base`: what the remedy trials convert with — "minimal" (default: only what a trial
+    proves necessary stays float32) or "convert_precision" (its default islands plus remedies).
     """
+    if remedy_base not in (None, *BASES):
+        raise UsageError(f"remedy_base {remedy_base!r} is not one of {', '.join(BASES)}")
     if backend not in (None, *BACKENDS):
         raise UsageError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     if precision is not None and precision not in PRECISIONS:
@@ -110,11 +115,6 @@ def locate(
         cand = LoadedModel(built.model, None, True)
         computes_in = precision
         cand_label = f"{_label(reference, 'model')} converted to {precision} by {built.converter}"
-        if built.converter.startswith("internal"):
-            notes.append(
-                "converted by graphfix's minimal internal builder (convert_precision is "
-                "not available in this build)"
-            )
     default = DEFAULT_TOLERANCES[_SHORT[computes_in]]
     tolerance = Tolerance(
         atol=default.atol if atol is None else atol,
@@ -133,8 +133,9 @@ def locate(
     errors = []
     ref_out: dict[str, np.ndarray] = {}
     cand_out: dict[str, np.ndarray] = {}
-    if is_low_precision(cand.model):
-        cand = LoadedModel(emulate_low_precision(cand.model), cand.path, True)
+    emulated = emulate_low_precision(cand.model)
+    if len(emulated.graph.node) != len(cand.model.graph.node):  # it stores something low
+        cand = LoadedModel(emulated, cand.path, True)
         notes.append(
             f"{computes_in} rounding made explicit (a Cast pair after every {computes_in} "
             "tensor): onnxruntime's CPU otherwise runs most float16 ops in float32"
@@ -189,8 +190,9 @@ def locate(
         feeds=data.feeds,
         reference_outputs=ref_out,
         tolerance=tolerance,
+        base=remedy_base,
     )
-    found = search_remedies(reference.model, suspects, errors, runner, max_trials=max_trials or 24)
+    found = search_remedies(reference.model, suspects, errors, runner, max_trials=max_trials or 32)
     fixed = None
     if apply and found.model is not None:
         path = None

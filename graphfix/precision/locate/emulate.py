@@ -23,16 +23,6 @@ from graphfix.precision.locate.reference import infer_types
 _LOW = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
 
 
-def is_low_precision(model: onnx.ModelProto) -> bool:
-    types = infer_types(model)
-    return any(t in _LOW for t in types.values()) or any(
-        a.name == "to" and a.i in _LOW
-        for n in model.graph.node
-        if n.op_type == "Cast"
-        for a in n.attribute
-    )
-
-
 def emulate_low_precision(model: onnx.ModelProto) -> onnx.ModelProto:
     """A float32 copy of `model` in which every float16/bfloat16 tensor is rounded explicitly."""
     types = infer_types(model)

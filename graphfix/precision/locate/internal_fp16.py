@@ -1,12 +1,12 @@
-"""MINIMAL INTERNAL CANDIDATE BUILDER — a stand-in, not the product's converter.
+"""The minimal float16/bfloat16 converter `locate`'s remedy search builds its trials on.
 
-`locate --precision` builds its candidate with `graphfix.precision.convert.convert_precision` (the
-"Precision surgery" issue) when that module exists; this file is only the fallback used while it
-does not, so that `locate` can run.  It does the least that gives real low-precision storage and
-arithmetic in onnxruntime: every node that reads or writes float32 computes in float16 (or
-bfloat16) except the nodes in `keep`, with a Cast wherever a tensor crosses between the two;
-initializers read only by converted nodes are stored converted; graph inputs and outputs stay
-float32.  No norm fusion, no range analysis.
+Not the product's converter (`graphfix.precision.convert.convert_precision`, which `locate` uses
+for the candidate it localises): this one keeps nothing in float32 on its own judgement.  Every
+node that reads or writes float32 computes in float16 (or bfloat16) except the nodes in `keep`,
+with a Cast wherever a tensor crosses between the two; initializers read only by converted nodes
+are stored converted (finite values beyond the type's range saturate); graph inputs and outputs
+stay float32.  No norm fusion, no range analysis: the search's trials decide what stays float32.
+It is also the fallback candidate where `convert_precision` is absent.
 """
 
 from __future__ import annotations

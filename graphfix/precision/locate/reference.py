@@ -302,11 +302,11 @@ def _node_reads(node: onnx.NodeProto) -> Iterator[str]:
 
 def infer_types(model: onnx.ModelProto) -> dict[str, int]:
     """Element type of every tensor onnx's shape inference can type (initializers included)."""
-    return _infer(model, {})[0]
+    return _infer(model, {}, sizes=False)[0]
 
 
 def _infer(
-    model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]
+    model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], *, sizes: bool = True
 ) -> tuple[dict[str, int], dict[str, int]]:
     """Element types and float32 byte sizes of tensors, with the graph inputs fixed to `feeds`."""
     skeleton = onnx.ModelProto()
@@ -328,16 +328,18 @@ def _infer(
     except Exception:  # inference is an estimate only; unknown sizes fall back to the largest
         inferred = skeleton
     types: dict[str, int] = {}
-    sizes: dict[str, int] = {}
+    nbytes: dict[str, int] = {}
     g = inferred.graph
     for value in (*g.input, *g.value_info, *g.output):
         tensor = value.type.tensor_type
         if not value.type.HasField("tensor_type"):
             continue
         types[value.name] = tensor.elem_type or _UNKNOWN
+        if not sizes or not tensor.HasField("shape"):
+            continue
         dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
-        if tensor.HasField("shape") and all(d is not None for d in dims):
-            sizes[value.name] = 4 * int(np.prod(dims, dtype=np.int64))
+        if all(d is not None for d in dims):
+            nbytes[value.name] = 4 * int(np.prod(dims, dtype=np.int64))
     for tensor in model.graph.initializer:
         types[tensor.name] = tensor.data_type
-    return types, sizes
+    return types, nbytes

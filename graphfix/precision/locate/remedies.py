@@ -1,10 +1,13 @@
 """The smallest set of graph fixes with which the candidate passes validate's tolerance.
 
-Remedies: a float32 island (nodes kept in float32 by the converter) grown from a suspect, and, for
-a suspect inside an attention block, that block's `fp32_island` attention strategy.  The search is
-greedy over the ranked suspects — per suspect the attention strategy, then the island in rings
+Remedies: a float32 island (nodes kept in float32 by the converter) grown from a suspect; for a
+suspect inside a decomposed norm, norm fusion (`graphfix.precision.norms`: one LayerNormalization
+/ RMSNormalization / GroupNormalization node, whose statistics TensorRT and onnxruntime compute in
+float32); for a suspect inside an attention block, that block's `fp32_island` attention strategy.
+The search is greedy over the ranked suspects — per suspect norm fusion, the attention strategy,
+then the island in rings
 (the suspect plus every node whose reference values exceed the type's range, then its neighbours,
-ring by ring) until the candidate passes — followed by a bisection that drops contiguous runs of
+1, 1, 2, 4, ... rings more per trial) until the candidate passes — followed by a bisection that drops contiguous runs of
 island nodes the verdict does not need.  Every trial is one candidate build and run, recorded with
 its error.
 """
@@ -19,6 +22,7 @@ from enum import Enum
 import numpy as np
 import onnx
 
+from graphfix.attention.matcher import find_attention
 from graphfix.model_io import LoadedModel
 from graphfix.precision import policy
 from graphfix.precision.locate.candidate import BuiltCandidate, build_candidate
@@ -39,6 +43,7 @@ _RANGE_MARGIN = 0.5  # values above this fraction of the type's range go to floa
 class RemedyKind(str, Enum):
     FLOAT32_ISLAND = "float32_island"
     ATTENTION_STRATEGY = "attention_strategy"
+    NORM_FUSION = "norm_fusion"
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,8 @@ class Remedy:
     def describe(self) -> str:
         if self.kind is RemedyKind.ATTENTION_STRATEGY:
             return f"attention block {self.block}: strategy {self.strategy}"
+        if self.kind is RemedyKind.NORM_FUSION:
+            return f"norm fusion (the norm of {len(self.nodes)} node(s) around {self.suspect})"
         return f"float32 island of {len(self.nodes)} node(s) around {self.suspect}"
 
 
@@ -106,7 +113,10 @@ class TrialRunner:
         feeds: Mapping[str, np.ndarray],
         reference_outputs: Mapping[str, np.ndarray],
         tolerance: Tolerance,
+        base: str | None = None,
     ) -> None:
+        self.base = "minimal" if base is None else base
+        self._fusion = None  # fuse_norms' result, made on first use
         self.model = model
         self.precision = precision
         self.feeds = feeds
@@ -115,10 +125,38 @@ class TrialRunner:
 
     def build(self, remedies: Sequence[Remedy]) -> BuiltCandidate:
         keep = sorted({n for r in remedies if r.kind is RemedyKind.FLOAT32_ISLAND for n in r.nodes})
+        model = self.model
+        if any(r.kind is RemedyKind.NORM_FUSION for r in remedies):
+            model = self.fused_norms()
+            names = {n.name for n in model.graph.node}
+            keep = [n for n in keep if n in names]  # nodes fused away are no longer there
         attention = [
-            (r.block, r.strategy) for r in remedies if r.kind is RemedyKind.ATTENTION_STRATEGY
+            (r.block, r.strategy, r.nodes)
+            for r in remedies
+            if r.kind is RemedyKind.ATTENTION_STRATEGY
         ]
-        return build_candidate(self.model, precision=self.precision, keep=keep, attention=attention)
+        return build_candidate(
+            model, precision=self.precision, keep=keep, attention=attention, base=self.base
+        )
+
+    def fused_norms(self) -> onnx.ModelProto:
+        """The model with its decomposed norms fused (`graphfix.precision.norms`), cached."""
+        return self._norm_fusion().model
+
+    def norm_chains(self) -> dict[str, tuple[str, ...]]:
+        """node → the nodes of the decomposed norm it belongs to (empty without norm fusion)."""
+        try:
+            report = self._norm_fusion().report
+        except ImportError:
+            return {}
+        return {node: tuple(f.replaced) for f in report.fused for node in f.replaced}
+
+    def _norm_fusion(self):
+        if self._fusion is None:
+            from graphfix.precision.norms import fuse_norms
+
+            self._fusion = fuse_norms(self.model)
+        return self._fusion
 
     def compare(self, model: onnx.ModelProto) -> tuple[OutputComparison, ...]:
         from graphfix.validation.backends.onnxruntime_backend import OnnxRuntimeRunner
@@ -166,13 +204,21 @@ def search_remedies(
     errors: Sequence[TensorError],
     runner: TrialRunner,
     *,
-    max_trials: int = 24,
-    max_rings: int = 3,
+    max_trials: int = 32,
+    max_rings: int = 8,
     max_suspects: int = 5,
     progress: Callable[[Trial], None] | None = None,
 ) -> SearchResult:
     """Greedy over `suspects`, then bisection; at most `max_trials` candidate runs."""
     graph = _Neighbours(model)
+    chains = {
+        m.index: tuple(
+            name or node_label(model.graph.node[p], p)
+            for name, p in zip(m.chain_nodes, m.chain_positions, strict=False)
+        )
+        for m in find_attention(model)
+    }
+    norms = runner.norm_chains()
     trials: list[Trial] = []
 
     def run(step: str, remedies: Sequence[Remedy]) -> tuple[Trial, BuiltCandidate]:
@@ -192,6 +238,8 @@ def search_remedies(
         if any(suspect.node in r.nodes for r in kept):
             continue
         options: list[Remedy] = []
+        if suspect.node in norms and not any(r.kind is RemedyKind.NORM_FUSION for r in kept):
+            options.append(Remedy(RemedyKind.NORM_FUSION, suspect.node, nodes=norms[suspect.node]))
         if suspect.attention_block is not None and not any(
             r.block == suspect.attention_block for r in kept
         ):
@@ -199,18 +247,25 @@ def search_remedies(
                 Remedy(
                     RemedyKind.ATTENTION_STRATEGY,
                     suspect.node,
+                    nodes=chains.get(suspect.attention_block, ()),
                     block=suspect.attention_block,
                     strategy="fp32_island",
                 )
             )
-        for _ in range(max_rings + 1):
+        steps = (
+            1  # rings added per trial: 1, 1, 2, 4, ... so the whole graph is reached in log steps
+        )
+        for ring in range(max_rings + 1):
             options.append(
                 Remedy(RemedyKind.FLOAT32_ISLAND, suspect.node, nodes=tuple(graph.ordered(island)))
             )
-            grown = island | graph.around(island)
+            grown = island
+            for _ in range(steps):
+                grown = grown | graph.around(grown)
             if grown == island:
                 break
             island = grown
+            steps = 1 if ring == 0 else steps * 2
         best: tuple[Trial, BuiltCandidate, Remedy] | None = None
         for option in options:
             if len(trials) >= max_trials:
@@ -231,7 +286,7 @@ def search_remedies(
         passed=current.passed,
         error=current.error,
         float32_nodes=float32_compute_nodes(built.model),
-        model=built.model if kept else None,
+        model=built.model if kept or current.passed else None,
     )
 
 
@@ -279,7 +334,9 @@ def _without(islands: Sequence[Remedy], dropped: set[str]) -> list[Remedy]:
 
 def _beyond_range(model: onnx.ModelProto, errors: Sequence[TensorError], limit: float) -> set[str]:
     """Nodes that write or read a float value beyond `limit` in the reference (or a weight) where
-    the candidate as converted went wrong (saturating a mask constant is harmless)."""
+    the candidate as converted went wrong (saturating a mask constant is harmless).  Data movement
+    counts too: a Reshape left in float16 between two float32 nodes would overflow the value it
+    carries (it costs no float32 compute)."""
     big = {
         e.tensor
         for e in errors
@@ -295,8 +352,6 @@ def _beyond_range(model: onnx.ModelProto, errors: Sequence[TensorError], limit: 
                 big.add(init.name)
     nodes = set()
     for i, node in enumerate(model.graph.node):
-        if node.op_type in DATA_MOVEMENT and node.op_type != "Where":
-            continue
         if big.intersection(node.output) or big.intersection(node.input):
             nodes.add(node_label(node, i))
     return nodes
