@@ -362,3 +362,20 @@ def test_flops_of_conv_transpose_gemm_and_grouped_conv():
         "grouped": 2 * 1 * 16 * 16 * 16 * 4 * 3 * 3,
         "fc": 2 * 1 * 10 * 16 * 16 * 16,
     }
+
+
+@pytest.mark.parametrize(
+    ("name", "block"),
+    [
+        ("/down_blocks.0/resnets.0/conv1/Conv", "down_blocks.0"),
+        ("/unet/mid_block/attentions.0/proj_in/Conv", "unet/mid_block"),
+        ("/vae/decoder/up_blocks.2/resnets.1/conv2/Conv", "vae/decoder/up_blocks.2"),
+        ("/time_embedding/linear_1/Gemm", "time_embedding/linear_1"),
+        ("/conv_in/Conv", "conv_in"),
+        ("node_Conv_3", "(unscoped)"),
+    ],
+)
+def test_blocks_come_from_unet_scopes_else_the_first_two_components(name, block):
+    from graphfix.qdq.view import block_of
+
+    assert block_of(name) == block

@@ -60,7 +60,7 @@ def attention_sites(view: QdqView) -> tuple[AttentionSite, ...]:
     """Attention chains, found by the attention matcher on a copy with activation Q/DQ bypassed
     (the matcher reads float chains; node names are unchanged)."""
     plain = onnx.ModelProto()
-    plain.CopyFrom(view.model)
+    plain.CopyFrom(view.index.model)  # the graph `view` indexes: same node positions
     bypass = {dq.output[0]: q.input[0] for q, dq in rules.activation_pairs(view)}
     for node in plain.graph.node:
         for i, name in enumerate(node.input):
