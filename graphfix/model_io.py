@@ -338,6 +338,8 @@ def check_output_path(
     overwrite: bool | None = None,
 ) -> None:
     """Raise OutputPathError now for an output `save_model` would refuse (before any work)."""
+    if not os.fspath(path).strip():
+        raise OutputPathError("the output path is empty; pass -o FILE.onnx")
     _check_output(
         Path(path),
         None if source is None else Path(source),
@@ -351,6 +353,14 @@ def _check_output(out: Path, src: Path | None, locations: list[str], *, overwrit
         raise OutputPathError(
             f"output {out} is a directory; pass a file path like {out}/model.onnx"
         )
+    for folder in out.parents:
+        if folder.exists():
+            if not folder.is_dir():
+                raise OutputPathError(
+                    f"cannot write {out}: {folder} is a file, not a folder; choose an -o whose "
+                    "folder is a folder (or does not exist yet)"
+                )
+            break
     if src is not None and (out == src or _same_file(out, src)):
         if not overwrite:
             raise OutputPathError(

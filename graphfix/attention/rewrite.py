@@ -136,7 +136,7 @@ def _select(
                     f"select entry {entry} is not a block index; blocks are numbered "
                     f"0..{len(matches) - 1} (see `graphfix inspect`)"
                 )
-            texts.append(f"attention:{entry}")
+            texts.append(str(entry))
         elif isinstance(entry, re.Pattern):
             texts.append(f"re:{entry.pattern}")
         else:

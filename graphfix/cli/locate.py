@@ -12,7 +12,7 @@ import sys
 
 from graphfix.cli.options import Option, add_options, api_kwargs
 from graphfix.cli.validate import VALIDATE_OPTIONS
-from graphfix.precision.locate.api import BACKENDS, PRECISIONS
+from graphfix.precision.locate.api import BACKENDS, DEFAULT_MAX_TRIALS, PRECISIONS
 from graphfix.precision.locate.candidate import BASES
 
 _SHARED = {o.api: o for o in VALIDATE_OPTIONS}
@@ -61,7 +61,7 @@ LOCATE_OPTIONS = (
     Option(
         ("--max-trials",),
         "max_trials",
-        "most candidate runs the remedy search may make (default 32)",
+        f"most candidate runs the remedy search may make (default {DEFAULT_MAX_TRIALS})",
         {"type": int},
     ),
     Option(
@@ -104,6 +104,10 @@ def run(args: argparse.Namespace) -> int:
     kwargs = api_kwargs(args, LOCATE_OPTIONS)
     if kwargs["apply"] and kwargs["output"] is None:
         raise UsageError("--apply writes the repaired model: pass -o OUT.onnx")
+    if args.plot:  # an unusable folder or a missing matplotlib fails before the models run
+        from graphfix.validation.plot import prepare_plot_folder
+
+        prepare_plot_folder(args.plot)
     report = locate(args.model, args.candidate, **kwargs)
     plot = None
     if args.plot:

@@ -8,6 +8,7 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from graphfix.attention.matcher import scan_attention
 from graphfix.attention.rewrite import fix_attention
@@ -106,7 +107,7 @@ def _cmd_fix(args: argparse.Namespace) -> int:
     source = Path(args.model)
     out = Path(args.output)
     loaded = load_model(source, load_weights=False, reference_embedded=True)
-    check_output_path(loaded.model, out, source=loaded.path, overwrite=args.overwrite)
+    check_output_path(loaded.model, args.output, source=loaded.path, overwrite=args.overwrite)
     result = fix_attention(loaded, **api_kwargs(args, FIX_OPTIONS))
     report = result.report
     lines = [report.summary()]
@@ -173,8 +174,16 @@ EXIT_CODES = (
 )
 
 
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """argparse's errors as one line on stderr (no usage block), exit 2, as DESIGN.md asks;
+    subcommand parsers inherit it (add_subparsers makes parsers of the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrorParser(
         prog="graphfix",
         description="Rewrite ONNX attention chains so TensorRT cannot fuse them into inaccurate kernels.",
         epilog=EXIT_CODES,

@@ -62,6 +62,10 @@ def finding_lines(findings: tuple[Finding, ...], *, show_all: bool) -> list[str]
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from graphfix.qdq.lint import inspect_qdq
 
+    if args.plot:  # an unusable folder or a missing matplotlib fails before the lint runs
+        from graphfix.validation.plot import prepare_plot_folder
+
+        prepare_plot_folder(args.plot)
     report = inspect_qdq(args.model)
     plot = None
     if args.plot:

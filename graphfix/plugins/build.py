@@ -488,6 +488,16 @@ def _run_logged(
         )
 
 
+def _make_build_dir(build: Path) -> None:
+    try:
+        build.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot create the build folder {build}: {exc.strerror or exc}; give --build-dir "
+            "a folder you can write to"
+        ) from exc
+
+
 def build_plugins(
     *,
     build_dir: Path | str | None = None,
@@ -503,7 +513,11 @@ def build_plugins(
     per CPU.  `progress` receives what is happening (the architectures first, then each of the
     build tool's progress lines).
     """
+    if jobs is not None and (isinstance(jobs, bool) or jobs < 1):
+        raise UsageError(f"--jobs (jobs) must be an integer >= 1, got {jobs!r}")
     chosen = choose_cuda_archs(cuda_archs)  # a malformed value fails before anything runs
+    if build_dir is not None:  # an unusable folder fails before the toolchain is looked for
+        _make_build_dir(Path(build_dir))
     archs = chosen.value
     source = plugin_source_dir()
     nvcc = find_nvcc()
@@ -516,7 +530,7 @@ def build_plugins(
     _check_same_major(headers, major, nvinfer)
     build = Path(build_dir) if build_dir is not None else default_build_dir(tensorrt_major=major)
     cudnn = find_cudnn_headers()
-    build.mkdir(parents=True, exist_ok=True)
+    _make_build_dir(build)
     log = build / _BUILD_LOG
     log.write_text("")
 

@@ -34,6 +34,14 @@ class ErrorGuard:
     ) -> None:
         ref = load_model(reference, load_weights=True)
         self.label = str(ref.path) if ref.path is not None else "reference model"
+        ref_inputs = _input_names(ref.model)
+        quantized_inputs = _input_names(quantized)
+        if ref_inputs != quantized_inputs:
+            raise UsageError(
+                f"the float model {self.label} takes inputs {sorted(ref_inputs)}, the quantized "
+                f"model {sorted(quantized_inputs)}; pass the float model the quantized one was "
+                "made from"
+            )
         if feeds is None:
             from graphfix.validation.inputs import make_inputs
 
@@ -97,3 +105,9 @@ def run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list[np.ndar
             f"{', '.join(sorted(names))}"
         )
     return session.run(None, {k: v for k, v in feeds.items() if k in names})
+
+
+def _input_names(model: onnx.ModelProto) -> set[str]:
+    """Graph inputs that are fed at run time (initializers listed as inputs left out)."""
+    initializers = {i.name for i in model.graph.initializer}
+    return {i.name for i in model.graph.input if i.name not in initializers}

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
+from graphfix.errors import UsageError
 from graphfix.model_io import LoadedModel, load_model
 from graphfix.qdq import rules
 from graphfix.qdq.lint import attention_sites, lint_view
@@ -60,6 +61,13 @@ def fix_qdq(
     remain (at most `max_trials` evaluations, default 48; the rest are left and said so).
     Never modifies the caller's model.
     """
+    if max_trials is not None and (isinstance(max_trials, bool) or max_trials < 1):
+        raise UsageError(f"--max-trials (max_trials) must be an integer >= 1, got {max_trials!r}")
+    if max_trials is not None and reference is None:
+        raise UsageError(
+            "--max-trials (max_trials) bounds the error guard, which needs --reference "
+            "FLOAT.onnx (reference=...); pass it too, or drop --max-trials"
+        )
     loaded = load_model(model, load_weights=True)
     work = onnx.ModelProto()
     work.CopyFrom(loaded.model)

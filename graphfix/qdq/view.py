@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from graphfix.errors import EnvironmentProblem
 from graphfix.graph.index import GraphIndex
 
 _ONNX_DOMAINS = ("", "ai.onnx", "com.microsoft")
@@ -66,8 +67,13 @@ def _with_static_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     del copy.graph.value_info[:]
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
+    try:  # onnxruntime >= 1.20 no longer installs sympy, which this tool imports
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    except ImportError as exc:
+        raise EnvironmentProblem(
+            f"the Q/DQ lint needs onnxruntime's symbolic shape inference ({exc}); "
+            "pip install sympy (a dependency of graphfix)"
+        ) from exc
     try:
         inferred = SymbolicShapeInference.infer_shapes(copy, auto_merge=True)
         if inferred is not None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from graphfix.errors import GraphfixError
+from graphfix.errors import EnvironmentProblem
 from graphfix.validation.compare import OutputComparison
 from graphfix.validation.inputs import ValidationUsageError
 
@@ -54,7 +54,9 @@ def plot_report(report: ValidationReport, directory: str | os.PathLike[str]) -> 
 
 
 def prepare_plot_folder(directory: str | os.PathLike[str]) -> Path:
-    """The folder plots go into, created if missing; ValidationUsageError when it cannot be."""
+    """The folder plots go into, created if missing; ValidationUsageError when it cannot be,
+    EnvironmentProblem when matplotlib is missing (checked here, before any model runs)."""
+    _require_matplotlib()
     folder = Path(directory)
     if folder.exists() and not folder.is_dir():
         raise ValidationUsageError(f"--plot {folder} is a file; give a folder to write PNGs into")
@@ -158,13 +160,19 @@ def _no_error(axes, size: int) -> None:
     axes.set_yticks([])
 
 
-def _figure(*, figsize: tuple[float, float]) -> Figure:
+def _require_matplotlib() -> None:
     try:
-        from matplotlib.figure import Figure
+        import matplotlib.figure  # noqa: F401
     except ImportError as exc:
-        raise GraphfixError(
+        raise EnvironmentProblem(
             f"plots need matplotlib ({exc}); install it with pip install 'graphfix[plot]'"
         ) from exc
+
+
+def _figure(*, figsize: tuple[float, float]) -> Figure:
+    _require_matplotlib()
+    from matplotlib.figure import Figure
+
     return Figure(figsize=figsize)
 
 

@@ -30,6 +30,8 @@ from graphfix.validation.inputs import ValueRange, check_same_inputs, input_spec
 from graphfix.validation.validate import _model_precision
 
 PRECISIONS = ("float16", "bfloat16")
+DEFAULT_MAX_TRIALS = 32  # candidate runs the remedy search may make
+
 BACKENDS = ("onnxruntime", "tensorrt")
 _SHORT = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 _LONG = {v: k for k, v in _SHORT.items()}
@@ -85,8 +87,18 @@ def locate(
         raise UsageError("--apply repairs MODEL converted by --precision; pass --precision too")
     if output is not None and not apply:
         raise UsageError("-o/--output is where --apply writes the repaired model; pass --apply")
-    if apply and output is None and remedies is False:
-        raise UsageError("--apply needs the remedy search; drop remedies=False")
+    if apply and remedies is False:
+        raise UsageError(
+            "--apply writes the model the remedy search repaired; drop --no-remedies "
+            "(remedies=False)"
+        )
+    if max_trials is not None and (isinstance(max_trials, bool) or max_trials < 1):
+        raise UsageError(f"--max-trials (max_trials) must be an integer >= 1, got {max_trials!r}")
+    if chunk_bytes is not None and chunk_bytes <= 0:
+        raise UsageError(
+            f"--chunk-mb must be more than 0 (chunk_bytes {chunk_bytes!r}); the default is "
+            f"{DEFAULT_CHUNK_BYTES >> 20} MiB"
+        )
     if backend == "tensorrt":
         from graphfix.precision.locate.trt_candidate import locate_tensorrt
 
@@ -192,7 +204,7 @@ def locate(
         tolerance=tolerance,
         base=remedy_base,
     )
-    found = search_remedies(reference.model, suspects, errors, runner, max_trials=max_trials or 32)
+    found = search_remedies(reference.model, suspects, errors, runner, max_trials=max_trials or DEFAULT_MAX_TRIALS)
     fixed = None
     if apply and found.model is not None:
         path = None

@@ -1,0 +1,181 @@
+"""What a newcomer hits first: bad paths, bad flags, missing optional packages.
+
+Every case is one line on stderr with its exit code (2 input, 3 environment), no traceback, and
+nothing written; each was found by running the commands as README.md and `--help` describe them.
+"""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+
+import onnx
+import pytest
+from qdq_graphs import residual_block
+
+from graphfix.cli.main import main
+from graphfix.examples import vit_example
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def example(tmp_path):
+    path = tmp_path / "vit.onnx"
+    onnx.save(vit_example(), path)
+    return path
+
+
+@pytest.fixture
+def quantized(tmp_path):
+    path = tmp_path / "residual.int8.onnx"
+    onnx.save(residual_block(qdq_on_conv=True, qdq_on_skip=True), path)
+    return path
+
+
+@pytest.fixture
+def a_file(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("not a folder\n")
+    return path
+
+
+def _one_line_error(capsys, code: int, argv: list[str]) -> str:
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        rc = exc.code
+    captured = capsys.readouterr()
+    assert rc == code, captured.err
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    assert captured.out == ""
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        ([], "graphfix: error: the following arguments are required: COMMAND"),
+        (["fix", "m.onnx"], "graphfix fix: error: the following arguments are required: -o"),
+        (["precision", "m.onnx", "-o", "x.onnx", "--to", "float64"], "invalid choice: 'float64'"),
+        (["validate", "a.onnx", "b.onnx", "--rtol", "abc"], "invalid float value: 'abc'"),
+        (["qdq"], "graphfix qdq: error: the following arguments are required"),
+    ],
+)
+def test_bad_flags_are_one_line_not_a_usage_block(capsys, argv, expected):
+    line = _one_line_error(capsys, 2, argv)
+    assert expected in line and "--help`" in line
+
+
+def test_output_inside_a_regular_file_is_refused_before_any_work(example, a_file, capsys):
+    out = a_file / "fixed.onnx"
+    line = _one_line_error(capsys, 2, ["fix", str(example), "-o", str(out)])
+    assert f"{a_file} is a file, not a folder" in line
+    assert a_file.read_text() == "not a folder\n"
+
+
+def test_empty_output_path_is_named_as_empty(example, capsys):
+    line = _one_line_error(capsys, 2, ["fix", str(example), "-o", ""])
+    assert "the output path is empty" in line
+
+
+@pytest.mark.parametrize("command", ["locate", "qdq"])
+def test_plot_folder_inside_a_regular_file_is_one_line(
+    command, example, quantized, a_file, capsys
+):
+    argv = (
+        ["locate", str(example), "--precision", "float16"]
+        if command == "locate"
+        else ["qdq", "inspect", str(quantized)]
+    )
+    line = _one_line_error(capsys, 2, [*argv, "--plot", str(a_file / "plots")])
+    assert "cannot create the plot folder" in line and "give --plot a folder" in line
+
+
+@pytest.mark.parametrize("command", ["validate", "locate", "qdq"])
+def test_plot_without_matplotlib_is_exit_3_before_running(
+    command, example, quantized, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    argv = {
+        "validate": ["validate", str(example), str(example)],
+        "locate": ["locate", str(example), "--precision", "float16"],
+        "qdq": ["qdq", "inspect", str(quantized)],
+    }[command]
+    line = _one_line_error(capsys, 3, [*argv, "--plot", str(tmp_path / "plots")])
+    assert "matplotlib" in line and "pip install 'graphfix[plot]'" in line
+
+
+def test_qdq_without_sympy_is_exit_3_not_a_traceback(quantized, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "onnxruntime.tools.symbolic_shape_infer", None)
+    line = _one_line_error(capsys, 3, ["qdq", "inspect", str(quantized)])
+    assert "pip install sympy" in line
+
+
+def test_sympy_is_a_runtime_dependency():
+    """onnxruntime >= 1.20 no longer installs sympy, which its symbolic shape inference (the
+    Q/DQ lint's FLOP counts) imports: `pip install -e .` alone must give a working `qdq`."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert any(r.startswith("sympy") for r in project["dependencies"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--max-trials", "0"], "--max-trials (max_trials) must be an integer >= 1, got 0"),
+        (["--max-trials", "-3"], "must be an integer >= 1, got -3"),
+        (["--chunk-mb", "0"], "--chunk-mb must be more than 0"),
+        (["--chunk-mb", "-1"], "--chunk-mb must be more than 0"),
+        (["--no-remedies", "--apply", "-o", "OUT"], "drop --no-remedies"),
+    ],
+)
+def test_locate_out_of_range_and_conflicting_flags(example, tmp_path, capsys, flags, expected):
+    flags = [str(tmp_path / "out.onnx") if f == "OUT" else f for f in flags]
+    line = _one_line_error(capsys, 2, ["locate", str(example), "--precision", "float16", *flags])
+    assert expected in line
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_locate_help_states_the_default_trials_the_search_uses(capsys):
+    from graphfix.precision.locate.api import DEFAULT_MAX_TRIALS
+
+    with pytest.raises(SystemExit):
+        main(["locate", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"may make (default {DEFAULT_MAX_TRIALS})" in help_text
+
+
+def test_qdq_fix_max_trials_needs_reference_and_a_positive_value(quantized, tmp_path, capsys):
+    out = str(tmp_path / "fixed.onnx")
+    line = _one_line_error(capsys, 2, ["qdq", "fix", str(quantized), "-o", out, "--max-trials", "3"])
+    assert "needs --reference" in line
+    float_model = tmp_path / "float.onnx"
+    onnx.save(residual_block(qdq_on_conv=False, qdq_on_skip=False), float_model)
+    argv = ["qdq", "fix", str(quantized), "-o", out, "--reference", str(float_model)]
+    line = _one_line_error(capsys, 2, [*argv, "--max-trials", "0"])
+    assert "must be an integer >= 1, got 0" in line
+    assert not Path(out).exists()
+
+
+def test_qdq_fix_reference_with_other_inputs_names_both(quantized, example, tmp_path, capsys):
+    out = str(tmp_path / "fixed.onnx")
+    argv = ["qdq", "fix", str(quantized), "-o", out, "--reference", str(example)]
+    line = _one_line_error(capsys, 2, argv)
+    assert "takes inputs ['pixels'], the quantized model" in line
+    assert "pass the float model the quantized one was made from" in line
+
+
+def test_plugins_build_rejects_bad_jobs_and_build_dir_before_compiling(a_file, capsys):
+    line = _one_line_error(capsys, 2, ["plugins", "build", "--jobs", "0"])
+    assert "--jobs (jobs) must be an integer >= 1, got 0" in line
+    line = _one_line_error(capsys, 2, ["plugins", "build", "--build-dir", str(a_file / "b")])
+    assert "cannot create the build folder" in line
+
+
+def test_select_error_quotes_what_the_user_typed(example, tmp_path, capsys):
+    out = str(tmp_path / "fixed.onnx")
+    line = _one_line_error(capsys, 2, ["fix", str(example), "-o", out, "--select", "5"])
+    assert "selector '5' names attention block 5" in line
