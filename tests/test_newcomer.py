@@ -81,9 +81,7 @@ def test_empty_output_path_is_named_as_empty(example, capsys):
 
 
 @pytest.mark.parametrize("command", ["locate", "qdq"])
-def test_plot_folder_inside_a_regular_file_is_one_line(
-    command, example, quantized, a_file, capsys
-):
+def test_plot_folder_inside_a_regular_file_is_one_line(command, example, quantized, a_file, capsys):
     argv = (
         ["locate", str(example), "--precision", "float16"]
         if command == "locate"
@@ -150,7 +148,9 @@ def test_locate_help_states_the_default_trials_the_search_uses(capsys):
 
 def test_qdq_fix_max_trials_needs_reference_and_a_positive_value(quantized, tmp_path, capsys):
     out = str(tmp_path / "fixed.onnx")
-    line = _one_line_error(capsys, 2, ["qdq", "fix", str(quantized), "-o", out, "--max-trials", "3"])
+    line = _one_line_error(
+        capsys, 2, ["qdq", "fix", str(quantized), "-o", out, "--max-trials", "3"]
+    )
     assert "needs --reference" in line
     float_model = tmp_path / "float.onnx"
     onnx.save(residual_block(qdq_on_conv=False, qdq_on_skip=False), float_model)

@@ -204,7 +204,9 @@ def locate(
         tolerance=tolerance,
         base=remedy_base,
     )
-    found = search_remedies(reference.model, suspects, errors, runner, max_trials=max_trials or DEFAULT_MAX_TRIALS)
+    found = search_remedies(
+        reference.model, suspects, errors, runner, max_trials=max_trials or DEFAULT_MAX_TRIALS
+    )
     fixed = None
     if apply and found.model is not None:
         path = None
