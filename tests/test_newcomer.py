@@ -179,3 +179,22 @@ def test_select_error_quotes_what_the_user_typed(example, tmp_path, capsys):
     out = str(tmp_path / "fixed.onnx")
     line = _one_line_error(capsys, 2, ["fix", str(example), "-o", out, "--select", "5"])
     assert "selector '5' names attention block 5" in line
+
+
+def test_readme_validate_table_lists_every_validate_flag():
+    """README's `graphfix validate` option table against the parser (prose is not executed)."""
+    import re
+
+    from graphfix.cli.main import build_parser
+
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("| option | what it does |", 1)[1].split("\n\n", 1)[0]
+    documented = set(re.findall(r"`(--[a-z-]+)", table))
+    subparsers = build_parser()._subparsers._group_actions[0].choices
+    flags = {
+        flag
+        for action in subparsers["validate"]._actions
+        for flag in action.option_strings
+        if flag.startswith("--") and flag != "--help"
+    }
+    assert flags - documented == set()
