@@ -6,6 +6,7 @@ nothing written; each was found by running the commands as README.md and `--help
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -198,3 +199,13 @@ def test_readme_validate_table_lists_every_validate_flag():
         if flag.startswith("--") and flag != "--help"
     }
     assert flags - documented == set()
+
+
+def test_locate_apply_without_divergence_says_nothing_was_written(example, tmp_path, capsys):
+    out = tmp_path / "out.onnx"
+    argv = ["locate", str(example), "--precision", "float16", "--apply", "-o", str(out), "--json"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["fixed"] is None
+    assert f"nothing written to {out}" in captured.err and "graphfix precision" in captured.err
+    assert not out.exists()

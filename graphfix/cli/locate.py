@@ -123,6 +123,13 @@ def run(args: argparse.Namespace) -> int:
         if plot is not None:
             print(f"wrote {plot}")
     if not report.diverges:
+        if kwargs["apply"]:  # said on stderr so that --json stays one document
+            print(
+                f"graphfix: nothing written to {kwargs['output']}: MODEL converted to "
+                f"{report.precision} does not diverge, so there is nothing to repair; "
+                f"`graphfix precision {args.model} -o {kwargs['output']}` writes that conversion",
+                file=sys.stderr,
+            )
         return 0
     if report.fixed is not None and report.fixed.passed:
         return 0
