@@ -209,3 +209,16 @@ def test_locate_apply_without_divergence_says_nothing_was_written(example, tmp_p
     assert json.loads(captured.out)["fixed"] is None
     assert f"nothing written to {out}" in captured.err and "graphfix precision" in captured.err
     assert not out.exists()
+
+
+def test_validate_bfloat16_on_onnxruntime_says_what_to_do(example, tmp_path, capsys):
+    """README's `precision --to bfloat16` then `validate`: onnxruntime's CPU cannot load it."""
+    out = tmp_path / "vit.bf16.onnx"
+    assert main(["precision", str(example), "-o", str(out), "--to", "bfloat16"]) == 0
+    capsys.readouterr()
+    rc = main(["validate", str(example), str(out)])
+    captured = capsys.readouterr()
+    if rc == 0:
+        pytest.skip("this onnxruntime runs the bfloat16 model")
+    assert rc == 3 and len(captured.err.strip().splitlines()) == 1
+    assert "no bfloat16 kernel" in captured.err and "tools/torch_onnx_eval.py" in captured.err

@@ -75,6 +75,10 @@ class OnnxRuntimeRunner:
                 f"; it has {plugin_nodes} {PLUGIN_DOMAIN} node(s): pass reference_ops=None or "
                 "True to lower them"
                 if plugin_nodes and not lower
+                else "; onnxruntime's CPU provider has no bfloat16 kernel for most ops: run a "
+                "bfloat16 model through PyTorch on a GPU (tools/torch_onnx_eval.py in the "
+                "repository) or validate its float16 conversion"
+                if _has_bfloat16(proto)
                 else "; check that onnxruntime supports every op and opset in it"
             )
             raise BackendError(f"onnxruntime cannot load {label}: {_one_line(exc)}{hint}") from exc
@@ -108,3 +112,13 @@ def _session(model: str | bytes, options: ort.SessionOptions) -> ort.InferenceSe
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _has_bfloat16(model: onnx.ModelProto) -> bool:
+    """Whether the main graph holds bfloat16 weights or casts to bfloat16."""
+    bf16 = onnx.TensorProto.BFLOAT16
+    graph = model.graph
+    return any(t.data_type == bf16 for t in graph.initializer) or any(
+        n.op_type == "Cast" and any(a.name == "to" and a.i == bf16 for a in n.attribute)
+        for n in graph.node
+    )
