@@ -222,3 +222,16 @@ def test_validate_bfloat16_on_onnxruntime_says_what_to_do(example, tmp_path, cap
         pytest.skip("this onnxruntime runs the bfloat16 model")
     assert rc == 3 and len(captured.err.strip().splitlines()) == 1
     assert "no bfloat16 kernel" in captured.err and "tools/torch_onnx_eval.py" in captured.err
+
+
+def test_locate_takes_a_fixed_model_as_candidate_not_as_model(example, tmp_path, capsys):
+    """`graphfix locate model.onnx model.fixed.onnx`: the plugin nodes run as reference ops (as
+    validate does without TensorRT); a fixed model as MODEL is refused with what to pass."""
+    fixed = tmp_path / "vit.fixed.onnx"
+    assert main(["fix", str(example), "-o", str(fixed)]) == 0
+    capsys.readouterr()
+    assert main(["locate", str(example), str(fixed)]) == 0
+    out = capsys.readouterr().out
+    assert "plugin nodes run as graphfix's reference ops" in out and "no divergence" in out
+    line = _one_line_error(capsys, 2, ["locate", str(fixed), "--precision", "float16"])
+    assert "pass the original export as MODEL, and the fixed model as CANDIDATE" in line

@@ -12,6 +12,8 @@ import onnx
 from graphfix.attention.matcher import find_attention
 from graphfix.errors import UsageError
 from graphfix.model_io import LoadedModel, check_output_path, load_model, save_model
+from graphfix.plugins.reference import has_plugin_ops, with_reference_ops
+from graphfix.plugins.spec import PLUGIN_DOMAIN
 from graphfix.precision.locate.candidate import BASES, build_candidate
 from graphfix.precision.locate.emulate import emulate_low_precision
 from graphfix.precision.locate.localise import RANGE_MAX, measure, module_path, rank_suspects
@@ -112,12 +114,24 @@ def locate(
             chunk_bytes=chunk_bytes,
         )
     reference = load_model(model, load_weights=True)
+    if has_plugin_ops(reference.model):
+        raise UsageError(
+            f"MODEL {_label(reference, 'model')} has {PLUGIN_DOMAIN} plugin nodes (a `graphfix fix` "
+            "output); locate runs MODEL as the float32 reference: pass the original export as "
+            "MODEL, and the fixed model as CANDIDATE"
+        )
     if output is not None:
         check_output_path(reference.model, output, source=reference.path, overwrite=overwrite)
     data = make_inputs(reference.model, shapes=shapes, ranges=ranges, npz=inputs, seed=seed or 0)
     notes = list(data.notes)
     if candidate is not None:
         cand = load_model(candidate, load_weights=True)
+        if has_plugin_ops(cand.model):  # as validate does without TensorRT
+            cand = LoadedModel(with_reference_ops(cand.model), cand.path, True)
+            notes.append(
+                "the candidate's plugin nodes run as graphfix's reference ops (standard ONNX), as "
+                "in validate's wiring check: their kernels are not what is compared"
+            )
         notes += check_same_inputs(input_specs(reference.model), input_specs(cand.model))
         _check_comparable(reference.model, cand.model)
         computes_in = _LONG[_model_precision(cand.model)]
