@@ -76,8 +76,9 @@ def test_output_inside_a_regular_file_is_refused_before_any_work(example, a_file
     assert a_file.read_text() == "not a folder\n"
 
 
-def test_empty_output_path_is_named_as_empty(example, capsys):
-    line = _one_line_error(capsys, 2, ["fix", str(example), "-o", ""])
+@pytest.mark.parametrize("command", ["fix", "precision"])
+def test_empty_output_path_is_named_as_empty(command, example, capsys):
+    line = _one_line_error(capsys, 2, [command, str(example), "-o", ""])
     assert "the output path is empty" in line
 
 

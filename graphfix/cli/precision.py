@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     source = Path(args.model)
     out = Path(args.output)
     loaded = load_model(source, load_weights=False)
-    check_output_path(loaded.model, out, source=loaded.path, overwrite=args.overwrite)
+    check_output_path(loaded.model, args.output, source=loaded.path, overwrite=args.overwrite)
     # Converted weights of a model with external data are written once, into a staging folder
     # next to the output, and moved into place by save_model (no second copy).
     stage = None
