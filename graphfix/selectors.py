@@ -218,6 +218,11 @@ def _resolve(
         raise SelectionError(
             f"selector {selector.text!r} matches no node name (searched as the regex "
             f"{pattern.pattern!r}); nodes are named e.g. {_list(_names(graph))}"
+            + (
+                "; one selector per text: repeat the option (--keep 0 --keep 1) for several"
+                if "," in selector.text
+                else ""
+            )
         )
     return _hit(graph, selector, positions)
 

@@ -236,3 +236,17 @@ def test_locate_takes_a_fixed_model_as_candidate_not_as_model(example, tmp_path,
     assert "plugin nodes run as graphfix's reference ops" in out and "no divergence" in out
     line = _one_line_error(capsys, 2, ["locate", str(fixed), "--precision", "float16"])
     assert "pass the original export as MODEL, and the fixed model as CANDIDATE" in line
+
+
+def test_select_keeps_a_regex_quantifier_whole(example, tmp_path, capsys):
+    """`--select` splits on commas, but not inside {}: re:blocks.[0-9]{1,2}/ is one regex."""
+    out = tmp_path / "fixed.onnx"
+    argv = ["fix", str(example), "-o", str(out), "--select", r"re:blocks\.[0-9]{1,2}/attn/Softmax"]
+    assert main(argv) == 0
+    assert "rewrote 2 of 2 attention block(s)" in capsys.readouterr().out
+
+
+def test_keep_with_commas_says_to_repeat_the_option(example, tmp_path, capsys):
+    out = str(tmp_path / "fp16.onnx")
+    line = _one_line_error(capsys, 2, ["precision", str(example), "-o", out, "--keep", "0,1"])
+    assert "repeat the option (--keep 0 --keep 1)" in line

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,9 +27,10 @@ from graphfix.plugins.reference import has_plugin_ops
 
 
 def _parse_select(text: str) -> list[int | str]:
+    # Commas separate selectors, except inside {} (a regex quantifier such as re:h{1,2}).
     parts = [
         int(p) if p.strip().lstrip("-").isdigit() else p.strip()
-        for p in text.split(",")
+        for p in re.split(r",(?![^{]*\})", text)
         if p.strip()
     ]
     if not parts:
