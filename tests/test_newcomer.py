@@ -250,3 +250,16 @@ def test_keep_with_commas_says_to_repeat_the_option(example, tmp_path, capsys):
     out = str(tmp_path / "fp16.onnx")
     line = _one_line_error(capsys, 2, ["precision", str(example), "-o", out, "--keep", "0,1"])
     assert "repeat the option (--keep 0 --keep 1)" in line
+
+
+@pytest.mark.parametrize("kind", ["empty", "folder"])
+def test_validate_inputs_that_are_not_an_npz_are_one_line(kind, example, tmp_path, capsys):
+    inputs = tmp_path / "inputs.npz"
+    if kind == "empty":
+        inputs.write_bytes(b"")
+    else:
+        inputs.mkdir()
+    line = _one_line_error(
+        capsys, 2, ["validate", str(example), str(example), "--inputs", str(inputs)]
+    )
+    assert ("is not a readable .npz" if kind == "empty" else "is a folder") in line

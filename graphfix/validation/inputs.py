@@ -391,11 +391,13 @@ def _from_npz(
     else:
         path = Path(source)
         label = f"from {path.name}"
+        if path.is_dir():
+            raise ValidationUsageError(f"--inputs {path} is a folder; pass the .npz file")
         if not path.is_file():
             raise ValidationUsageError(f"inputs file not found: {path}; pass an existing .npz")
         try:
             loaded = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # EOF: an empty file
             raise ValidationUsageError(
                 f"{path} is not a readable .npz ({exc}); "
                 "write it with numpy.savez(path, name=array)"
