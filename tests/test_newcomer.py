@@ -170,8 +170,10 @@ def test_qdq_fix_reference_with_other_inputs_names_both(quantized, example, tmp_
     assert "pass the float model the quantized one was made from" in line
 
 
-def test_plugins_build_rejects_bad_jobs_and_build_dir_before_compiling(a_file, capsys):
-    line = _one_line_error(capsys, 2, ["plugins", "build", "--jobs", "0"])
+def test_plugins_build_rejects_bad_jobs_and_build_dir_before_compiling(a_file, tmp_path, capsys):
+    # A scratch --build-dir: were the check to regress, nothing lands in ~/.cache/graphfix.
+    argv = ["plugins", "build", "--jobs", "0", "--build-dir", str(tmp_path / "build")]
+    line = _one_line_error(capsys, 2, argv)
     assert "--jobs (jobs) must be an integer >= 1, got 0" in line
     line = _one_line_error(capsys, 2, ["plugins", "build", "--build-dir", str(a_file / "b")])
     assert "cannot create the build folder" in line
