@@ -280,7 +280,8 @@ def test_user_candidate_with_shared_names(planted_files, tmp_path, capsys):
     assert document["suspects"] and document["remedies"]["tried"] == []
 
 
-def test_streaming_carries_the_frontier_instead_of_recomputing(planted_files):
+@pytest.mark.parametrize("in_memory_bytes", [0, 1 << 30], ids=["weights-on-disk", "in-memory"])
+def test_streaming_carries_the_frontier_instead_of_recomputing(planted_files, in_memory_bytes):
     from graphfix.model_io import load_model
     from graphfix.precision.locate.reference import TensorStreamer, chunk_tensors, plan_graph
 
@@ -289,7 +290,7 @@ def test_streaming_carries_the_frontier_instead_of_recomputing(planted_files):
     plan = plan_graph(model.model, feeds)
     names = [s.tensor for s in plan.sites]
     chunks = chunk_tensors(names, plan.nbytes, 1)  # one tensor per chunk
-    with TensorStreamer(model, label="test") as streamer:
+    with TensorStreamer(model, label="test", in_memory_bytes=in_memory_bytes) as streamer:
         streamed = {k: v for chunk in streamer.stream(chunks, feeds) for k, v in chunk.items()}
         assert streamer.runs == len(chunks) == len(names)
         assert streamer.nodes_run == len(model.model.graph.node)  # each node ran once
