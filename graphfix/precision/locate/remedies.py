@@ -31,11 +31,6 @@ from graphfix.precision.locate.localise import RANGE_MAX, UNIT_ROUNDOFF, Suspect
 from graphfix.precision.locate.reference import infer_types, node_label
 from graphfix.validation.compare import OutputComparison, Tolerance, compare_output
 
-# Ops that move or select data without arithmetic: not counted as float32 compute nodes.
-DATA_MOVEMENT = frozenset(
-    "Cast Concat Constant ConstantOfShape Expand Flatten Gather GatherElements GatherND Identity "
-    "Pad Range Reshape Shape Size Slice Split Squeeze Tile Transpose Trilu Unsqueeze Where".split()
-)
 _FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 _RANGE_MARGIN = 0.5  # values above this fraction of the type's range go to float32 at once
 

@@ -28,6 +28,7 @@ import onnx
 
 from graphfix.errors import EnvironmentProblem, UsageError
 from graphfix.model_io import load_model
+from graphfix.precision import policy
 from graphfix.precision.locate.candidate import build_candidate
 from graphfix.precision.locate.localise import RANGE_MAX, measure, rank_suspects
 from graphfix.precision.locate.reference import (
@@ -36,7 +37,7 @@ from graphfix.precision.locate.reference import (
     chunk_tensors,
     plan_graph,
 )
-from graphfix.precision.locate.remedies import DATA_MOVEMENT, worst_error
+from graphfix.precision.locate.remedies import worst_error
 from graphfix.precision.locate.report import LocateReport
 from graphfix.validation.compare import DEFAULT_TOLERANCES, compare_output
 from graphfix.validation.inputs import make_inputs
@@ -193,7 +194,7 @@ def locate_tensorrt(
             "no debug tensor matched an ONNX tensor name: localised by differential "
             "rebuilds instead"
         )
-        compute = [s.node for s in plan.sites if s.op_type not in DATA_MOVEMENT]
+        compute = [s.node for s in plan.sites if policy.is_compute(s.op_type)]
 
         def passes(keep: Sequence[str]) -> bool:
             candidate = build_candidate(reference.model, precision=precision, keep=list(keep))
