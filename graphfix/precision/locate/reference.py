@@ -321,7 +321,20 @@ def _node_reads(node: onnx.NodeProto) -> Iterator[str]:
 
 
 def infer_types(model: onnx.ModelProto) -> dict[str, int]:
-    """Element type of every tensor onnx's shape inference can type (initializers included)."""
+    """Element type of every tensor onnx's shape inference can type (initializers included).
+
+    When the model's own value_info already types every node output (converters write it), that
+    is used as is: shape inference costs more than the rest of a small model's localisation.
+    """
+    g = model.graph
+    declared = {
+        v.name: v.type.tensor_type.elem_type
+        for v in (*g.input, *g.value_info, *g.output)
+        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type
+    }
+    declared.update({t.name: t.data_type for t in g.initializer})
+    if all(o in declared for node in g.node for o in node.output if o):
+        return declared
     return _infer(model, {}, sizes=False)[0]
 
 
