@@ -69,6 +69,7 @@ class Trial:
     error: float  # the largest absolute error over the outputs (inf: NaN/inf where finite)
     passed: bool
     seconds: float
+    latency_ms: float | None = None  # TensorRT trials: the engine's inference time
 
 
 @dataclass(frozen=True)
@@ -153,23 +154,25 @@ class TrialRunner:
             self._fusion = fuse_norms(self.model)
         return self._fusion
 
-    def compare(self, model: onnx.ModelProto) -> tuple[OutputComparison, ...]:
+    def run_candidate(self, model: onnx.ModelProto) -> tuple[dict[str, np.ndarray], float | None]:
+        """The candidate's outputs on the feeds (onnxruntime, float16 rounding made explicit),
+        and its latency where it means something (None here; TensorRT runners measure it)."""
         from graphfix.validation.backends.onnxruntime_backend import OnnxRuntimeRunner
 
         runner = OnnxRuntimeRunner(
             LoadedModel(emulate_low_precision(model), None, True),
             label="the candidate with remedies",
         )
-        outputs = runner.infer(self.feeds)
-        return tuple(
-            compare_output(name, ref, outputs[name], self.tolerance)
-            for name, ref in self.reference_outputs.items()
-        )
+        return runner.infer(self.feeds), None
 
     def trial(self, step: str, remedies: Sequence[Remedy]) -> tuple[Trial, BuiltCandidate]:
         start = time.perf_counter()
         built = self.build(remedies)
-        comparisons = self.compare(built.model)
+        outputs, latency = self.run_candidate(built.model)
+        comparisons = [
+            compare_output(name, ref, outputs[name], self.tolerance)
+            for name, ref in self.reference_outputs.items()
+        ]
         return (
             Trial(
                 step=step,
@@ -178,6 +181,7 @@ class TrialRunner:
                 error=worst_error(comparisons),
                 passed=all(c.passed for c in comparisons),
                 seconds=time.perf_counter() - start,
+                latency_ms=latency,
             ),
             built,
         )
