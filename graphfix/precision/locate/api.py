@@ -98,6 +98,11 @@ def locate(
             inputs=inputs,
             seed=seed,
             chunk_bytes=chunk_bytes,
+            remedies=remedies,
+            apply=apply,
+            output=output,
+            overwrite=overwrite,
+            max_trials=max_trials,
         )
     reference = load_model(model, load_weights=True)
     if output is not None:

@@ -111,9 +111,10 @@ class LocateReport:
             lines.append("remedy search (each trial one candidate run):")
             for t in self.remedies_tried:
                 what = "; ".join(r.describe() for r in t.remedies) or "no remedy"
+                latency = "" if t.latency_ms is None else f"  latency {t.latency_ms:.3g} ms"
                 lines.append(
                     f"  {t.step:12s} {'PASS' if t.passed else 'fail'}  error {t.error:.3g}  "
-                    f"float32 nodes {t.float32_nodes}  ({what})"
+                    f"float32 nodes {t.float32_nodes}{latency}  ({what})"
                 )
             kept = "; ".join(r.describe() for r in self.remedies_kept) or "nothing"
             lines.append(f"kept: {kept}")
