@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import onnx
 
+from graphfix.model_io import save_model
 from graphfix.precision.locate.localise import Suspect, TensorError
-from graphfix.precision.locate.remedies import Remedy, Trial
+from graphfix.precision.locate.remedies import Remedy, Trial, TrialRunner, search_remedies
 from graphfix.validation.compare import OutputComparison, Tolerance
 
 
@@ -126,6 +128,36 @@ class LocateReport:
                 f"{len(self.fixed.float32_nodes)} float32 compute nodes); {where}"
             )
         return "\n".join(lines)
+
+
+def with_remedies(
+    report: LocateReport,
+    model: onnx.ModelProto,
+    suspects: Sequence[Suspect],
+    errors: Sequence[TensorError],
+    runner: TrialRunner,
+    *,
+    max_trials: int,
+    apply: bool | None,
+    output,
+    overwrite: bool | None,
+) -> LocateReport:
+    """`report` with the remedy search's trials and kept remedies; with `apply`, the fixed model
+    too (written to `output` when given and the fix passes)."""
+    found = search_remedies(model, suspects, errors, runner, max_trials=max_trials)
+    fixed = None
+    if apply and found.model is not None:
+        path = None
+        if output is not None and found.passed:
+            path = str(save_model(found.model, output, overwrite=overwrite).path)
+        fixed = FixedModel(path, found.float32_nodes, found.passed, found.error)
+    return dataclasses.replace(
+        report,
+        remedies_tried=found.trials,
+        remedies_kept=found.kept,
+        fixed=fixed,
+        fixed_model=found.model if apply else None,
+    )
 
 
 def _num(value: float) -> float | str:
