@@ -24,7 +24,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphfix.errors import UsageError
-from graphfix.graph.edit import GraphEdit
+from graphfix.graph.edit import GraphEdit, drop_initializers
 from graphfix.graph.index import GraphIndex
 from graphfix.model_io import LoadedModel, load_model
 from graphfix.precision.group_norm import find_group_norms
@@ -364,12 +364,7 @@ def _sweep(graph: onnx.GraphProto, upstream: set[str]) -> None:
     used = _read_tensors(graph)
     unused = {t.name for t in graph.initializer if t.name in touched and t.name not in used}
     if unused:
-        kept_inits = [t for t in graph.initializer if t.name not in unused]
-        del graph.initializer[:]
-        graph.initializer.extend(kept_inits)
-        kept_inputs = [v for v in graph.input if v.name not in unused]
-        del graph.input[:]
-        graph.input.extend(kept_inputs)
+        drop_initializers(graph, unused)
     made = {o for n in graph.node for o in n.output} | {v.name for v in graph.input}
     made |= {t.name for t in graph.initializer}
     if any(v.name not in made for v in graph.value_info):
