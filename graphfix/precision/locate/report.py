@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from graphfix.jsonable import plain
 from graphfix.model_io import save_model
 from graphfix.precision.locate.localise import Suspect, TensorError
 from graphfix.precision.locate.remedies import Remedy, Trial, TrialRunner, search_remedies
@@ -51,7 +52,7 @@ class LocateReport:
             "reference": self.reference,
             "candidate": self.candidate,
             "precision": self.precision,
-            "tolerance": _plain(self.tolerance),
+            "tolerance": plain(self.tolerance),
             "diverges": self.diverges,
             "outputs": [
                 {
@@ -62,12 +63,12 @@ class LocateReport:
                 }
                 for o in self.outputs
             ],
-            "suspects": [_plain(s) for s in self.suspects],
+            "suspects": [plain(s) for s in self.suspects],
             "remedies": {
-                "tried": [_plain(t) for t in self.remedies_tried],
-                "kept": [_plain(r) for r in self.remedies_kept],
+                "tried": [plain(t) for t in self.remedies_tried],
+                "kept": [plain(r) for r in self.remedies_kept],
             },
-            "fixed": None if self.fixed is None else _plain(self.fixed),
+            "fixed": None if self.fixed is None else plain(self.fixed),
             "tensors_compared": len(self.tensors),
             "chunks": self.chunks,
             "seconds_localise": round(self.seconds_localise, 3),
@@ -162,15 +163,3 @@ def with_remedies(
 
 def _num(value: float) -> float | str:
     return value if math.isfinite(value) else str(value)
-
-
-def _plain(value):
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, (tuple, list)):
-        return [_plain(v) for v in value]
-    if isinstance(value, float):
-        return _num(value)
-    if hasattr(value, "value") and isinstance(value.value, str):  # str enums
-        return value.value
-    return value
