@@ -22,14 +22,13 @@ import math
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import onnx
 
 from graphfix.errors import EnvironmentProblem, UsageError
-from graphfix.model_io import load_model, save_model
+from graphfix.model_io import load_model
 from graphfix.precision import policy
 from graphfix.precision.locate.candidate import build_candidate
 from graphfix.precision.locate.localise import RANGE_MAX, measure, rank_suspects
@@ -39,8 +38,8 @@ from graphfix.precision.locate.reference import (
     chunk_tensors,
     plan_graph,
 )
-from graphfix.precision.locate.remedies import TrialRunner, search_remedies, worst_error
-from graphfix.precision.locate.report import FixedModel, LocateReport
+from graphfix.precision.locate.remedies import TrialRunner, worst_error
+from graphfix.precision.locate.report import LocateReport, with_remedies
 from graphfix.validation.compare import DEFAULT_TOLERANCES, compare_output
 from graphfix.validation.inputs import make_inputs
 
@@ -257,17 +256,14 @@ def locate_tensorrt(
         reference_outputs=ref_out,
         tolerance=tolerance,
     )
-    found = search_remedies(reference.model, suspects, errors, runner, max_trials=max_trials or 16)
-    fixed = None
-    if apply and found.model is not None:
-        path = None
-        if output is not None and found.passed:
-            path = str(save_model(found.model, output, overwrite=overwrite).path)
-        fixed = FixedModel(path, found.float32_nodes, found.passed, found.error)
-    return replace(
+    return with_remedies(
         report,
-        remedies_tried=found.trials,
-        remedies_kept=found.kept,
-        fixed=fixed,
-        fixed_model=found.model if apply else None,
+        reference.model,
+        suspects,
+        errors,
+        runner,
+        max_trials=max_trials or 16,
+        apply=apply,
+        output=output,
+        overwrite=overwrite,
     )
