@@ -178,10 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = judge(measured, size)
         print(lm.format_table(rows))
         checks = verify(model, work / "out" / "fixed.onnx", shape.blocks)
-        for check in checks:
-            print(f"  {'ok  ' if check.ok else 'FAIL'} {check.what}")
-        failed = [r for r in rows if r.passed is False] + [c for c in checks if not c.ok]
-        return 1 if failed else 0
+        return lm.report_checks(rows, checks)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -400,6 +400,14 @@ class Check:
     ok: bool
 
 
+def report_checks(rows: Sequence[Row], checks: Sequence[Check]) -> int:
+    """Print each check; the exit status: 1 if a row missed its target or a check failed."""
+    for check in checks:
+        print(f"  {'ok  ' if check.ok else 'FAIL'} {check.what}")
+    failed = [r for r in rows if r.passed is False] + [c for c in checks if not c.ok]
+    return 1 if failed else 0
+
+
 def verify_outputs(
     model: GeneratedModel, work: Path, *, before: os.stat_result, digest: str | None
 ) -> list[Check]:
@@ -546,10 +554,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         checks = verify_outputs(model, work, before=before, digest=digest)
         if not args.no_run:
             checks.append(check_outputs_match(model))
-        for check in checks:
-            print(f"  {'ok  ' if check.ok else 'FAIL'} {check.what}")
-        failed = [r for r in rows if r.passed is False] + [c for c in checks if not c.ok]
-        return 1 if failed else 0
+        return report_checks(rows, checks)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

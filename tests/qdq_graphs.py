@@ -110,6 +110,22 @@ def quantize_weight(m: onnx.ModelProto, name: str, *, axis: int | None = 0) -> s
     return dq.name
 
 
+def twin_convs(rng: np.random.Generator, shape=(1, 32, 8, 8)) -> onnx.ModelProto:
+    """Two 1×1 Convs `c1`, `c2` (weights W1, W2 drawn from `rng`) reading the one input `x`."""
+    channels = shape[1]
+    ws = [
+        numpy_helper.from_array(
+            rng.standard_normal((channels, channels, 1, 1)).astype(np.float32), f"W{i}"
+        )
+        for i in (1, 2)
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "W1"], ["y1"], name="c1"),
+        helper.make_node("Conv", ["x", "W2"], ["y2"], name="c2"),
+    ]
+    return model(nodes, [value("x", shape)], [value("y1", shape), value("y2", shape)], ws)
+
+
 def conv_block(
     *, channels: int = 32, quantize_input: bool = True, weight_axis: int | None = 0
 ) -> onnx.ModelProto:

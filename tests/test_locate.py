@@ -280,7 +280,8 @@ def test_user_candidate_with_shared_names(planted_files, tmp_path, capsys):
     assert document["suspects"] and document["remedies"]["tried"] == []
 
 
-def test_streaming_carries_the_frontier_instead_of_recomputing(planted_files):
+@pytest.mark.parametrize("in_memory_bytes", [0, 1 << 30], ids=["weights-on-disk", "in-memory"])
+def test_streaming_carries_the_frontier_instead_of_recomputing(planted_files, in_memory_bytes):
     from graphfix.model_io import load_model
     from graphfix.precision.locate.reference import TensorStreamer, chunk_tensors, plan_graph
 
@@ -289,7 +290,7 @@ def test_streaming_carries_the_frontier_instead_of_recomputing(planted_files):
     plan = plan_graph(model.model, feeds)
     names = [s.tensor for s in plan.sites]
     chunks = chunk_tensors(names, plan.nbytes, 1)  # one tensor per chunk
-    with TensorStreamer(model, label="test") as streamer:
+    with TensorStreamer(model, label="test", in_memory_bytes=in_memory_bytes) as streamer:
         streamed = {k: v for chunk in streamer.stream(chunks, feeds) for k, v in chunk.items()}
         assert streamer.runs == len(chunks) == len(names)
         assert streamer.nodes_run == len(model.model.graph.node)  # each node ran once
@@ -372,9 +373,35 @@ def test_tensorrt_backend_without_tensorrt_exits_3(planted_files, capsys):
 @pytest.mark.trt
 def test_tensorrt_candidate_locates_large_logits(planted_files):
     pytest.importorskip("tensorrt", reason="needs TensorRT")
-    report = locate(planted_files, precision="float16", backend="tensorrt")
+    report = locate(planted_files, precision="float16", backend="tensorrt", apply=True)
     assert report.diverges
     assert report.suspects or any("differential rebuilds" in n for n in report.notes)
+    if report.suspects:  # every remedy trial is an engine build with its latency
+        assert report.remedies_tried and all(t.latency_ms > 0 for t in report.remedies_tried)
+        assert report.fixed is not None and report.fixed.passed
+
+
+def test_trial_runner_reports_the_latency_its_backend_measures(planted_files):
+    from graphfix.precision.locate.remedies import TrialRunner
+    from graphfix.validation.compare import DEFAULT_TOLERANCES
+
+    class TimedRunner(TrialRunner):  # the hook TensorRTTrialRunner implements with engine builds
+        def run_candidate(self, model):
+            outputs, _ = super().run_candidate(model)
+            return outputs, 1.5
+
+    model = onnx.load(planted_files)
+    feeds = make_inputs(model).feeds
+    reference = validate(model, model, backend="onnxruntime").reference_outputs
+    runner = TimedRunner(
+        model,
+        precision="float16",
+        feeds=feeds,
+        reference_outputs=reference,
+        tolerance=DEFAULT_TOLERANCES["fp16"],
+    )
+    trial, _ = runner.trial("as converted", [])
+    assert trial.latency_ms == 1.5 and not trial.passed
 
 
 def test_mask_constant_saturating_is_not_an_error():

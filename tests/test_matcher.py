@@ -152,6 +152,15 @@ def _insert_after(model, producer_output, op, extra_inputs, name, **attrs):
     return model
 
 
+def _with_sink_concat(model):
+    """`model` with a zero sink logit per head concatenated to the scores' key axis."""
+    model.graph.initializer.append(
+        onnx.numpy_helper.from_array(np.zeros((B, 3, S, 1), np.float32), "sink")
+    )
+    _insert_after(model, "scaled", "Concat", ["sink"], "with_sink", axis=-1)
+    return model
+
+
 def _int64(model, name, values):
     model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(values, np.int64), name))
 
@@ -166,21 +175,13 @@ def test_a_slice_of_the_probabilities_without_a_sink_is_not_attention():
 
 
 def test_a_sink_concat_without_its_slice_is_not_attention():
-    model = attention_model(Variant())
-    model.graph.initializer.append(
-        onnx.numpy_helper.from_array(np.zeros((B, 3, S, 1), np.float32), "sink")
-    )
-    _insert_after(model, "scaled", "Concat", ["sink"], "with_sink", axis=-1)
+    model = _with_sink_concat(attention_model(Variant()))
     scan = graphfix.scan_attention(model)
     assert scan.matches == () and "no Slice drops the extra column" in scan.skipped[0].reason
 
 
 def test_a_sink_is_described_and_fused_plugin_falls_back():
-    model = attention_model(Variant())
-    model.graph.initializer.append(
-        onnx.numpy_helper.from_array(np.zeros((B, 3, S, 1), np.float32), "sink")
-    )
-    _insert_after(model, "scaled", "Concat", ["sink"], "with_sink", axis=-1)
+    model = _with_sink_concat(attention_model(Variant()))
     for name, value in (("starts", [0]), ("ends", [S]), ("axes", [-1])):
         _int64(model, name, value)
     _insert_after(model, "probs", "Slice", ["starts", "ends", "axes"], "drop_sink")

@@ -22,6 +22,7 @@ _USED_AS = {
     "ipykernel": r"ipykernel_launcher",
     "onnxscript": r"\"onnxscript\"|import onnxscript",
     "polygraphy": r"from polygraphy|import polygraphy",
+    "onnx-graphsurgeon": r"import onnx_graphsurgeon",
 }
 
 

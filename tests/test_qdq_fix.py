@@ -6,7 +6,15 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
-from qdq_graphs import add_pair, conv_block, layernorm_model_for_fix, model, residual_block, value
+from qdq_graphs import (
+    add_pair,
+    conv_block,
+    layernorm_model_for_fix,
+    model,
+    residual_block,
+    twin_convs,
+    value,
+)
 
 from graphfix.qdq import inspect_qdq
 from graphfix.qdq.error import run
@@ -81,16 +89,8 @@ def test_concat_inputs_are_requantized_with_the_output_scale():
 
 def test_duplicate_quantizers_are_merged():
     rng = np.random.default_rng(0)
-    ws = [
-        numpy_helper.from_array(rng.standard_normal((32, 32, 1, 1)).astype(np.float32), f"W{i}")
-        for i in (1, 2)
-    ]
-    nodes = [
-        helper.make_node("Conv", ["x", "W1"], ["y1"], name="c1"),
-        helper.make_node("Conv", ["x", "W2"], ["y2"], name="c2"),
-    ]
     shape = (1, 32, 8, 8)
-    planted = model(nodes, [value("x", shape)], [value("y1", shape), value("y2", shape)], ws)
+    planted = twin_convs(rng, shape)
     add_pair(planted, "x", consumers=("c1",))
     add_pair(planted, "x", consumers=("c2",))
     result = fix_qdq(planted)

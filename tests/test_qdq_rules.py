@@ -14,6 +14,7 @@ from qdq_graphs import (
     model,
     quantize_weight,
     residual_block,
+    twin_convs,
     value,
 )
 
@@ -291,21 +292,7 @@ def test_qdq_on_attention_scores_splits_the_fused_attention():
 
 @pytest.mark.parametrize(("second_scale", "duplicate"), [(0.05, True), (0.07, False)])
 def test_duplicate_quantizers(second_scale, duplicate):
-    rng = np.random.default_rng(0)
-    ws = [
-        numpy_helper.from_array(rng.standard_normal((32, 32, 1, 1)).astype(np.float32), f"W{i}")
-        for i in (1, 2)
-    ]
-    nodes = [
-        helper.make_node("Conv", ["x", "W1"], ["y1"], name="c1"),
-        helper.make_node("Conv", ["x", "W2"], ["y2"], name="c2"),
-    ]
-    m = model(
-        nodes,
-        [value("x", (1, 32, 8, 8))],
-        [value("y1", (1, 32, 8, 8)), value("y2", (1, 32, 8, 8))],
-        ws,
-    )
+    m = twin_convs(np.random.default_rng(0))
     for w in ("W1", "W2"):
         quantize_weight(m, w, axis=0)
     add_pair(m, "x", consumers=("c1",), scale=0.05)

@@ -411,30 +411,20 @@ def _trace_binary(
         candidates = (0,)
     else:
         candidates = (0, 1)
-    failure: NoMatch | None = None
-    for main in candidates:
-        if index.is_constant(node.input[main]):
-            continue
-        trial = _ScoreChain()
-        try:
-            qk = _trace_scores(index, node.input[main], trial, depth + 1)
-        except NoMatch as exc:
-            failure = failure or exc
-            continue
-        chain.nodes.append(node)
-        others = [t for i, t in enumerate(node.input) if i != main and t]
-        if op in ("Add", "Where"):
-            chain.mask_nodes.append(node)
-            chain.mask_inputs.extend(
-                t for t in others if not (op == "Where" and _is_scalar_constant(index, t))
-            )
-        elif op in ("Mul", "Div"):
-            chain.scale_factors.append((others[0], op))
-        elif op == "Sub":
-            _require_max_subtract(index, node)
-        _merge(chain, trial)
-        return qk
-    raise failure or NoMatch(f"{op} '{node.name}' upstream of the softmax has no Q·Kᵀ input")
+    main, trial, qk = _trace_operand(index, node, candidates, depth, f"{op} '{node.name}'")
+    chain.nodes.append(node)
+    others = [t for i, t in enumerate(node.input) if i != main and t]
+    if op in ("Add", "Where"):
+        chain.mask_nodes.append(node)
+        chain.mask_inputs.extend(
+            t for t in others if not (op == "Where" and _is_scalar_constant(index, t))
+        )
+    elif op in ("Mul", "Div"):
+        chain.scale_factors.append((others[0], op))
+    elif op == "Sub":
+        _require_max_subtract(index, node)
+    _merge(chain, trial)
+    return qk
 
 
 def _trace_sink_concat(
@@ -445,21 +435,33 @@ def _trace_sink_concat(
     rank = index.rank(node.output[0])
     if axis is None or not (axis == -1 or (rank is not None and axis == rank - 1)):
         raise NoMatch(f"Concat '{node.name}' before the softmax joins scores off the key axis")
+    _, trial, qk = _trace_operand(index, node, (0, 1), depth, f"Concat '{node.name}'")
+    chain.nodes.append(node)
+    chain.sink_concat = node
+    _merge(chain, trial)
+    return qk
+
+
+def _trace_operand(
+    index: GraphIndex,
+    node: onnx.NodeProto,
+    candidates: tuple[int, ...],
+    depth: int,
+    what: str,
+) -> tuple[int, _ScoreChain, onnx.NodeProto]:
+    """The first non-constant input of `node` among `candidates` that traces back to a Q·Kᵀ
+    MatMul: (its position, the chain traced from it, the MatMul). Raises the first trace's
+    NoMatch, or one naming `what` when every candidate input is constant."""
     failure: NoMatch | None = None
-    for main in (0, 1):
+    for main in candidates:
         if index.is_constant(node.input[main]):
             continue
         trial = _ScoreChain()
         try:
-            qk = _trace_scores(index, node.input[main], trial, depth + 1)
+            return main, trial, _trace_scores(index, node.input[main], trial, depth + 1)
         except NoMatch as exc:
             failure = failure or exc
-            continue
-        chain.nodes.append(node)
-        chain.sink_concat = node
-        _merge(chain, trial)
-        return qk
-    raise failure or NoMatch(f"Concat '{node.name}' upstream of the softmax has no Q·Kᵀ input")
+    raise failure or NoMatch(f"{what} upstream of the softmax has no Q·Kᵀ input")
 
 
 def _merge(chain: _ScoreChain, trial: _ScoreChain) -> None:

@@ -7,10 +7,9 @@ repaired; 2 bad input or options; 3 the runtime cannot run a model (or TensorRT 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from graphfix.cli.options import Option, add_options, api_kwargs
+from graphfix.cli.options import Option, add_options, api_kwargs, print_json
 from graphfix.cli.validate import VALIDATE_OPTIONS
 from graphfix.precision.locate.api import BACKENDS, DEFAULT_MAX_TRIALS, PRECISIONS
 from graphfix.precision.locate.candidate import BASES
@@ -115,9 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
         plot = plot_locate(report, args.plot)
     if args.json:
-        document = report.to_dict()
-        document["plot"] = None if plot is None else str(plot)
-        print(json.dumps(document, indent=2))
+        print_json(report, plot=plot)
     else:
         print(report.summary())
         if plot is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,3 +34,11 @@ def api_kwargs(args: argparse.Namespace, options: Sequence[Option]) -> dict[str,
             value = option.convert(value)
         result[option.api] = value
     return result
+
+
+def print_json(report: Any, **fields: object) -> None:
+    """`--json`'s one document on stdout: `report.to_dict()` with `fields` added (a path as its
+    text, None as null)."""
+    document = report.to_dict()
+    document.update({k: None if v is None else str(v) for k, v in fields.items()})
+    print(json.dumps(document, indent=2))

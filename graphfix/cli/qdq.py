@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from pathlib import Path
 
+from graphfix.cli.options import print_json
 from graphfix.errors import CheckFailed
 from graphfix.model_io import check_output_path, load_model, save_model
 from graphfix.qdq.report import Finding, QdqReport
@@ -73,9 +73,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
         plot = plot_coverage(report, args.plot)
     if args.json:
-        document = report.to_dict()
-        document["plot"] = None if plot is None else str(plot)
-        print(json.dumps(document, indent=2))
+        print_json(report, plot=plot)
     else:
         print(
             f"{args.model}: {report.coverage.nodes} compute nodes, {report.quantizers} Q/DQ "
@@ -100,9 +98,7 @@ def _cmd_fix(args: argparse.Namespace) -> int:
     report = result.report
     saved = save_model(result.model, args.output, source=loaded.path, overwrite=args.overwrite)
     if args.json:
-        document = report.to_dict()
-        document["saved"] = str(saved.path)
-        print(json.dumps(document, indent=2))
+        print_json(report, saved=saved.path)
     else:
         print(f"{len(report.changes)} changes")
         counts: dict[tuple[str, str], int] = defaultdict(int)

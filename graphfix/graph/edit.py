@@ -85,14 +85,20 @@ class GraphEdit:
             used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
             used |= {name for n in graph.node for name in outer_reads(n)}  # If/Loop/Scan bodies
             unused = self._maybe_unused - used
-            kept = [t for t in graph.initializer if t.name not in unused]
-            del graph.initializer[:]
-            graph.initializer.extend(kept)
-            kept_inputs = [v for v in graph.input if v.name not in unused]
-            del graph.input[:]
-            graph.input.extend(kept_inputs)
+            drop_initializers(graph, unused)
         self._replacements.clear()
         self._outputs.clear()
         self._initializers.clear()
         self._maybe_unused.clear()
         self._value_info.clear()
+
+
+def drop_initializers(graph: onnx.GraphProto, names: set[str]) -> None:
+    """Remove the initializers called `names` from `graph`, and the graph inputs of those names
+    (models from IR < 4 list initializers as inputs too)."""
+    kept = [t for t in graph.initializer if t.name not in names]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    kept_inputs = [v for v in graph.input if v.name not in names]
+    del graph.input[:]
+    graph.input.extend(kept_inputs)

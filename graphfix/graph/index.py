@@ -29,6 +29,18 @@ _FOLDABLE = {
 _MAX_FOLD_ELEMENTS = 1 << 16
 
 
+def all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """`graph` and every subgraph (If branches, Loop/Scan bodies) inside it, outer first."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from all_graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from all_graphs(sub)
+
+
 def outer_reads(node: onnx.NodeProto) -> set[str]:
     """Names a node's subgraphs (If branches, Loop/Scan bodies) read from enclosing scopes."""
     names: set[str] = set()

@@ -12,7 +12,7 @@ import onnx
 from onnx import numpy_helper
 
 from graphfix.errors import UnsupportedModelError
-from graphfix.graph.index import GraphIndex
+from graphfix.graph.index import GraphIndex, all_graphs
 from graphfix.plugins.spec import ATTENTION, PLUGIN_DOMAIN, SOFTMAX
 
 
@@ -130,18 +130,7 @@ LOWERINGS = {SOFTMAX.op_type: _lower_softmax, ATTENTION.op_type: _lower_attentio
 
 
 def has_plugin_ops(model: onnx.ModelProto) -> bool:
-    return any(n.domain == PLUGIN_DOMAIN for n in _all_nodes(model.graph))
-
-
-def _all_nodes(graph: onnx.GraphProto):
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _all_nodes(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from _all_nodes(sub)
+    return any(n.domain == PLUGIN_DOMAIN for g in all_graphs(model.graph) for n in g.node)
 
 
 def with_reference_ops(model: onnx.ModelProto) -> onnx.ModelProto:

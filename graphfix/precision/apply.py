@@ -155,21 +155,14 @@ class PlanApplier:
             internal = self.unique(f"{name}_{self.to if storage_low[name] else 'float32'}")
             renames[name] = internal
             storage_low[internal] = storage_low[name]
-            to = self.target if want_low else FLOAT
             casts.append(
-                helper.make_node(
-                    "Cast", [internal], [name], name=self.unique(f"{name}_cast"), to=to
-                )
-            )
-            producer = self.index.producer_of(name)
-            self.casts.append(
-                _Cast(
+                self._cast(
                     internal,
                     name,
-                    to,
-                    not want_low,
-                    self.index.position(producer),
-                    len(self.model.graph.node),
+                    low=want_low,
+                    node_name=self.unique(f"{name}_cast"),
+                    producer=self.index.position(self.index.producer_of(name)),
+                    first_consumer=len(self.model.graph.node),
                 )
             )
         if renames:
@@ -216,24 +209,37 @@ class PlanApplier:
             source = name
             if low and name in self.tainted:
                 source = self._saturate(name, new_nodes)
-            new_nodes.append(
-                helper.make_node(
-                    "Cast", [source], [output], name=self.unique(f"{output}_cast"), to=to
-                )
-            )
             producer = self.index.producer_of(name)
-            self.casts.append(
-                _Cast(
+            new_nodes.append(
+                self._cast(
                     name,
                     output,
-                    to,
-                    not low,
-                    None if producer is None else self.index.position(producer),
-                    position,
+                    low=low,
+                    node_name=self.unique(f"{output}_cast"),
+                    producer=None if producer is None else self.index.position(producer),
+                    first_consumer=position,
+                    reads=source,
                 )
             )
             storage_low[output] = low
         return cache[key]
+
+    def _cast(
+        self,
+        source: str,
+        output: str,
+        *,
+        low: bool,
+        node_name: str,
+        producer: int | None,
+        first_consumer: int,
+        reads: str | None = None,
+    ) -> onnx.NodeProto:
+        """A Cast of `source` (reading `reads`, its clipped copy, where given) to the target type
+        (`low`) or to float32, recorded in `self.casts`."""
+        to = self.target if low else FLOAT
+        self.casts.append(_Cast(source, output, to, not low, producer, first_consumer))
+        return helper.make_node("Cast", [reads or source], [output], name=node_name, to=to)
 
     def _saturate(self, name: str, new_nodes: list[onnx.NodeProto]) -> str:
         """Clip a float32 value derived from an out-of-range constant to the target's finite

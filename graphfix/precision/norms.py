@@ -24,8 +24,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphfix.errors import UsageError
-from graphfix.graph.edit import GraphEdit
-from graphfix.graph.index import GraphIndex
+from graphfix.graph.edit import GraphEdit, drop_initializers
+from graphfix.graph.index import GraphIndex, all_graphs
 from graphfix.model_io import LoadedModel, load_model
 from graphfix.precision.group_norm import find_group_norms
 from graphfix.precision.norm_patterns import find_reduce_norms
@@ -364,12 +364,7 @@ def _sweep(graph: onnx.GraphProto, upstream: set[str]) -> None:
     used = _read_tensors(graph)
     unused = {t.name for t in graph.initializer if t.name in touched and t.name not in used}
     if unused:
-        kept_inits = [t for t in graph.initializer if t.name not in unused]
-        del graph.initializer[:]
-        graph.initializer.extend(kept_inits)
-        kept_inputs = [v for v in graph.input if v.name not in unused]
-        del graph.input[:]
-        graph.input.extend(kept_inputs)
+        drop_initializers(graph, unused)
     made = {o for n in graph.node for o in n.output} | {v.name for v in graph.input}
     made |= {t.name for t in graph.initializer}
     if any(v.name not in made for v in graph.value_info):
@@ -381,16 +376,9 @@ def _sweep(graph: onnx.GraphProto, upstream: set[str]) -> None:
 def _read_tensors(graph: onnx.GraphProto) -> set[str]:
     """Tensors read by a node (subgraphs included, which may read outer names) or the graph output."""
     used = {o.name for o in graph.output}
-    stack = [graph]
-    while stack:
-        g = stack.pop()
+    for g in all_graphs(graph):
         for node in g.node:
             used.update(node.input)
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    stack.append(attr.g)
-                elif attr.type == onnx.AttributeProto.GRAPHS:
-                    stack.extend(attr.graphs)
     used.discard("")
     return used
 

@@ -20,6 +20,8 @@ import numpy as np
 import onnx
 from onnx import defs, helper, numpy_helper
 
+from graphfix.graph.index import all_graphs
+
 # op → the versions at which an existing node's meaning changes with an unchanged interface.
 _MEANING_CHANGED = {
     "RoiAlign": (16,),  # coordinate_transformation_mode added with default half_pixel
@@ -58,7 +60,7 @@ def upgrade_opset(model: onnx.ModelProto, target: int) -> OpsetUpgrade:
             None, f"onnx {onnx.__version__} knows opsets up to {defs.onnx_opset_version()}"
         )
     op_types = {
-        n.op_type for g in _graphs(model.graph) for n in g.node if n.domain in _DEFAULT_DOMAINS
+        n.op_type for g in all_graphs(model.graph) for n in g.node if n.domain in _DEFAULT_DOMAINS
     }
     for op_type in sorted(op_types):
         reason = _change(op_type, current, target)
@@ -69,7 +71,7 @@ def upgrade_opset(model: onnx.ModelProto, target: int) -> OpsetUpgrade:
     upgraded = onnx.ModelProto()
     upgraded.CopyFrom(model)
     if current < 18 <= target:
-        for graph in _graphs(upgraded.graph):
+        for graph in all_graphs(upgraded.graph):
             _axes_to_input(graph)
             _split_count(graph)
     for entry in upgraded.opset_import:
@@ -132,7 +134,7 @@ def _invalid_node(model: onnx.ModelProto) -> str | None:
     context = onnx.checker.C.CheckerContext()
     context.ir_version = model.ir_version
     context.opset_imports = {o.domain: o.version for o in model.opset_import}
-    for graph in _graphs(model.graph):
+    for graph in all_graphs(model.graph):
         for node in graph.node:
             if node.domain not in _DEFAULT_DOMAINS or any(
                 a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
@@ -196,13 +198,3 @@ def _fresh(taken: set[str], base: str) -> str:
     return name
 
 
-def _graphs(graph: onnx.GraphProto):
-    """`graph` and every subgraph (If/Loop/Scan bodies) inside it."""
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from _graphs(sub)

@@ -29,21 +29,23 @@ def node_flops(view: QdqView, node: onnx.NodeProto) -> int | None:
 
 
 def _conv(view: QdqView, node: onnx.NodeProto) -> int | None:
-    weight = view.static_shape(node.input[1])
-    out = view.static_shape(node.output[0])
-    if weight is None or out is None or len(out) < 3:
-        return None
-    n, c_out, spatial = out[0], out[1], out[2:]
-    return 2 * n * c_out * math.prod(spatial) * weight[1] * math.prod(weight[2:])
+    return _conv_over(view, node, node.output[0])  # every output pixel: C_in/group × kernel MACs
 
 
 def _conv_transpose(view: QdqView, node: onnx.NodeProto) -> int | None:
+    return _conv_over(view, node, node.input[0])  # every input pixel: C_out/group × kernel MACs
+
+
+def _conv_over(view: QdqView, node: onnx.NodeProto, tensor: str) -> int | None:
+    """2 · N · C · ∏spatial of `tensor` · W[1] · ∏kernel: a convolution's FLOPs counted over the
+    side whose every pixel meets the whole kernel (the output of a Conv, the input of a
+    ConvTranspose)."""
     weight = view.static_shape(node.input[1])
-    data = view.static_shape(node.input[0])
-    if weight is None or data is None or len(data) < 3:
+    shape = view.static_shape(tensor)
+    if weight is None or shape is None or len(shape) < 3:
         return None
-    n, c_in, spatial = data[0], data[1], data[2:]
-    return 2 * n * c_in * math.prod(spatial) * weight[1] * math.prod(weight[2:])
+    n, channels, spatial = shape[0], shape[1], shape[2:]
+    return 2 * n * channels * math.prod(spatial) * weight[1] * math.prod(weight[2:])
 
 
 def _matmul(view: QdqView, node: onnx.NodeProto) -> int | None:

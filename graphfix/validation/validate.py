@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 
 from graphfix.attention.matcher import find_attention
+from graphfix.jsonable import plain
 from graphfix.model_io import LoadedModel, ModelArg, load_model
 from graphfix.plugins.spec import PLUGIN_DOMAIN
 from graphfix.validation.backends import BackendError, Runner
@@ -116,7 +117,7 @@ class ValidationReport:
     def to_dict(self) -> dict:
         """JSON-ready: everything but the raw output arrays."""
         data = {
-            f.name: _plain(getattr(self, f.name))
+            f.name: plain(getattr(self, f.name))
             for f in dataclasses.fields(self)
             if f.metadata.get("json", True)
         }
@@ -438,15 +439,3 @@ def _tensorrt_note(plan: ValidationPlan, runner: Runner) -> str | None:
         f"TensorRT: installed ({status.version}) but not requested; validated {what}, "
         f"no fusion proof{wiring}"
     )
-
-
-def _plain(value):
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, (tuple, list)):
-        return [_plain(v) for v in value]
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, float) and not np.isfinite(value):
-        return str(value)
-    return value

@@ -40,7 +40,7 @@ FlashPlan planFlashAttention(
             break;
         }
     }
-    plan.blockRows = blockRowsFor(plan.paddedDim);
+    plan.blockRows = blockRowsFor(elementBytes, plan.paddedDim);
     plan.blockKeys = kBLOCK_KEYS;
     plan.sharedBytes = sharedBytes(elementBytes, plan.paddedDim);
     if (plan.sharedBytes > maxSharedBytes)

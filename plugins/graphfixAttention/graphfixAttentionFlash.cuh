@@ -14,8 +14,9 @@
  * so that ldmatrix and the float32 fragment loads are free of bank conflicts.
  *
  * float16/bfloat16: Q stays in registers as A fragments (ldmatrix), K and V are read with
- * ldmatrix (V transposed); the scores' accumulators of two neighbouring 8-key tiles are exactly
- * the A fragment of a 16-key step of P·V. float32: fragments are read with plain shared loads and
+ * ldmatrix (V transposed); the probabilities of two neighbouring 8-key tiles, as 16-bit pairs
+ * (float16: rounded once; bfloat16: hi + lo, see kSPLIT_P), are exactly the A fragment of a
+ * 16-key step of P·V. float32: fragments are read with plain shared loads and
  * split into TF32 hi + lo (3 products); for P·V the 8 keys of a step are taken in the order
  * 0,2,4,6,1,3,5,7 (a permutation of the summation index, the same for P and V), which makes the
  * scores' accumulator layout the TF32 A fragment without shuffles.
@@ -59,7 +60,7 @@ constexpr int32_t kBLOCK_ROWS = 16 * kMT * kWARPS;
 //! kMT for a padded head dimension. Two tiles per warp (each K and V fragment read from shared
 //! memory then serves 32 rows) measured slower on the H200 on most benchmark shapes (SDXL cross,
 //! SigLIP, BERT: 200+ registers, fewer blocks per SM), 3% faster on SDXL self only: one.
-constexpr int32_t rowTilesFor(int32_t /*paddedDim*/)
+constexpr int32_t rowTilesFor(int32_t /*elementBytes*/, int32_t /*paddedDim*/)
 {
     return 1;
 }
@@ -72,7 +73,7 @@ constexpr int32_t kROW = std::is_same_v<T, float> ? kD + 4 : kD + 8;
 template <typename T, int32_t kD>
 constexpr int32_t sharedBytesFor()
 {
-    return (kBLOCK_ROWS<rowTilesFor(kD)> + 2 * kBLOCK_KEYS) * kROW<T, kD> * static_cast<int32_t>(sizeof(T));
+    return (kBLOCK_ROWS<rowTilesFor(static_cast<int32_t>(sizeof(T)), kD)> + 2 * kBLOCK_KEYS) * kROW<T, kD> * static_cast<int32_t>(sizeof(T));
 }
 
 // ---- PTX wrappers ------------------------------------------------------------------------------
@@ -172,25 +173,40 @@ __device__ __forceinline__ void splitTf32(float x, uint32_t& hi, uint32_t& lo)
     lo = toTf32(x - __uint_as_float(hi));
 }
 
-//! Two floats as a 16-bit pair (a in the low half) and the pair of what rounding left over.
+//! Whether the 16-bit kernel takes the probabilities into P·V as two terms (p = hi + lo, twice
+//! the P·V tensor work) instead of rounding them once. float16: rounded once, as cuDNN and
+//! FlashAttention do (11 bits; the H200 benchmark's errors equal cuDNN SDPA's on every shape, and
+//! P·V costs half). bfloat16: split, since rounding once to 8 bits measured up to 2% more error
+//! than cuDNN SDPA (BERT: 1.97e-3 vs 1.93e-3) where the split stays at or below it.
 template <typename T>
-__device__ __forceinline__ void splitPair(float a, float b, uint32_t& hi, uint32_t& lo)
+constexpr bool kSPLIT_P = std::is_same_v<T, __nv_bfloat16>;
+
+//! Two probabilities as the 16-bit pair P·V takes (a in the low half), and with kSPLIT_P<T> the
+//! pair of what rounding left over (lo is untouched otherwise).
+template <typename T>
+__device__ __forceinline__ void probabilityPair(float a, float b, uint32_t& hi, uint32_t& lo)
 {
     if constexpr (std::is_same_v<T, __half>)
     {
         __half2 const h = __floats2half2_rn(a, b);
-        float2 const f = __half22float2(h);
-        __half2 const l = __floats2half2_rn(a - f.x, b - f.y);
         hi = *reinterpret_cast<uint32_t const*>(&h);
-        lo = *reinterpret_cast<uint32_t const*>(&l);
+        if constexpr (kSPLIT_P<T>)
+        {
+            float2 const f = __half22float2(h);
+            __half2 const l = __floats2half2_rn(a - f.x, b - f.y);
+            lo = *reinterpret_cast<uint32_t const*>(&l);
+        }
     }
     else
     {
         __nv_bfloat162 const h = __floats2bfloat162_rn(a, b);
-        float2 const f = __bfloat1622float2(h);
-        __nv_bfloat162 const l = __floats2bfloat162_rn(a - f.x, b - f.y);
         hi = *reinterpret_cast<uint32_t const*>(&h);
-        lo = *reinterpret_cast<uint32_t const*>(&l);
+        if constexpr (kSPLIT_P<T>)
+        {
+            float2 const f = __bfloat1622float2(h);
+            __nv_bfloat162 const l = __floats2bfloat162_rn(a - f.x, b - f.y);
+            lo = *reinterpret_cast<uint32_t const*>(&l);
+        }
     }
 }
 
@@ -652,15 +668,16 @@ __global__ void __launch_bounds__(kTHREADS) flashMma16Kernel(T const* __restrict
 #pragma unroll
         for (int32_t kk = 0; kk < kKEY_TILES / 2; ++kk)
         {
-            uint32_t hi[kMT][4];
+            // float16: P rounded once; bfloat16: P = hi + lo (see kSPLIT_P)
+            uint32_t p[kMT][4];
             uint32_t lo[kMT][4];
 #pragma unroll
             for (int32_t mt = 0; mt < kMT; ++mt)
             {
-                splitPair<T>(s[mt][2 * kk][0], s[mt][2 * kk][1], hi[mt][0], lo[mt][0]);
-                splitPair<T>(s[mt][2 * kk][2], s[mt][2 * kk][3], hi[mt][1], lo[mt][1]);
-                splitPair<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1], hi[mt][2], lo[mt][2]);
-                splitPair<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3], hi[mt][3], lo[mt][3]);
+                probabilityPair<T>(s[mt][2 * kk][0], s[mt][2 * kk][1], p[mt][0], lo[mt][0]);
+                probabilityPair<T>(s[mt][2 * kk][2], s[mt][2 * kk][3], p[mt][1], lo[mt][1]);
+                probabilityPair<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1], p[mt][2], lo[mt][2]);
+                probabilityPair<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3], p[mt][3], lo[mt][3]);
             }
 #pragma unroll
             for (int32_t nn = 0; nn < kD / 16; ++nn)
@@ -671,10 +688,13 @@ __global__ void __launch_bounds__(kTHREADS) flashMma16Kernel(T const* __restrict
 #pragma unroll
                 for (int32_t mt = 0; mt < kMT; ++mt)
                 {
-                    mma16816<T>(o[mt][2 * nn], lo[mt], b[0], b[1]);
-                    mma16816<T>(o[mt][2 * nn + 1], lo[mt], b[2], b[3]);
-                    mma16816<T>(o[mt][2 * nn], hi[mt], b[0], b[1]);
-                    mma16816<T>(o[mt][2 * nn + 1], hi[mt], b[2], b[3]);
+                    if constexpr (kSPLIT_P<T>)
+                    {
+                        mma16816<T>(o[mt][2 * nn], lo[mt], b[0], b[1]);
+                        mma16816<T>(o[mt][2 * nn + 1], lo[mt], b[2], b[3]);
+                    }
+                    mma16816<T>(o[mt][2 * nn], p[mt], b[0], b[1]);
+                    mma16816<T>(o[mt][2 * nn + 1], p[mt], b[2], b[3]);
                 }
             }
         }
@@ -877,11 +897,11 @@ constexpr auto kernelFor()
 {
     if constexpr (std::is_same_v<T, float>)
     {
-        return flashTf32x3Kernel<kD, rowTilesFor(kD)>;
+        return flashTf32x3Kernel<kD, rowTilesFor(4, kD)>;
     }
     else
     {
-        return flashMma16Kernel<T, kD, rowTilesFor(kD)>;
+        return flashMma16Kernel<T, kD, rowTilesFor(2, kD)>;
     }
 }
 
@@ -900,19 +920,20 @@ cudaError_t withKernel(FlashPlan const& plan, F&& f)
     }
 }
 
-constexpr int32_t blockRowsFor(int32_t paddedDim)
+constexpr int32_t blockRowsFor(int32_t elementBytes, int32_t paddedDim)
 {
-    return 16 * rowTilesFor(paddedDim) * kWARPS;
+    return 16 * rowTilesFor(elementBytes, paddedDim) * kWARPS;
 }
 
 constexpr int32_t sharedBytes(int32_t elementBytes, int32_t paddedDim)
 {
-    return (blockRowsFor(paddedDim) + 2 * kBLOCK_KEYS) * (paddedDim + (elementBytes == 4 ? 4 : 8)) * elementBytes;
+    return (blockRowsFor(elementBytes, paddedDim) + 2 * kBLOCK_KEYS) * (paddedDim + (elementBytes == 4 ? 4 : 8)) * elementBytes;
 }
 
 static_assert(sharedBytes(2, 128) == sharedBytesFor<__half, 128>(), "one shared-memory formula");
 static_assert(sharedBytes(2, 64) == sharedBytesFor<__half, 64>(), "one shared-memory formula");
 static_assert(sharedBytes(4, 80) == sharedBytesFor<float, 80>(), "one shared-memory formula");
+static_assert(sharedBytes(2, 80) == sharedBytesFor<__nv_bfloat16, 80>(), "one shared-memory formula");
 
 inline bool aligned16(void const* p)
 {

@@ -5,9 +5,10 @@
  * mma.sync (sm_80 and newer): what runs without cuDNN, for float32, for softcap, for masks cuDNN
  * cannot take. Nothing here knows TensorRT.
  *
- *  - float16 / bfloat16: mma.sync m16n8k16 with float32 accumulation; the probabilities are split
- *    into two 16-bit terms (p = hi + lo) before P·V, so they keep about 16 (bfloat16) to 22
- *    (float16) bits instead of the 8-11 a fused kernel that rounds them once keeps;
+ *  - float16 / bfloat16: mma.sync m16n8k16 with float32 accumulation; float16 rounds the
+ *    probabilities once before P·V, as cuDNN and FlashAttention do (the row sums are taken before
+ *    rounding); bfloat16 splits them into two terms (p = hi + lo, 16 bits instead of 8: 2x the
+ *    P·V tensor work) so that its error stays at or below cuDNN SDPA's;
  *  - float32: mma.sync m16n8k8 on TF32 with 3xTF32 split products (a = hi + lo;
  *    hi·hi + hi·lo + lo·hi, float32 accumulation), float32-level accuracy for both products.
  *

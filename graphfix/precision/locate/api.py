@@ -11,7 +11,7 @@ import onnx
 
 from graphfix.attention.matcher import find_attention
 from graphfix.errors import UsageError
-from graphfix.model_io import LoadedModel, check_output_path, load_model, save_model
+from graphfix.model_io import LoadedModel, check_output_path, load_model
 from graphfix.plugins.reference import has_plugin_ops, with_reference_ops
 from graphfix.plugins.spec import PLUGIN_DOMAIN
 from graphfix.precision.locate.candidate import BASES, build_candidate
@@ -25,8 +25,8 @@ from graphfix.precision.locate.reference import (
     plan_graph,
     stream_pairs,
 )
-from graphfix.precision.locate.remedies import TrialRunner, search_remedies
-from graphfix.precision.locate.report import FixedModel, LocateReport
+from graphfix.precision.locate.remedies import TrialRunner
+from graphfix.precision.locate.report import LocateReport, with_remedies
 from graphfix.validation.compare import DEFAULT_TOLERANCES, Tolerance, compare_output
 from graphfix.validation.inputs import ValueRange, check_same_inputs, input_specs, make_inputs
 from graphfix.validation.validate import _model_precision
@@ -112,6 +112,11 @@ def locate(
             inputs=inputs,
             seed=seed,
             chunk_bytes=chunk_bytes,
+            remedies=remedies,
+            apply=apply,
+            output=output,
+            overwrite=overwrite,
+            max_trials=max_trials,
         )
     reference = load_model(model, load_weights=True)
     if has_plugin_ops(reference.model):
@@ -218,23 +223,16 @@ def locate(
         tolerance=tolerance,
         base=remedy_base,
     )
-    found = search_remedies(
-        reference.model, suspects, errors, runner, max_trials=max_trials or DEFAULT_MAX_TRIALS
-    )
-    fixed = None
-    if apply and found.model is not None:
-        path = None
-        if output is not None and found.passed:
-            path = str(save_model(found.model, output, overwrite=overwrite).path)
-        fixed = FixedModel(path, found.float32_nodes, found.passed, found.error)
-    from dataclasses import replace
-
-    return replace(
+    return with_remedies(
         report,
-        remedies_tried=found.trials,
-        remedies_kept=found.kept,
-        fixed=fixed,
-        fixed_model=found.model if apply else None,
+        reference.model,
+        suspects,
+        errors,
+        runner,
+        max_trials=max_trials or DEFAULT_MAX_TRIALS,
+        apply=apply,
+        output=output,
+        overwrite=overwrite,
     )
 
 

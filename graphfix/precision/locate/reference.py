@@ -30,6 +30,10 @@ from graphfix.model_io import LoadedModel
 from graphfix.validation.backends import BackendError
 
 DEFAULT_CHUNK_BYTES = 256 << 20
+# Models up to this size go to onnxruntime as bytes; larger ones through one weight file.  Bytes
+# cost the weights about four times per side (the proto, each chunk's copy, its serialisation,
+# onnxruntime's copy): measured +300 MB peak on 64 MB of weights, so only small models do it.
+IN_MEMORY_BYTES = 32 << 20
 _FLOAT_TYPES = {
     onnx.TensorProto.FLOAT,
     onnx.TensorProto.FLOAT16,
@@ -118,30 +122,42 @@ def chunk_tensors(names: Sequence[str], nbytes: Mapping[str, int], budget: int) 
 class TensorStreamer:
     """Runs `model` on `feeds` with onnxruntime (CPU, graph optimisations off), a chunk at a time.
 
-    The weights go once into a temporary external data file; `fetch(names)` builds the pruned graph
-    whose outputs are `names`, runs it and returns the arrays by name.
+    A model larger than `in_memory_bytes` has its weights written once into a temporary
+    external data file that every chunk's graph references (a chunk then costs a small protobuf,
+    not a copy of the weights); a smaller one is handed to onnxruntime as bytes, which saves the
+    file round trip that dominates on small models.
     """
 
-    def __init__(self, model: LoadedModel, *, label: str) -> None:
+    def __init__(
+        self, model: LoadedModel, *, label: str, in_memory_bytes: int = IN_MEMORY_BYTES
+    ) -> None:
         import onnxruntime as ort
 
         self._ort = ort
         self.label = label
-        self._folder = tempfile.TemporaryDirectory(prefix="graphfix-locate-")
-        folder = Path(self._folder.name)
         proto = onnx.ModelProto()
         proto.CopyFrom(model.model)
         if not model.weights_loaded and model.base_dir is not None:
             onnx.load_external_data_for_model(proto, str(model.base_dir))
-        onnx.save(
-            proto,
-            folder / "full.onnx",
-            save_as_external_data=True,
-            location="weights.data",
-            size_threshold=1024,
-        )
-        del proto
-        self.graph = onnx.load(str(folder / "full.onnx"), load_external_data=False)
+        self._folder: tempfile.TemporaryDirectory[str] | None = None
+        if proto.ByteSize() > in_memory_bytes:
+            self._folder = tempfile.TemporaryDirectory(prefix="graphfix-locate-")
+            folder = Path(self._folder.name)
+            onnx.save(
+                proto,
+                folder / "full.onnx",
+                save_as_external_data=True,
+                location="weights.data",
+                size_threshold=1024,
+            )
+            del proto
+            self.graph = onnx.load(str(folder / "full.onnx"), load_external_data=False)
+        else:
+            self.graph = proto
+        self._shell = onnx.ModelProto()  # the model without nodes, weights or outputs
+        self._shell.CopyFrom(self.graph)
+        for field in ("node", "initializer", "output", "value_info"):
+            self._shell.graph.ClearField(field)
         self._producers = {
             out: i for i, node in enumerate(self.graph.graph.node) for out in node.output if out
         }
@@ -149,7 +165,8 @@ class TensorStreamer:
         self.nodes_run = 0  # node executions over all runs (recomputation shows here)
 
     def close(self) -> None:
-        self._folder.cleanup()
+        if self._folder is not None:
+            self._folder.cleanup()
 
     def __enter__(self) -> TensorStreamer:
         return self
@@ -201,14 +218,19 @@ class TensorStreamer:
         feeds: Mapping[str, np.ndarray],
     ) -> dict[str, np.ndarray]:
         ort = self._ort
-        path = Path(self._folder.name) / "chunk.onnx"
-        onnx.save(self._pruned(nodes, outputs, frontier), path)
+        pruned = self._pruned(nodes, outputs, frontier)
+        if self._folder is not None:
+            source: str | bytes = str(Path(self._folder.name) / "chunk.onnx")
+            onnx.save(pruned, source)
+        else:
+            source = pruned.SerializeToString()
+        del pruned
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         options.log_severity_level = 3
         try:
             session = ort.InferenceSession(
-                str(path), sess_options=options, providers=["CPUExecutionProvider"]
+                source, sess_options=options, providers=["CPUExecutionProvider"]
             )
             wanted = {i.name for i in session.get_inputs()}
             given = {**feeds, **frontier}
@@ -250,11 +272,9 @@ class TensorStreamer:
         reads = {t for i in nodes for t in _node_reads(graph.node[i])} | set(outputs)
         produced = {o for i in nodes for o in graph.node[i].output}
         pruned = onnx.ModelProto()
-        pruned.CopyFrom(self.graph)
+        pruned.CopyFrom(self._shell)
         g = pruned.graph
-        del g.node[:]
         g.node.extend(graph.node[i] for i in sorted(nodes))
-        del g.initializer[:]
         g.initializer.extend(t for t in graph.initializer if t.name in reads)
         for name, array in frontier.items():
             if name in reads and name not in produced:
@@ -301,7 +321,20 @@ def _node_reads(node: onnx.NodeProto) -> Iterator[str]:
 
 
 def infer_types(model: onnx.ModelProto) -> dict[str, int]:
-    """Element type of every tensor onnx's shape inference can type (initializers included)."""
+    """Element type of every tensor onnx's shape inference can type (initializers included).
+
+    When the model's own value_info already types every node output (converters write it), that
+    is used as is: shape inference costs more than the rest of a small model's localisation.
+    """
+    g = model.graph
+    declared = {
+        v.name: v.type.tensor_type.elem_type
+        for v in (*g.input, *g.value_info, *g.output)
+        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type
+    }
+    declared.update({t.name: t.data_type for t in g.initializer})
+    if all(o in declared for node in g.node for o in node.output if o):
+        return declared
     return _infer(model, {}, sizes=False)[0]
 
 

@@ -31,11 +31,6 @@ from graphfix.precision.locate.localise import RANGE_MAX, UNIT_ROUNDOFF, Suspect
 from graphfix.precision.locate.reference import infer_types, node_label
 from graphfix.validation.compare import OutputComparison, Tolerance, compare_output
 
-# Ops that move or select data without arithmetic: not counted as float32 compute nodes.
-DATA_MOVEMENT = frozenset(
-    "Cast Concat Constant ConstantOfShape Expand Flatten Gather GatherElements GatherND Identity "
-    "Pad Range Reshape Shape Size Slice Split Squeeze Tile Transpose Trilu Unsqueeze Where".split()
-)
 _FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 _RANGE_MARGIN = 0.5  # values above this fraction of the type's range go to float32 at once
 
@@ -74,6 +69,7 @@ class Trial:
     error: float  # the largest absolute error over the outputs (inf: NaN/inf where finite)
     passed: bool
     seconds: float
+    latency_ms: float | None = None  # TensorRT trials: the engine's inference time
 
 
 @dataclass(frozen=True)
@@ -158,23 +154,25 @@ class TrialRunner:
             self._fusion = fuse_norms(self.model)
         return self._fusion
 
-    def compare(self, model: onnx.ModelProto) -> tuple[OutputComparison, ...]:
+    def run_candidate(self, model: onnx.ModelProto) -> tuple[dict[str, np.ndarray], float | None]:
+        """The candidate's outputs on the feeds (onnxruntime, float16 rounding made explicit),
+        and its latency where it means something (None here; TensorRT runners measure it)."""
         from graphfix.validation.backends.onnxruntime_backend import OnnxRuntimeRunner
 
         runner = OnnxRuntimeRunner(
             LoadedModel(emulate_low_precision(model), None, True),
             label="the candidate with remedies",
         )
-        outputs = runner.infer(self.feeds)
-        return tuple(
-            compare_output(name, ref, outputs[name], self.tolerance)
-            for name, ref in self.reference_outputs.items()
-        )
+        return runner.infer(self.feeds), None
 
     def trial(self, step: str, remedies: Sequence[Remedy]) -> tuple[Trial, BuiltCandidate]:
         start = time.perf_counter()
         built = self.build(remedies)
-        comparisons = self.compare(built.model)
+        outputs, latency = self.run_candidate(built.model)
+        comparisons = [
+            compare_output(name, ref, outputs[name], self.tolerance)
+            for name, ref in self.reference_outputs.items()
+        ]
         return (
             Trial(
                 step=step,
@@ -183,6 +181,7 @@ class TrialRunner:
                 error=worst_error(comparisons),
                 passed=all(c.passed for c in comparisons),
                 seconds=time.perf_counter() - start,
+                latency_ms=latency,
             ),
             built,
         )

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import onnx
 
+from graphfix.jsonable import plain
+from graphfix.model_io import save_model
 from graphfix.precision.locate.localise import Suspect, TensorError
-from graphfix.precision.locate.remedies import Remedy, Trial
+from graphfix.precision.locate.remedies import Remedy, Trial, TrialRunner, search_remedies
 from graphfix.validation.compare import OutputComparison, Tolerance
 
 
@@ -49,7 +52,7 @@ class LocateReport:
             "reference": self.reference,
             "candidate": self.candidate,
             "precision": self.precision,
-            "tolerance": _plain(self.tolerance),
+            "tolerance": plain(self.tolerance),
             "diverges": self.diverges,
             "outputs": [
                 {
@@ -60,12 +63,12 @@ class LocateReport:
                 }
                 for o in self.outputs
             ],
-            "suspects": [_plain(s) for s in self.suspects],
+            "suspects": [plain(s) for s in self.suspects],
             "remedies": {
-                "tried": [_plain(t) for t in self.remedies_tried],
-                "kept": [_plain(r) for r in self.remedies_kept],
+                "tried": [plain(t) for t in self.remedies_tried],
+                "kept": [plain(r) for r in self.remedies_kept],
             },
-            "fixed": None if self.fixed is None else _plain(self.fixed),
+            "fixed": None if self.fixed is None else plain(self.fixed),
             "tensors_compared": len(self.tensors),
             "chunks": self.chunks,
             "seconds_localise": round(self.seconds_localise, 3),
@@ -111,9 +114,10 @@ class LocateReport:
             lines.append("remedy search (each trial one candidate run):")
             for t in self.remedies_tried:
                 what = "; ".join(r.describe() for r in t.remedies) or "no remedy"
+                latency = "" if t.latency_ms is None else f"  latency {t.latency_ms:.3g} ms"
                 lines.append(
                     f"  {t.step:12s} {'PASS' if t.passed else 'fail'}  error {t.error:.3g}  "
-                    f"float32 nodes {t.float32_nodes}  ({what})"
+                    f"float32 nodes {t.float32_nodes}{latency}  ({what})"
                 )
             kept = "; ".join(r.describe() for r in self.remedies_kept) or "nothing"
             lines.append(f"kept: {kept}")
@@ -127,17 +131,35 @@ class LocateReport:
         return "\n".join(lines)
 
 
+def with_remedies(
+    report: LocateReport,
+    model: onnx.ModelProto,
+    suspects: Sequence[Suspect],
+    errors: Sequence[TensorError],
+    runner: TrialRunner,
+    *,
+    max_trials: int,
+    apply: bool | None,
+    output,
+    overwrite: bool | None,
+) -> LocateReport:
+    """`report` with the remedy search's trials and kept remedies; with `apply`, the fixed model
+    too (written to `output` when given and the fix passes)."""
+    found = search_remedies(model, suspects, errors, runner, max_trials=max_trials)
+    fixed = None
+    if apply and found.model is not None:
+        path = None
+        if output is not None and found.passed:
+            path = str(save_model(found.model, output, overwrite=overwrite).path)
+        fixed = FixedModel(path, found.float32_nodes, found.passed, found.error)
+    return dataclasses.replace(
+        report,
+        remedies_tried=found.trials,
+        remedies_kept=found.kept,
+        fixed=fixed,
+        fixed_model=found.model if apply else None,
+    )
+
+
 def _num(value: float) -> float | str:
     return value if math.isfinite(value) else str(value)
-
-
-def _plain(value):
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, (tuple, list)):
-        return [_plain(v) for v in value]
-    if isinstance(value, float):
-        return _num(value)
-    if hasattr(value, "value") and isinstance(value.value, str):  # str enums
-        return value.value
-    return value

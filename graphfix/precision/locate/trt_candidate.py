@@ -12,7 +12,8 @@ chunk, so memory stays bounded as for onnxruntime.  TensorRT may report internal
 tensors (NvInfer.h's warning); tensors whose names do not match an ONNX tensor are skipped and
 counted in the report's notes.  Without debug tensors, the suspect is found by differential
 rebuilds: keep a prefix of the compute nodes in float32, rebuild, and bisect on where the error
-goes away — ⌈log2(nodes)⌉ + 1 engine builds.
+goes away — ⌈log2(nodes)⌉ + 1 engine builds.  The remedy search then runs as with onnxruntime,
+each trial an engine build whose inference latency is reported with its error.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import onnx
 
 from graphfix.errors import EnvironmentProblem, UsageError
 from graphfix.model_io import load_model
+from graphfix.precision import policy
 from graphfix.precision.locate.candidate import build_candidate
 from graphfix.precision.locate.localise import RANGE_MAX, measure, rank_suspects
 from graphfix.precision.locate.reference import (
@@ -36,8 +38,8 @@ from graphfix.precision.locate.reference import (
     chunk_tensors,
     plan_graph,
 )
-from graphfix.precision.locate.remedies import DATA_MOVEMENT, worst_error
-from graphfix.precision.locate.report import LocateReport
+from graphfix.precision.locate.remedies import TrialRunner, worst_error
+from graphfix.precision.locate.report import LocateReport, with_remedies
 from graphfix.validation.compare import DEFAULT_TOLERANCES, compare_output
 from graphfix.validation.inputs import make_inputs
 
@@ -142,6 +144,18 @@ def bisect_prefix(nodes: Sequence[str], passes: Callable[[Sequence[str]], bool])
     return low
 
 
+class TensorRTTrialRunner(TrialRunner):
+    """Remedy trials as engine builds: each trial's model is built by polygraphy (no debug
+    tensors, no marked outputs) and run once; its latency is the trial's `latency_ms`."""
+
+    def run_candidate(self, model: onnx.ModelProto) -> tuple[dict[str, np.ndarray], float | None]:
+        with tempfile.TemporaryDirectory(prefix="graphfix-locate-trial-") as folder:
+            path = Path(folder) / "trial.onnx"
+            onnx.save(model, path, save_as_external_data=True, location="trial.data")
+            outputs, seconds = TensorRTCandidate(path, debug_tensors=False).run(self.feeds)
+        return outputs, seconds * 1e3
+
+
 def locate_tensorrt(
     model,
     *,
@@ -151,8 +165,14 @@ def locate_tensorrt(
     inputs=None,
     seed: int | None = None,
     chunk_bytes: int | None = None,
+    remedies: bool | None = None,
+    apply: bool | None = None,
+    output=None,
+    overwrite: bool | None = None,
+    max_trials: int | None = None,
 ) -> LocateReport:
-    """`locate` with the candidate a TensorRT engine of `model` converted to `precision`."""
+    """`locate` with the candidate a TensorRT engine of `model` converted to `precision`; the
+    remedy search (unless `remedies=False`) builds one engine per trial."""
     require_polygraphy_trt()
     if precision is None:
         raise UsageError("--backend tensorrt locates MODEL converted by --precision; pass it")
@@ -193,7 +213,7 @@ def locate_tensorrt(
             "no debug tensor matched an ONNX tensor name: localised by differential "
             "rebuilds instead"
         )
-        compute = [s.node for s in plan.sites if s.op_type not in DATA_MOVEMENT]
+        compute = [s.node for s in plan.sites if policy.is_compute(s.op_type)]
 
         def passes(keep: Sequence[str]) -> bool:
             candidate = build_candidate(reference.model, precision=precision, keep=list(keep))
@@ -214,7 +234,7 @@ def locate_tensorrt(
     if engine.unmatched:
         notes.append(f"{engine.unmatched} debug tensor(s) carried TensorRT-internal names")
     folder.cleanup()
-    return LocateReport(
+    report = LocateReport(
         reference=f"onnxruntime (CPU, float32) on {reference.path}",
         candidate=f"TensorRT (polygraphy) on MODEL converted to {precision}",
         precision=precision,
@@ -226,4 +246,24 @@ def locate_tensorrt(
         chunks=1,
         seconds_localise=time.perf_counter() - start,
         notes=tuple(notes),
+    )
+    if not diverges or remedies is False or not suspects:
+        return report
+    runner = TensorRTTrialRunner(
+        reference.model,
+        precision=precision,
+        feeds=data.feeds,
+        reference_outputs=ref_out,
+        tolerance=tolerance,
+    )
+    return with_remedies(
+        report,
+        reference.model,
+        suspects,
+        errors,
+        runner,
+        max_trials=max_trials or 16,
+        apply=apply,
+        output=output,
+        overwrite=overwrite,
     )
