@@ -196,5 +196,3 @@ def _fresh(taken: set[str], base: str) -> str:
         name, n = f"{base}_{n}", n + 1
     taken.add(name)
     return name
-
-
