@@ -8,6 +8,7 @@ protobuf rather than onnx-graphsurgeon: gs loads every tensor's values to build 
 from __future__ import annotations
 
 import functools
+import math
 import mmap
 import os
 import threading
@@ -99,7 +100,7 @@ def external_source(tensor: onnx.TensorProto, base_dir: Path | None) -> TensorSo
         )
     file = base_dir / info["location"]
     offset = int(info.get("offset", 0))
-    count = int(np.prod(tensor.dims, dtype=np.int64))
+    count = math.prod(tensor.dims)
     length = int(info["length"]) if "length" in info else 4 * count
     return TensorSource(file, offset, length)
 
@@ -121,9 +122,7 @@ def max_abs(tensor: onnx.TensorProto, base_dir: Path | None) -> float:
 
 def deferred_check(tensor: onnx.TensorProto) -> bool:
     """Whether `tensor`'s range is checked while it is streamed rather than before."""
-    return (
-        is_external(tensor) and 4 * int(np.prod(tensor.dims, dtype=np.int64)) > DEFERRED_CHECK_BYTES
-    )
+    return is_external(tensor) and 4 * math.prod(tensor.dims) > DEFERRED_CHECK_BYTES
 
 
 def convert_in_memory(tensor: onnx.TensorProto, to: str, name: str) -> onnx.TensorProto:
@@ -238,7 +237,7 @@ class Streamer:
             self._reserve(offset + external_source(tensor, self.base_dir).length)
             self._copy(tensor)
         else:
-            self._reserve(offset + 2 * int(np.prod(tensor.dims, dtype=np.int64)))
+            self._reserve(offset + 2 * math.prod(tensor.dims))
             self._convert(tensor, to)
         del out.external_data[:]
         out.ClearField("raw_data")
