@@ -11,19 +11,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from graphfix.attention.matcher import scan_attention
-from graphfix.attention.rewrite import fix_attention
-from graphfix.attention.strategies import DEFAULT_STRATEGY, STRATEGIES
-from graphfix.attention.table import match_table
-from graphfix.cli import locate as cli_locate
-from graphfix.cli import plugins as cli_plugins
-from graphfix.cli import precision as cli_precision
-from graphfix.cli import qdq as cli_qdq
-from graphfix.cli import validate as cli_validate
 from graphfix.cli.options import Option, add_options, api_kwargs
 from graphfix.errors import GraphfixError, SelectionError
-from graphfix.model_io import check_output_path, load_model, save_model
-from graphfix.plugins.reference import has_plugin_ops
+
+# A command's modules load when it runs (and its parser is built only for it, see `main`):
+# `graphfix precision` starts without the rewrite strategies' tables, validation, locate or the
+# Q/DQ lint.
 
 
 def _parse_select(text: str) -> list[int | str]:
@@ -42,32 +35,38 @@ def _parse_select(text: str) -> list[int | str]:
     return parts
 
 
-FIX_OPTIONS = (
-    Option(
-        ("--strategy", "-s"),
-        "strategy",
-        f"how to break each chain (default {DEFAULT_STRATEGY}): "
-        + "; ".join(f"{name}: {s.summary}" for name, s in STRATEGIES.items()),
-        {"choices": tuple(STRATEGIES)},
-    ),
-    Option(
-        ("--select",),
-        "select",
-        "comma-separated selectors: block indices, attention:N, node names, re:REGEX, "
-        "op:OpType; a block is rewritten when picked by index or through its Softmax node "
-        "(default: every block)",
-        convert=_parse_select,
-    ),
-    Option(
-        ("--decompose-attention",),
-        "decompose_attention_ops",
-        "decompose ONNX Attention ops (opset 23+) into the explicit chain, then rewrite them",
-        {"action": "store_const", "const": True},
-    ),
-)
+def _fix_options() -> tuple[Option, ...]:
+    from graphfix.attention.strategies import DEFAULT_STRATEGY, STRATEGIES
+
+    return (
+        Option(
+            ("--strategy", "-s"),
+            "strategy",
+            f"how to break each chain (default {DEFAULT_STRATEGY}): "
+            + "; ".join(f"{name}: {s.summary}" for name, s in STRATEGIES.items()),
+            {"choices": tuple(STRATEGIES)},
+        ),
+        Option(
+            ("--select",),
+            "select",
+            "comma-separated selectors: block indices, attention:N, node names, re:REGEX, "
+            "op:OpType; a block is rewritten when picked by index or through its Softmax node "
+            "(default: every block)",
+            convert=_parse_select,
+        ),
+        Option(
+            ("--decompose-attention",),
+            "decompose_attention_ops",
+            "decompose ONNX Attention ops (opset 23+) into the explicit chain, then rewrite them",
+            {"action": "store_const", "const": True},
+        ),
+    )
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    from graphfix.attention.matcher import scan_attention
+    from graphfix.attention.table import match_table
+
     scan = scan_attention(args.model)
     if args.json:
         import dataclasses
@@ -106,11 +105,15 @@ def _strict_json(value: object) -> object:
 
 
 def _cmd_fix(args: argparse.Namespace) -> int:
+    from graphfix.attention.rewrite import fix_attention
+    from graphfix.model_io import check_output_path, load_model, save_model
+    from graphfix.plugins.reference import has_plugin_ops
+
     source = Path(args.model)
     out = Path(args.output)
     loaded = load_model(source, load_weights=False, reference_embedded=True)
     check_output_path(loaded.model, args.output, source=loaded.path, overwrite=args.overwrite)
-    result = fix_attention(loaded, **api_kwargs(args, FIX_OPTIONS))
+    result = fix_attention(loaded, **api_kwargs(args, _fix_options()))
     report = result.report
     lines = [report.summary()]
     saved = None
@@ -184,7 +187,20 @@ class _OneLineErrorParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+_COMMANDS = ("inspect", "fix", "demo", "precision", "validate", "locate", "plugins", "qdq")
+_MODULES = {
+    name: f"graphfix.cli.{name}" for name in ("precision", "validate", "locate", "plugins", "qdq")
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The `graphfix` parser; `only`: build just that command's subparser (what `main` does
+    when the command word is known: the others' choices need their modules imported)."""
+    import importlib
+
+    def wanted(name: str) -> bool:
+        return only is None or only == name
+
     parser = _OneLineErrorParser(
         prog="graphfix",
         description="Rewrite ONNX attention chains so TensorRT cannot fuse them into inaccurate kernels.",
@@ -195,62 +211,72 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"graphfix {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    inspect = sub.add_parser("inspect", help="list the attention blocks graphfix finds")
-    inspect.add_argument("model", help="path to an .onnx file")
-    inspect.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    inspect.set_defaults(func=_cmd_inspect)
+    if wanted("inspect"):
+        inspect = sub.add_parser("inspect", help="list the attention blocks graphfix finds")
+        inspect.add_argument("model", help="path to an .onnx file")
+        inspect.add_argument("--json", action="store_true", help="print machine-readable JSON")
+        inspect.set_defaults(func=_cmd_inspect)
 
-    fix = sub.add_parser("fix", help="rewrite attention blocks and save the fixed model")
-    fix.add_argument("model", help="path to an .onnx file")
-    fix.add_argument("-o", "--output", required=True, help="where to write the fixed .onnx")
-    add_options(fix, FIX_OPTIONS)
-    fix.add_argument(
-        "--overwrite",
-        action="store_true",
-        default=None,
-        help="allow replacing an existing file (or the input)",
-    )
-    fix.add_argument(
-        "--clone-weights",
-        "--link-weights",
-        dest="link_weights",
-        action="store_true",
-        default=None,
-        help="clone external weight files into another output folder (copy-on-write: no extra "
-        "disk space; needs btrfs, XFS with reflinks or similar) instead of copying them",
-    )
-    fix.add_argument(
-        "--always-write",
-        action="store_true",
-        help="write the model even when nothing was rewritten",
-    )
-    fix.add_argument("--json", action="store_true", help="print the report as JSON")
-    fix.set_defaults(func=_cmd_fix)
+    if wanted("fix"):
+        fix = sub.add_parser("fix", help="rewrite attention blocks and save the fixed model")
+        fix.add_argument("model", help="path to an .onnx file")
+        fix.add_argument("-o", "--output", required=True, help="where to write the fixed .onnx")
+        add_options(fix, _fix_options())
+        fix.add_argument(
+            "--overwrite",
+            action="store_true",
+            default=None,
+            help="allow replacing an existing file (or the input)",
+        )
+        fix.add_argument(
+            "--clone-weights",
+            "--link-weights",
+            dest="link_weights",
+            action="store_true",
+            default=None,
+            help="clone external weight files into another output folder (copy-on-write: no extra "
+            "disk space; needs btrfs, XFS with reflinks or similar) instead of copying them",
+        )
+        fix.add_argument(
+            "--always-write",
+            action="store_true",
+            help="write the model even when nothing was rewritten",
+        )
+        fix.add_argument("--json", action="store_true", help="print the report as JSON")
+        fix.set_defaults(func=_cmd_fix)
 
-    demo = sub.add_parser("demo", help="run inspect → fix → validate on a built-in example model")
-    demo.add_argument(
-        "--dir",
-        default="graphfix-demo",
-        help="folder for the demo's files (default ./graphfix-demo)",
-    )
-    demo.add_argument(
-        "--overwrite",
-        action="store_true",
-        default=None,
-        help="replace the demo's files from an earlier run",
-    )
-    demo.set_defaults(func=_cmd_demo)
+    if wanted("demo"):
+        demo = sub.add_parser(
+            "demo", help="run inspect → fix → validate on a built-in example model"
+        )
+        demo.add_argument(
+            "--dir",
+            default="graphfix-demo",
+            help="folder for the demo's files (default ./graphfix-demo)",
+        )
+        demo.add_argument(
+            "--overwrite",
+            action="store_true",
+            default=None,
+            help="replace the demo's files from an earlier run",
+        )
+        demo.set_defaults(func=_cmd_demo)
 
-    cli_precision.register(sub)
-    cli_validate.register(sub)
-    cli_locate.register(sub)
-    cli_plugins.register(sub)
-    cli_qdq.register(sub)
+    for name, module in _MODULES.items():
+        if wanted(name):
+            importlib.import_module(module).register(sub)
     return parser
 
 
+def _command_word(argv: Sequence[str]) -> str | None:
+    """The command `argv` names, when its first word that is not an option is one."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    return word if word in _COMMANDS else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(only=_command_word(argv))
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

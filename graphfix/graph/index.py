@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -180,7 +181,7 @@ class GraphIndex:
         model.graph.input.extend(self._outer_value_infos())  # a body's outer-scope reads, typed
         for tensor in self.graph.initializer:
             target = model.graph.initializer.add()
-            count = int(np.prod(tensor.dims)) if tensor.dims else 1
+            count = math.prod(tensor.dims)  # np.prod costs ~10 µs a call
             if count > _MAX_FOLD_ELEMENTS:
                 target.name, target.data_type = tensor.name, tensor.data_type
                 target.dims.extend(tensor.dims)
@@ -351,7 +352,7 @@ class GraphIndex:
         return np.array(values, dtype=np.int64).reshape(np.shape(picked))
 
     def _initializer_value(self, tensor: onnx.TensorProto) -> np.ndarray | None:
-        count = int(np.prod(tensor.dims)) if tensor.dims else 1
+        count = math.prod(tensor.dims)  # np.prod costs ~10 µs a call
         if count > _MAX_FOLD_ELEMENTS:
             return None
         if tensor.data_location == onnx.TensorProto.EXTERNAL and not tensor.HasField("raw_data"):
