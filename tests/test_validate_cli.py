@@ -234,8 +234,8 @@ def test_plugins_with_the_onnxruntime_backend_is_refused(models, tmp_path, capsy
     assert code == 2 and "--backend onnxruntime runs graphfix's reference ops" in err
 
 
-def test_out_of_range_values_are_one_line_without_onnxruntimes_log(tmp_path, capfd):
-    table = onnx.numpy_helper.from_array(np.ones((10, 3), np.float32), "table")
+def _gather_model(path, rows: int):
+    table = onnx.numpy_helper.from_array(np.ones((rows, 3), np.float32), "table")
     graph = helper.make_graph(
         [helper.make_node("Gather", ["table", "ids"], ["y"], name="lookup")],
         "gather",
@@ -243,13 +243,31 @@ def test_out_of_range_values_are_one_line_without_onnxruntimes_log(tmp_path, cap
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])],
         [table],
     )
-    path = tmp_path / "gather.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_out_of_range_values_exit_2_in_one_line_without_onnxruntimes_log(tmp_path, capfd):
+    """Inputs the original refuses are the inputs' fault (exit 2), not the environment's (3)."""
+    path = _gather_model(tmp_path / "gather.onnx", rows=10)
     code = main(["validate", str(path), str(path), "--range", "ids:0:50", "--seed", "1"])
     _, err = capfd.readouterr()  # file-descriptor level: onnxruntime logs from C++
-    assert code == 3
+    assert code == 2
     assert err.startswith("graphfix: error: onnxruntime failed to run") and "idx=" in err
+    assert "check --shape/--range/--inputs" in err
     assert "\x1b[" not in err and "[E:onnxruntime" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_candidate_refusing_inputs_the_original_ran_on_fails_the_check(tmp_path, capfd):
+    """Same inputs, the original runs them and the candidate cannot: the candidate is broken."""
+    original = _gather_model(tmp_path / "gather.onnx", rows=64)
+    candidate = _gather_model(tmp_path / "short.onnx", rows=10)
+    code = main(["validate", str(original), str(candidate), "--range", "ids:0:50", "--seed", "1"])
+    _, err = capfd.readouterr()
+    assert code == 1
+    assert err.startswith("graphfix: error: the candidate refused inputs the original ran on")
+    assert "short.onnx" in err and "check --shape" not in err
     assert len(err.strip().splitlines()) == 1
 
 

@@ -24,10 +24,11 @@ import numpy as np
 import onnx
 
 from graphfix.attention.matcher import find_attention
+from graphfix.errors import CheckFailed
 from graphfix.jsonable import plain
 from graphfix.model_io import LoadedModel, ModelArg, load_model
 from graphfix.plugins.spec import PLUGIN_DOMAIN
-from graphfix.validation.backends import BackendError, Runner
+from graphfix.validation.backends import BackendError, InputsRejected, Runner
 from graphfix.validation.backends.tensorrt_backend import (
     PRECISIONS,
     EngineOptions,
@@ -285,8 +286,11 @@ def _run(plan: ValidationPlan) -> ValidationReport:
     reference_runner = _runner(plan, plan.reference, "original", backend=Backend.ONNXRUNTIME)
     candidate_runner = _runner(plan, plan.candidate, "candidate", backend=plan.backend.name)
     feeds = plan.inputs.feeds
-    reference_outputs = reference_runner.infer(feeds)
-    candidate_outputs = candidate_runner.infer(feeds)
+    reference_outputs = reference_runner.infer(feeds)  # InputsRejected here: the inputs' fault
+    try:
+        candidate_outputs = candidate_runner.infer(feeds)
+    except InputsRejected as exc:  # the original ran on these inputs: the candidate is broken
+        raise CheckFailed(f"the candidate refused inputs the original ran on: {exc.what}") from exc
     missing = [name for name in reference_outputs if name not in candidate_outputs]
     if missing:
         raise BackendError(

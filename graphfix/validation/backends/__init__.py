@@ -7,7 +7,7 @@ Each backend module offers a runner with `description` and `infer(feeds) -> {out
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -16,6 +16,19 @@ from graphfix.errors import EnvironmentProblem
 
 class BackendError(EnvironmentProblem):
     """A backend cannot load, build or run a model (the CLI exits with code 3)."""
+
+
+class InputsRejected(BackendError):
+    """The model refused the inputs it was run on (onnxruntime's INVALID_ARGUMENT at run time:
+    an index out of range, a shape the graph cannot take).  `validate` decides whose fault that
+    is: the inputs' (exit 2) when the original refused them, the candidate's (a failed check,
+    exit 1) when the original ran on them."""
+
+    exit_code: ClassVar[int] = 2
+
+    def __init__(self, what: str, hint: str) -> None:
+        super().__init__(f"{what}; {hint}")
+        self.what = what
 
 
 class Runner(Protocol):

@@ -19,7 +19,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 from graphfix.model_io import LoadedModel, fits_protobuf
 from graphfix.plugins.reference import with_reference_ops
 from graphfix.plugins.spec import PLUGIN_DOMAIN
-from graphfix.validation.backends import BackendError
+from graphfix.validation.backends import BackendError, InputsRejected
 from graphfix.validation.inputs import cast_feeds, input_specs
 
 _ORT_ERRORS = (
@@ -91,10 +91,11 @@ class OnnxRuntimeRunner:
             values = self.session.run(names, cast_feeds(feeds, self.specs), quiet)
         except _ORT_ERRORS as exc:
             shapes = ", ".join(f"{k} {list(v.shape)} {v.dtype}" for k, v in feeds.items())
-            raise BackendError(
-                f"onnxruntime failed to run {self.label} on inputs {shapes}: {_one_line(exc)}; "
-                "check --shape/--range/--inputs against what the model expects"
-            ) from exc
+            what = f"onnxruntime failed to run {self.label} on inputs {shapes}: {_one_line(exc)}"
+            hint = "check --shape/--range/--inputs against what the model expects"
+            if isinstance(exc, ort_state.InvalidArgument):
+                raise InputsRejected(what, hint) from exc
+            raise BackendError(f"{what}; {hint}") from exc
         outputs = {}
         for name, value in zip(names, values, strict=True):
             if not isinstance(value, np.ndarray):
