@@ -1,7 +1,7 @@
 """`convert_precision`: a float32 model in float16 or bfloat16, with float32 islands where needed.
 
 The steps, one module each: fuse decomposed norms (norms.py); find constants beyond the target's
-range; plan the float32 islands and say why (islands.py, policy.py); optionally rewrite attention
+range, and among them the attention masks' fill values to lower (mask_fill.py); plan the float32 islands and say why (islands.py, policy.py); optionally rewrite attention
 blocks that must stay float32 with a plugin strategy; apply the plan (apply.py: Casts at island
 borders, retyped attributes and values); write each initializer once (initializers.py, weights
 on disk streamed); report (report.py, census.py).
@@ -28,6 +28,7 @@ from graphfix.precision.apply import PlanApplier
 from graphfix.precision.census import precision_census
 from graphfix.precision.initializers import place_weights
 from graphfix.precision.islands import FLOAT, Forced, Plan, Planner, islands_of
+from graphfix.precision.mask_fill import MaskFill, find_mask_fills, lower_mask_fills
 from graphfix.precision.norm_types import NormKind
 from graphfix.precision.norms import UnfusedNorm
 from graphfix.precision.policy import Reason
@@ -133,7 +134,15 @@ def _convert(loaded: LoadedModel, options: _Options, known: dict[str, float]) ->
     scan = scan_graph(index)
     user_keys = _user_keep(work, keep, scan.matches)
     planner = Planner(index, scan.matches, inputs_float32=keep_io_types)
-    plan = planner.plan(_forced(planner, index, out_of_range, unfused, user_keys, to))
+    beyond = out_of_range
+    fills = find_mask_fills(index, scan.matches, beyond, to)
+    while True:  # a fill is lowered only where its chains then run in the target type
+        out_of_range = {k: v for k, v in beyond.items() if k not in fills}
+        plan = planner.plan(_forced(planner, index, out_of_range, unfused, user_keys, to))
+        stuck = {n for n, f in fills.items() if set(f.blocks) & set(plan.blocks_high)}
+        if not stuck:
+            break
+        fills = {n: f for n, f in fills.items() if n not in stuck}
     blocks_total = len(scan.matches)
     rewritten: tuple[int, ...] = ()
     if attention_strategy is not None and plan.blocks_high:
@@ -144,6 +153,7 @@ def _convert(loaded: LoadedModel, options: _Options, known: dict[str, float]) ->
         planner = Planner(index, scan_graph(index).matches, inputs_float32=keep_io_types)
         plan = planner.plan(_forced(planner, index, out_of_range, unfused, user_keys, to))
 
+    lower_mask_fills(work, fills, base_dir)
     rewrite = PlanApplier(
         work,
         index,
@@ -165,6 +175,7 @@ def _convert(loaded: LoadedModel, options: _Options, known: dict[str, float]) ->
         rewritten=rewritten,
         attention_strategy=attention_strategy,
         norms_note=norms_note,
+        mask_fills=tuple(fills.values()),
     )
     result = PrecisionResult(model=work, report=report, source=source)
     if source is not None and external_data is None:
@@ -331,6 +342,7 @@ def _report(
     rewritten: tuple[int, ...],
     attention_strategy: str | None,
     norms_note: str,
+    mask_fills: tuple[MaskFill, ...],
 ) -> PrecisionReport:
     plan = rewrite.plan
     islands: list[Island] = []
@@ -370,4 +382,5 @@ def _report(
         attention_strategy=attention_strategy,
         norms=norms_note,
         saturated=tuple(rewrite.saturated),
+        mask_fills=mask_fills,
     )
