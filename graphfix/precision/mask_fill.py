@@ -70,6 +70,8 @@ def find_mask_fills(
     }
     found: dict[str, MaskFill] = {}
     for name in out_of_range:
+        if name in index.graph_inputs:
+            continue  # an initializer the caller may feed: its default is not ours to change
         readers = _readers(index, name, adds)
         if not readers:
             continue
@@ -159,8 +161,9 @@ def _values(index: GraphIndex, name: str) -> np.ndarray | None:
     if tensor is not None:
         if tensor.data_type != onnx.TensorProto.FLOAT or math.prod(tensor.dims) > _MAX_ELEMENTS:
             return None
-        base = index.base_dir
-        return numpy_helper.to_array(tensor, str(base) if base else "")
+        if weights.is_external(tensor) and index.base_dir is None:
+            return None
+        return numpy_helper.to_array(tensor, str(index.base_dir or ""))
     producer = index.producer_of(name)
     if producer is None or producer.op_type != "Constant":
         return None
