@@ -1,8 +1,9 @@
 """`convert_precision`: a float32 model in float16 or bfloat16, with float32 islands where needed.
 
 The steps, one module each: fuse decomposed norms (norms.py); find constants beyond the target's
-range, and among them the attention masks' fill values to lower (mask_fill.py); plan the float32 islands and say why (islands.py, policy.py); optionally rewrite attention
-blocks that must stay float32 with a plugin strategy; apply the plan (apply.py: Casts at island
+range, and among them the attention masks' fills to lower (mask_fill.py); plan the float32
+islands and say why (islands.py, policy.py); optionally rewrite attention blocks that must stay
+float32 with a plugin strategy; apply the plan (apply.py: Casts at island
 borders, retyped attributes and values); write each initializer once (initializers.py, weights
 on disk streamed); report (report.py, census.py).
 """
@@ -23,7 +24,7 @@ from graphfix.attention.matcher import scan_graph
 from graphfix.errors import UsageError
 from graphfix.graph.index import GraphIndex
 from graphfix.model_io import LoadedModel, load_model
-from graphfix.precision import weights
+from graphfix.precision import norms, weights
 from graphfix.precision.apply import PlanApplier
 from graphfix.precision.census import precision_census
 from graphfix.precision.initializers import place_weights
@@ -134,15 +135,15 @@ def _convert(loaded: LoadedModel, options: _Options, known: dict[str, float]) ->
     scan = scan_graph(index)
     user_keys = _user_keep(work, keep, scan.matches)
     planner = Planner(index, scan.matches, inputs_float32=keep_io_types)
-    beyond = out_of_range
-    fills = find_mask_fills(index, scan.matches, beyond, to)
+    fills = find_mask_fills(index, scan.matches, out_of_range, to)
     while True:  # a fill is lowered only where its chains then run in the target type
-        out_of_range = {k: v for k, v in beyond.items() if k not in fills}
-        plan = planner.plan(_forced(planner, index, out_of_range, unfused, user_keys, to))
+        kept = {k: v for k, v in out_of_range.items() if k not in fills}
+        plan = planner.plan(_forced(planner, index, kept, unfused, user_keys, to))
         stuck = {n for n, f in fills.items() if set(f.blocks) & set(plan.blocks_high)}
         if not stuck:
             break
         fills = {n: f for n, f in fills.items() if n not in stuck}
+    out_of_range = kept
     blocks_total = len(scan.matches)
     rewritten: tuple[int, ...] = ()
     if attention_strategy is not None and plan.blocks_high:
@@ -186,9 +187,7 @@ def _convert(loaded: LoadedModel, options: _Options, known: dict[str, float]) ->
 # --- inputs to the plan ------------------------------------------------------------------------
 def _fuse_norms(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str, tuple[UnfusedNorm, ...]]:
     """Fuse decomposed norms; the norms left unfused come back to become float32 islands."""
-    from graphfix.precision.norms import fuse_norms
-
-    result = fuse_norms(model)
+    result = norms.fuse_norms(model)
     summary = result.report.summary()
     return result.model, summary.splitlines()[0], result.report.unfused
 
@@ -207,7 +206,7 @@ def _unfused_float32(norm: UnfusedNorm, to: str) -> tuple[tuple[str, ...], str]:
     root = math.sqrt(norm.epsilon)
     if root < weights.SMALLEST_NORMAL[to] or 1 / root > weights.LIMITS[to]:
         return norm.nodes, f"{why}; ε = {norm.epsilon:.3g} too small to normalise in {to}"
-    return norm.overflow, f"x², its mean, + ε and the root overflow {to} ({why})"
+    return norm.overflow, f"RMSNorm statistics (x² overflows {to}; x / rms runs in {to}), {why}"
 
 
 def _out_of_range(index: GraphIndex, base_dir: Path | None, to: str) -> dict[str, float]:

@@ -48,7 +48,7 @@ class MaskFill:
     """A mask constant whose fill value was lowered to the target type's lowest value."""
 
     tensor: str
-    fill: float  # the most negative value it held (float32 lowest)
+    fill: float  # the most negative finite value it held (float32 lowest)
     lowered_to: float  # the target type's lowest finite value
     blocks: tuple[int, ...]  # attention blocks (as `graphfix inspect` numbers them) reading it
     readers: tuple[str, ...]  # the chains' mask Add nodes
@@ -86,7 +86,7 @@ def find_mask_fills(
         blocks = sorted({adds[node][0].index for node, _ in readers})
         found[name] = MaskFill(
             tensor=name,
-            fill=float(np.min(values)),
+            fill=float(np.min(values[np.isfinite(values)])),
             lowered_to=-limit,
             blocks=tuple(blocks),
             readers=tuple(sorted({node for node, _ in readers})),
@@ -94,9 +94,12 @@ def find_mask_fills(
     return found
 
 
-def lower_mask_fills(model: onnx.ModelProto, fills: dict[str, MaskFill], base_dir: Path | None):
-    """Replace each fill's values below its `lowered_to` by it, in `model` (the caller's copy):
-    an initializer (read into memory when it was external) or a Constant node's value."""
+def lower_mask_fills(
+    model: onnx.ModelProto, fills: dict[str, MaskFill], base_dir: Path | None
+) -> None:
+    """Replace each fill's finite values below its `lowered_to` by it, in `model` (the caller's
+    copy): an initializer (read into memory when it was external) or a Constant node's value.
+    -inf stays -inf: the target type holds it."""
     graph = model.graph
     for tensor in graph.initializer:
         fill = fills.get(tensor.name)
@@ -113,13 +116,14 @@ def lower_mask_fills(model: onnx.ModelProto, fills: dict[str, MaskFill], base_di
                     numpy_helper.from_array(_lowered(numpy_helper.to_array(attr.t), fill))
                 )
             elif attr.name == "value_float":
-                attr.f = max(attr.f, fill.lowered_to)
+                attr.f = float(_lowered(np.array(attr.f, np.float32), fill))
             elif attr.name == "value_floats":
-                attr.floats[:] = [max(v, fill.lowered_to) for v in attr.floats]
+                attr.floats[:] = _lowered(np.array(attr.floats, np.float32), fill).tolist()
 
 
 def _lowered(values: np.ndarray, fill: MaskFill) -> np.ndarray:
-    return np.maximum(values, np.float32(fill.lowered_to)).astype(np.float32)
+    lowest = np.float32(fill.lowered_to)
+    return np.where(np.isfinite(values) & (values < lowest), lowest, values).astype(np.float32)
 
 
 def _readers(
