@@ -532,6 +532,30 @@ def test_unfused_rmsnorm_keeps_only_its_statistics_float32(inverse, gemma):
     np.testing.assert_allclose(got, expected, rtol=1e-2, atol=1e-2)
 
 
+def test_rmsnorm_fused_at_opset_23_has_no_float32_node():
+    """Asked for opset 23, the same norm is one RMSNormalization (statistics in float32 inside,
+    stash_type) that runs in float16; the torch interpreter's RMSNormalization matches
+    onnxruntime's on the float32 model first."""
+    from norm_graphs import NormGraph
+
+    from graphfix.precision.census import precision_census
+    from graphfix.precision.norms import fuse_norms
+
+    model = NormGraph(kind="rms", opset=18, inverse="reciprocal").build()
+    fused = fuse_norms(model, opset=23).model
+    assert [n.op_type for n in fused.graph.node] == ["RMSNormalization"]
+    x = (400 * RNG.standard_normal((2, 3, 8))).astype(np.float32)
+    expected = _run(model, {"x": x})[0]
+    evaluator = _torch_eval()
+    np.testing.assert_allclose(evaluator.run_model(fused, {"x": x}, "cpu")[0], expected, rtol=1e-5)
+    result = convert_precision(fused)
+    assert result.report.islands == ()
+    assert precision_census(result.model).float32 == 0
+    np.testing.assert_allclose(_run(result.model, {"x": x})[0], expected, rtol=1e-2, atol=1e-2)
+    (got,) = evaluator.run_model(result.model, {"x": x}, "cpu")
+    np.testing.assert_allclose(got, expected, rtol=1e-2, atol=1e-2)
+
+
 def test_unfused_rmsnorm_input_is_cast_up_once_at_the_island():
     from norm_graphs import NormGraph
 
