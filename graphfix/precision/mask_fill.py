@@ -97,9 +97,11 @@ def find_mask_fills(
 def lower_mask_fills(
     model: onnx.ModelProto, fills: dict[str, MaskFill], base_dir: Path | None
 ) -> None:
-    """Replace each fill's finite values below its `lowered_to` by it, in `model` (the caller's
-    copy): an initializer (read into memory when it was external) or a Constant node's value.
-    -inf stays -inf: the target type holds it."""
+    """Replace each fill's values below its `lowered_to` by it, in `model` (the caller's copy):
+    an initializer (read into memory when it was external) or a Constant node's value.  A -inf
+    in it becomes the lowest value too, as `PlanApplier._saturate`'s Clip makes it: read through
+    data movement, the chain then sees what it saw before; read directly, every row keeps a key,
+    and exp(-inf) and exp(lowest − a score) are both 0."""
     graph = model.graph
     for tensor in graph.initializer:
         fill = fills.get(tensor.name)
@@ -122,8 +124,7 @@ def lower_mask_fills(
 
 
 def _lowered(values: np.ndarray, fill: MaskFill) -> np.ndarray:
-    lowest = np.float32(fill.lowered_to)
-    return np.where(np.isfinite(values) & (values < lowest), lowest, values).astype(np.float32)
+    return np.maximum(values, np.float32(fill.lowered_to)).astype(np.float32)
 
 
 def _readers(
