@@ -41,6 +41,7 @@ class NormGraph:
     mean_of: str = "x"  # "y": the mean subtracted is another input's
     bias_input: bool = False  # β is a graph input, not a constant
     x_shape: tuple[int | str, ...] = X_SHAPE
+    epsilon: float = 1e-5
     nodes: list[onnx.NodeProto] = field(default_factory=list, init=False)
     inits: list[onnx.TensorProto] = field(default_factory=list, init=False)
 
@@ -82,7 +83,7 @@ class NormGraph:
         else:
             sq = self._node("Mul", [centred, centred], "sq")
         var = self._reduce(sq, "var", self.var_axes or self.axes)
-        eps = self._const("eps", np.full(self.eps_shape, 1e-5, dtype=np_wide))
+        eps = self._const("eps", np.full(self.eps_shape, self.epsilon, dtype=np_wide))
         with_eps = self._node("Add", [var, eps], "with_eps")
         top = centred if self.numerator == "centred" else core_x
         if self.inverse == "pow_half":

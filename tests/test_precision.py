@@ -481,45 +481,242 @@ def test_bfloat16_structure_and_rounding():
     assert types["a"] == BF16 and types["y"] == F32
 
 
-def test_norms_left_unfused_by_fuse_norms_become_islands(monkeypatch):
-    import sys
-    import types
-    from dataclasses import dataclass
+def _torch_eval():
+    pytest.importorskip("torch")
+    import importlib.util
+    from pathlib import Path
 
-    @dataclass(frozen=True)
-    class Unfused:
-        nodes: tuple[str, ...]
-        reason: str
+    path = Path(__file__).resolve().parents[1] / "tools" / "torch_onnx_eval.py"
+    spec = importlib.util.spec_from_file_location("torch_onnx_eval", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-    @dataclass(frozen=True)
-    class Report:
-        unfused: tuple[Unfused, ...]
 
-        def summary(self) -> str:
-            return "fused 0 norm(s); 1 left unfused"
+def _node_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Node name → the element type of its first output."""
+    types = _types(model)
+    return {n.name: types.get(n.output[0]) for n in model.graph.node if n.name}
 
-    @dataclass(frozen=True)
-    class Result:
-        model: onnx.ModelProto
-        report: Report
 
-    fake = types.ModuleType("graphfix.precision.norms")
-    fake.fuse_norms = lambda model: Result(
-        model, Report((Unfused(("tanh1",), "RMSNorm below opset 23"),))
-    )
-    monkeypatch.setitem(sys.modules, "graphfix.precision.norms", fake)
-    import graphfix.precision
+@pytest.mark.parametrize("inverse", ["div", "reciprocal", "div_one", "pow_half"])
+@pytest.mark.parametrize("gemma", [False, True])
+def test_unfused_rmsnorm_keeps_only_its_statistics_float32(inverse, gemma):
+    """Below opset 23 an RMSNorm stays decomposed: x², its mean, + ε and the root run in float32
+    (x² overflows float16 from |x| = 256), x / rms (LLaMA, T5's x · (1 / rms), the exporters'
+    Reciprocal and Pow −0.5 forms) and the scale (Gemma's 1 + w) in float16."""
+    from norm_graphs import NormGraph
 
-    monkeypatch.setattr(graphfix.precision, "norms", fake, raising=False)
-    result = convert_precision(_chain("Relu", "Tanh", "Relu"))
+    from graphfix.precision.census import precision_census
+
+    model = NormGraph(kind="rms", opset=18, inverse=inverse, gemma=gemma).build()
+    result = convert_precision(model)
+    root = "n_inv" if inverse == "pow_half" else "n_root"
     (island,) = result.report.islands
-    assert island.nodes == ("tanh1",)
-    assert island.reasons[0].reason is Reason.NORM and "opset 23" in island.reasons[0].detail
-    assert result.report.norms == "fused 0 norm(s); 1 left unfused"
-    assert convert_precision(_chain("Relu", "Tanh", "Relu"), fuse_norms=False).report.islands == ()
+    assert set(island.nodes) == {"n_sq", "n_var", "n_with_eps", root}
+    (why,) = island.reasons
+    assert why.reason is Reason.NORM and "RMSNormalization needs opset 23" in why.detail
+    assert (island.casts_in, island.casts_out) == (0, 1)  # x is a float32 input: no Cast up
+    types = _node_types(result.model)
+    low = {"n_normed", "n_scaled"} | ({"n_inv"} if inverse in ("reciprocal", "div_one") else set())
+    assert {types[n] for n in low} == {F16}
+    assert {types[n] for n in island.nodes} == {F32}
+    # the census counts the island's four nodes float32, the normalisation and scale float16
+    census = precision_census(result.model)
+    assert census.float32 == 4 and census.compute == 4 + len(low) + gemma
+    # |x| ~ 400: x² (1.6e5) overflows float16; rms does not
+    x = (400 * RNG.standard_normal((2, 3, 8))).astype(np.float32)
+    expected = _run(model, {"x": x})[0]
+    np.testing.assert_allclose(_run(result.model, {"x": x})[0], expected, rtol=1e-2, atol=1e-2)
+    (got,) = _torch_eval().run_model(result.model, {"x": x}, "cpu")
+    np.testing.assert_allclose(got, expected, rtol=1e-2, atol=1e-2)
+
+
+def test_rmsnorm_fused_at_opset_23_has_no_float32_node():
+    """Asked for opset 23, the same norm is one RMSNormalization (statistics in float32 inside,
+    stash_type) that runs in float16; the torch interpreter's RMSNormalization matches
+    onnxruntime's on the float32 model first."""
+    from norm_graphs import NormGraph
+
+    from graphfix.precision.census import precision_census
+    from graphfix.precision.norms import fuse_norms
+
+    model = NormGraph(kind="rms", opset=18, inverse="reciprocal").build()
+    fused = fuse_norms(model, opset=23).model
+    assert [n.op_type for n in fused.graph.node] == ["RMSNormalization"]
+    x = (400 * RNG.standard_normal((2, 3, 8))).astype(np.float32)
+    expected = _run(model, {"x": x})[0]
+    evaluator = _torch_eval()
+    np.testing.assert_allclose(evaluator.run_model(fused, {"x": x}, "cpu")[0], expected, rtol=1e-5)
+    result = convert_precision(fused)
+    assert result.report.islands == ()
+    assert precision_census(result.model).float32 == 0
+    np.testing.assert_allclose(_run(result.model, {"x": x})[0], expected, rtol=1e-2, atol=1e-2)
+    (got,) = evaluator.run_model(result.model, {"x": x}, "cpu")
+    np.testing.assert_allclose(got, expected, rtol=1e-2, atol=1e-2)
+
+
+def test_unfused_rmsnorm_input_is_cast_up_once_at_the_island():
+    from norm_graphs import NormGraph
+
+    graph = NormGraph(kind="rms", opset=17, inverse="reciprocal")
+    model = graph.build()
+    # make x an activation (float16 after conversion) rather than the float32 graph input
+    model.graph.node.insert(0, helper.make_node("Relu", ["x"], ["x_act"], name="act"))
+    for node in model.graph.node[1:]:
+        node.input[:] = ["x_act" if i == "x" else i for i in node.input]
+    result = convert_precision(model)
+    (island,) = result.report.islands
+    assert (island.casts_in, island.casts_out) == (1, 1)
+    ups = [c for c in _casts(result.model) if c.attribute[0].i == F32]
+    assert [c.input[0] for c in ups] == ["x_act", "scaled_float16"]  # the island, the output
+    square = next(n for n in result.model.graph.node if n.name == "n_sq")
+    assert square.input[0] == ups[0].output[0]
+
+
+def test_unfused_rmsnorm_with_a_tiny_epsilon_normalises_in_float32():
+    """ε = 1e-12: rms of a zero row is 1e-6, subnormal in float16 (1/rms overflows), so the
+    normalisation stays in the float32 island; bfloat16 holds it."""
+    from norm_graphs import NormGraph
+
+    model = NormGraph(kind="rms", opset=18, inverse="reciprocal", epsilon=1e-12).build()
+    (island,) = convert_precision(model).report.islands
+    assert set(island.nodes) == {"n_sq", "n_var", "n_with_eps", "n_root", "n_inv", "n_normed"}
+    assert "ε = 1e-12 too small to normalise in float16" in island.reasons[0].detail
+    (island,) = convert_precision(model, to="bfloat16").report.islands
+    assert set(island.nodes) == {"n_sq", "n_var", "n_with_eps", "n_root"}
+
+
+def test_unfused_layernorm_keeps_its_statistics_up_to_the_normalisation():
+    """LayerNorm that cannot fuse (mean − x, not x − mean) keeps the whole statistics float32:
+    the small RMSNorm island is for RMSNorm only."""
+    from norm_graphs import NormGraph
+
+    model = NormGraph(kind="layer", opset=17, sub_reversed=True).build()
+    result = convert_precision(model)
+    (island,) = result.report.islands
+    assert {"n_mean", "n_centred", "n_sq", "n_var", "n_with_eps", "n_root", "n_normed"} <= set(
+        island.nodes
+    )
 
 
 def test_a_model_already_in_float16_is_refused():
     half = convert_precision(_chain("Relu"), keep_io_types=False).model
     with pytest.raises(UsageError, match="already in float16"):
         convert_precision(half)
+
+
+LOWEST = np.finfo(np.float32).min
+
+
+def _masked_attention(bias: np.ndarray, *, through_where: bool = False) -> onnx.ModelProto:
+    """The test attention graph with scores + `bias` (a [S, S] initializer), or, with
+    `through_where`, + Where(bias != 0, lowest, 0) built from a scalar fill outside the chain."""
+    model = attention_model(Variant(scale="div_after", mask="causal_const"))
+    graph = model.graph
+    (init,) = [t for t in graph.initializer if t.name == "causal_bias"]
+    if not through_where:
+        init.CopyFrom(numpy_helper.from_array(bias.astype(np.float32), "causal_bias"))
+        return model
+    graph.initializer.remove(init)
+    graph.initializer.extend([
+        numpy_helper.from_array(bias != 0, "blocked"),
+        numpy_helper.from_array(np.array(LOWEST, np.float32), "fill"),
+        numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+    ])  # fmt: skip
+    graph.node.insert(
+        0, helper.make_node("Where", ["blocked", "fill", "zero"], ["causal_bias"], name="fill_mask")
+    )
+    return model
+
+
+def _attention_feed(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    return {"x": np.random.default_rng(3).standard_normal(shape).astype(np.float32)}
+
+
+def _agrees_in_both(result, model) -> None:
+    feed = _attention_feed(model)
+    expected = _run(model, feed)[0]
+    np.testing.assert_allclose(_run(result.model, feed)[0], expected, rtol=1e-2, atol=1e-2)
+    (got,) = _torch_eval().run_model(result.model, feed, "cpu")
+    np.testing.assert_allclose(got, expected, rtol=1e-2, atol=1e-2)
+
+
+def _causal(s: int = 5) -> np.ndarray:
+    return np.triu(np.full((s, s), LOWEST, np.float32), k=1)
+
+
+def test_mask_fill_in_an_attention_chain_is_lowered_and_reported():
+    from graphfix.precision.mask_fill import MaskFill
+
+    values = _causal()
+    values[0, 4] = -np.inf  # lowered too, as the saturating Clip does
+    model = _masked_attention(values)
+    result = convert_precision(model)
+    assert result.report.mask_fills == (
+        MaskFill("causal_bias", float(LOWEST), -65504.0, (0,), ("mask_add",)),
+    )
+    assert result.report.out_of_range == () and result.report.attention_blocks_float32 == ()
+    assert result.report.islands == () and result.report.saturated == ()
+    assert set(_attention_types(result, model).values()) == {F16}
+    (bias,) = [t for t in result.model.graph.initializer if t.name == "causal_bias"]
+    assert bias.data_type == F16
+    np.testing.assert_array_equal(numpy_helper.to_array(bias), np.maximum(_causal(), -65504))
+    assert "mask fill lowered: causal_bias (-3.403e+38 → -65504)" in result.report.summary()
+    _agrees_in_both(result, model)
+    # bfloat16's lowest is -3.39e38: float32's lowest is beyond it too
+    (fill,) = convert_precision(model, to="bfloat16").report.mask_fills
+    assert fill.lowered_to == -3.3895313892515355e38
+    # the caller's model still holds float32's lowest
+    np.testing.assert_array_equal(numpy_helper.to_array(model.graph.initializer[-1]), values)
+
+
+def test_mask_fill_made_outside_the_chain_is_lowered_not_saturated():
+    model = _masked_attention(_causal(), through_where=True)
+    result = convert_precision(model)
+    (fill,) = result.report.mask_fills
+    assert (fill.tensor, fill.readers) == ("fill", ("mask_add",))
+    assert result.report.saturated == () and result.report.islands == ()
+    assert not [n for n in result.model.graph.node if n.op_type == "Clip"]
+    _agrees_in_both(result, model)
+
+
+def test_mask_constant_outside_attention_is_reported_and_kept_float32():
+    """The issue's rule stands for every constant that is not an attention mask's fill."""
+    values = np.array([0.0, LOWEST, 0.0, 0.0], np.float32)
+    result = convert_precision(_bias_model(values))
+    assert result.report.mask_fills == ()
+    (item,) = result.report.out_of_range
+    assert item.tensor == "B" and item.consumers == ("add_bias",)
+    bias = next(t for t in result.model.graph.initializer if t.name == "B")
+    assert bias.data_type == F32
+    np.testing.assert_array_equal(numpy_helper.to_array(bias), values)
+
+
+@pytest.mark.parametrize(
+    "case", ["row_masked_whole", "also_read_elsewhere", "positive_beyond_range", "chain_kept"]
+)
+def test_mask_constant_that_does_not_qualify_keeps_the_chain_float32(case):
+    bias = _causal()
+    keep = None
+    if case == "row_masked_whole":
+        bias = np.triu(np.full((5, 5), LOWEST, np.float32), k=0)  # row 0 masks every key
+    elif case == "positive_beyond_range":
+        bias[0, 0] = 1e6
+    elif case == "chain_kept":
+        keep = ["op:Softmax"]
+    model = _masked_attention(bias)
+    if case == "also_read_elsewhere":
+        model.graph.node.append(helper.make_node("Neg", ["causal_bias"], ["neg_bias"], name="neg"))
+        model.graph.output.append(helper.make_tensor_value_info("neg_bias", F32, [5, 5]))
+    result = convert_precision(model, keep=keep)
+    assert result.report.mask_fills == ()
+    assert [o.tensor for o in result.report.out_of_range] == ["causal_bias"]
+    assert result.report.attention_blocks_float32 == (0,)
+    (bias_init,) = [t for t in result.model.graph.initializer if t.name == "causal_bias"]
+    np.testing.assert_array_equal(numpy_helper.to_array(bias_init), bias)
+    feed = _attention_feed(model)
+    np.testing.assert_allclose(
+        _run(result.model, feed)[0], _run(model, feed)[0], rtol=1e-2, atol=1e-2
+    )

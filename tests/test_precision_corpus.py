@@ -26,28 +26,25 @@ from graphfix.validation.compare import DEFAULT_TOLERANCES, compare_output
 _FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
 # Compute nodes that must run in float16 (the target).
 LOW_SHARE = 0.80
-# Entry name → why it stays below LOW_SHARE: RMSNorm statistics are float32 islands below
-# opset 23 (no RMSNormalization op to fuse them into; see graphfix.precision.policy).
+# Entry name → why it stays below LOW_SHARE.  Below opset 23 an RMSNorm cannot be fused, and
+# keeps x², its mean, + ε and the root in float32 (graphfix.precision.convert._unfused_float32):
+# 4 compute nodes per norm, of about 13 to 18 per norm in these 2-layer exports.  Measured with
+# the small island (graphfix.precision.census): llama 75.3-77.0 %, gemma2 71.2-72.5 %,
+# t5 70.0-71.3 %; fused at opset 23 (graphfix.fuse_norms(model, opset=23) first, for a TensorRT
+# that parses opset 23) the same float32 statistics sit inside one RMSNormalization node that the
+# census counts in float16: 96.6-100 %.
 _RMSNORM = (
-    "RMSNorm statistics (Pow, ReduceMean, + eps, Sqrt per norm) stay float32 islands below "
-    "opset 23, where no RMSNormalization op can take them"
+    "RMSNorm statistics (x², mean, + ε, root: 4 float32 compute nodes per norm) stay float32 "
+    "islands below opset 23, where no RMSNormalization op can take them"
 )
-_MASK = (
-    "the causal mask is a -3.4e38 initializer added inside the attention chain: it is out of "
-    "float16 range, so the block stays float32 whole (attention_strategy rewrites it instead)"
-)
-BELOW_SHARE: dict[str, str] = {
-    "sdpa_causal-dynamo18": _MASK,
-    "llama_eager_no_mask-dynamo18": _MASK + "; " + _RMSNORM,
-    **dict.fromkeys(
-        (
-            "llama_eager-legacy17", "llama_eager-dynamo18", "llama_sdpa-legacy17",
-            "llama_sdpa-dynamo18", "gemma2_eager-legacy17", "gemma2_eager-dynamo18",
-            "t5_eager-legacy17", "t5_eager-dynamo18",
-        ),
-        _RMSNORM,
+BELOW_SHARE: dict[str, str] = dict.fromkeys(
+    (
+        "llama_eager-legacy17", "llama_eager-dynamo18", "llama_sdpa-legacy17",
+        "llama_sdpa-dynamo18", "llama_eager_no_mask-dynamo18", "gemma2_eager-legacy17",
+        "gemma2_eager-dynamo18", "t5_eager-legacy17", "t5_eager-dynamo18",
     ),
-}  # fmt: skip
+    _RMSNORM,
+)  # fmt: skip
 
 
 def _params() -> list:

@@ -177,6 +177,18 @@ def _layer_norm(xs, a, opset):
     return y + bias if bias is not None else y
 
 
+def _rms_norm(xs, a, opset):
+    """RMSNormalization-23: x / sqrt(mean(x²) + ε) in stash_type (float32 by default), Cast
+    back to x's type, times the scale."""
+    torch = _torch()
+    x, scale = xs
+    axis = a.get("axis", -1) % x.dim()
+    dims = list(range(axis, x.dim()))
+    work = x.float() if a.get("stash_type", 1) == 1 else x
+    rms = torch.sqrt((work * work).mean(dim=dims, keepdim=True) + a.get("epsilon", 1e-5))
+    return (work / rms).to(x.dtype) * scale
+
+
 def _instance_norm(xs, a, opset):
     torch = _torch()
     x, scale, bias = xs
@@ -403,6 +415,7 @@ def _ops() -> dict[str, Callable]:
         "Conv": _conv, "Softmax": _softmax,
         "GraphfixSoftmax": lambda xs, a, o: _softmax(xs, a, o, wide=True),
         "LayerNormalization": _layer_norm, "InstanceNormalization": _instance_norm,
+        "RMSNormalization": _rms_norm,
         "ReduceMean": _reduce("mean"), "ReduceSum": _reduce("sum"), "ReduceMax": _reduce("max"),
         "ReduceMin": _reduce("min"), "ArgMax": argmax, "Clip": clip, "TopK": topk, "Resize": _resize,
     }  # fmt: skip

@@ -1,15 +1,16 @@
 """`convert_precision`: a float32 model in float16 or bfloat16, with float32 islands where needed.
 
 The steps, one module each: fuse decomposed norms (norms.py); find constants beyond the target's
-range; plan the float32 islands and say why (islands.py, policy.py); optionally rewrite attention
-blocks that must stay float32 with a plugin strategy; apply the plan (apply.py: Casts at island
+range, and among them the attention masks' fills to lower (mask_fill.py); plan the float32
+islands and say why (islands.py, policy.py); optionally rewrite attention blocks that must stay
+float32 with a plugin strategy; apply the plan (apply.py: Casts at island
 borders, retyped attributes and values); write each initializer once (initializers.py, weights
 on disk streamed); report (report.py, census.py).
 """
 
 from __future__ import annotations
 
-import importlib
+import math
 import os
 import shutil
 import weakref
@@ -23,11 +24,14 @@ from graphfix.attention.matcher import scan_graph
 from graphfix.errors import UsageError
 from graphfix.graph.index import GraphIndex
 from graphfix.model_io import LoadedModel, load_model
-from graphfix.precision import weights
+from graphfix.precision import norms, weights
 from graphfix.precision.apply import PlanApplier
 from graphfix.precision.census import precision_census
 from graphfix.precision.initializers import place_weights
 from graphfix.precision.islands import FLOAT, Forced, Plan, Planner, islands_of
+from graphfix.precision.mask_fill import MaskFill, find_mask_fills, lower_mask_fills
+from graphfix.precision.norm_types import NormKind
+from graphfix.precision.norms import UnfusedNorm
 from graphfix.precision.policy import Reason
 from graphfix.precision.report import (
     Island,
@@ -131,7 +135,15 @@ def _convert(loaded: LoadedModel, options: _Options, known: dict[str, float]) ->
     scan = scan_graph(index)
     user_keys = _user_keep(work, keep, scan.matches)
     planner = Planner(index, scan.matches, inputs_float32=keep_io_types)
-    plan = planner.plan(_forced(planner, index, out_of_range, unfused, user_keys))
+    fills = find_mask_fills(index, scan.matches, out_of_range, to)
+    while True:  # a fill is lowered only where its chains then run in the target type
+        kept = {k: v for k, v in out_of_range.items() if k not in fills}
+        plan = planner.plan(_forced(planner, index, kept, unfused, user_keys, to))
+        stuck = {n for n, f in fills.items() if set(f.blocks) & set(plan.blocks_high)}
+        if not stuck:
+            break
+        fills = {n: f for n, f in fills.items() if n not in stuck}
+    out_of_range = kept
     blocks_total = len(scan.matches)
     rewritten: tuple[int, ...] = ()
     if attention_strategy is not None and plan.blocks_high:
@@ -140,8 +152,9 @@ def _convert(loaded: LoadedModel, options: _Options, known: dict[str, float]) ->
         )
         index = GraphIndex(work, base_dir=base_dir)
         planner = Planner(index, scan_graph(index).matches, inputs_float32=keep_io_types)
-        plan = planner.plan(_forced(planner, index, out_of_range, unfused, user_keys))
+        plan = planner.plan(_forced(planner, index, out_of_range, unfused, user_keys, to))
 
+    lower_mask_fills(work, fills, base_dir)
     rewrite = PlanApplier(
         work,
         index,
@@ -163,6 +176,7 @@ def _convert(loaded: LoadedModel, options: _Options, known: dict[str, float]) ->
         rewritten=rewritten,
         attention_strategy=attention_strategy,
         norms_note=norms_note,
+        mask_fills=tuple(fills.values()),
     )
     result = PrecisionResult(model=work, report=report, source=source)
     if source is not None and external_data is None:
@@ -171,25 +185,28 @@ def _convert(loaded: LoadedModel, options: _Options, known: dict[str, float]) ->
 
 
 # --- inputs to the plan ------------------------------------------------------------------------
-def _fuse_norms(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str, tuple[tuple[str, str], ...]]:
-    """Fuse decomposed norms when `graphfix.precision.norms` is present; the norms it leaves
-    unfused come back as (node name, reason) pairs and become float32 islands."""
-    try:
-        norms = importlib.import_module("graphfix.precision.norms")
-    except ModuleNotFoundError as exc:  # the norms module is not in this build (yet)
-        if exc.name != "graphfix.precision.norms":
-            raise
-        return model, "norm fusion not available in this build; decomposed norms kept float32", ()
-
+def _fuse_norms(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str, tuple[UnfusedNorm, ...]]:
+    """Fuse decomposed norms; the norms left unfused come back to become float32 islands."""
     result = norms.fuse_norms(model)
-    report = result.report
-    unfused: list[tuple[str, str]] = []
-    for entry in getattr(report, "unfused", ()):
-        reason = str(getattr(entry, "reason", "not fused"))
-        for name in getattr(entry, "nodes", ()):
-            unfused.append((name, reason))
-    summary = report.summary() if hasattr(report, "summary") else str(report)
-    return result.model, summary.splitlines()[0] if summary else "fused", tuple(unfused)
+    summary = result.report.summary()
+    return result.model, summary.splitlines()[0], result.report.unfused
+
+
+def _unfused_float32(norm: UnfusedNorm, to: str) -> tuple[tuple[str, ...], str]:
+    """The nodes of an unfused norm that stay float32, and why.
+
+    An RMSNorm keeps only x², its mean, + ε and the root in float32 (as HF's LlamaRMSNorm
+    upcasts for): the root is back in x's range, so x / rms (or x · 1/rms) and the scale run in
+    `to` when ε keeps rms ≥ √ε a normal number of `to` and 1/√ε within its range.  Otherwise,
+    and for other norms, everything up to the normalisation stays float32, as the fused op's
+    stash_type would compute it."""
+    why = f"norm not fused: {norm.reason}"
+    if norm.kind is not NormKind.RMS_NORM or not norm.overflow or norm.epsilon is None:
+        return norm.nodes, why
+    root = math.sqrt(norm.epsilon)
+    if root < weights.SMALLEST_NORMAL[to] or 1 / root > weights.LIMITS[to]:
+        return norm.nodes, f"{why}; ε = {norm.epsilon:.3g} too small to normalise in {to}"
+    return norm.overflow, f"RMSNorm statistics (x² overflows {to}; x / rms runs in {to}), {why}"
 
 
 def _out_of_range(index: GraphIndex, base_dir: Path | None, to: str) -> dict[str, float]:
@@ -247,14 +264,17 @@ def _forced(
     planner: Planner,
     index: GraphIndex,
     out_of_range: dict[str, float],
-    unfused: Sequence[tuple[str, str]],
+    unfused: Sequence[UnfusedNorm],
     user_keys: dict[str, str],
+    to: str,
 ) -> dict[int, Forced]:
     forced = planner.default_reasons(out_of_range=out_of_range)
     by_name = {n.name: p for p, n in enumerate(index.graph.node) if n.name}
-    for name, reason in unfused:
-        if name in by_name:
-            forced[by_name[name]] = Forced(Reason.NORM, f"norm not fused: {reason}")
+    for norm in unfused:
+        names, why = _unfused_float32(norm, to)
+        for name in names:
+            if name in by_name:
+                forced[by_name[name]] = Forced(Reason.NORM, why)
     for position, node in enumerate(index.graph.node):
         text = user_keys.get(_key(node))
         if text is not None:
@@ -321,6 +341,7 @@ def _report(
     rewritten: tuple[int, ...],
     attention_strategy: str | None,
     norms_note: str,
+    mask_fills: tuple[MaskFill, ...],
 ) -> PrecisionReport:
     plan = rewrite.plan
     islands: list[Island] = []
@@ -360,4 +381,5 @@ def _report(
         attention_strategy=attention_strategy,
         norms=norms_note,
         saturated=tuple(rewrite.saturated),
+        mask_fills=mask_fills,
     )

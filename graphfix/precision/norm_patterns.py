@@ -111,6 +111,9 @@ def _match(index: GraphIndex, variance: onnx.NodeProto) -> NormCandidate | None:
     shape = index.shape(fused_input) or index.shape(x)
     normalized = _normalized_shape(shape, axis)
     statistics = tuple(n.name for n in chain.nodes)
+    overflow = statistics
+    if kind is NormKind.RMS_NORM:  # x², its mean, + ε and the root; the Div/Mul after are in range
+        overflow = tuple(n.name for n in (square, variance, add_eps, tail[0]))
     scale, bias = _absorb_affine(index, chain, kind, shape, axis)
     if scale is None and normalized is None and not chain.problems:
         chain.problems.append(
@@ -125,6 +128,7 @@ def _match(index: GraphIndex, variance: onnx.NodeProto) -> NormCandidate | None:
         positions=tuple(index.position(n) for n in chain.nodes),
         node_names=tuple(n.name for n in chain.nodes),
         statistics=statistics,
+        overflow=overflow,
         epsilon=float(epsilon),
         axis=axis,
         scale=scale,

@@ -51,7 +51,11 @@ class NormCandidate:
     them and writes `output` (the chain's last tensor, so nothing downstream changes).
     `statistics` names the nodes up to the normalisation, without the scale and bias: the part
     the fused op computes in float32 whatever its input type (stash_type), so the part to keep
-    in float32 when the norm stays unfused.
+    in float32 when the norm stays unfused.  `overflow` names the smallest such part for an
+    RMSNorm: x², its mean, + ε and the root (Sqrt or Pow −0.5), whose input is Cast up at the
+    island's border.  x² overflows float16 from |x| = 256; the root of the mean of squares is
+    back in x's range, so the normalising Reciprocal/Div/Mul can run in 16 bits when ε keeps
+    the root a normal 16-bit number.
     `problem` says why it cannot be fused whatever the opset (None: it can); `notes` say how the
     fused node's arithmetic differs from the chain's (e.g. it computes in float32).
     """
@@ -73,3 +77,4 @@ class NormCandidate:
     reshape_to: str | None = None  # GroupNorm: a shape tensor to Reshape `input` to first
     problem: str | None = None
     notes: tuple[str, ...] = ()
+    overflow: tuple[str, ...] = ()  # of `statistics`, those whose values overflow 16 bits (() all)

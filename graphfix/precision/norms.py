@@ -64,7 +64,10 @@ class UnfusedNorm:
     """A norm left as it was.  `nodes` is the float32 island that keeps it as precise as fusing
     would: its statistics, up to the normalisation (Casts included), which the fused op computes
     in float32 through stash_type; the scale and bias after them run in the input's type there.
-    `chain` is every node of the norm, scale and bias included."""
+    `chain` is every node of the norm, scale and bias included.  `overflow` is the part of `nodes`
+    whose values overflow 16 bits (an RMSNorm's x², mean, + ε and root; () when it is all of
+    `nodes`); `epsilon` the norm's ε (None when not a constant), which decides whether the
+    normalising Div/Mul after the root may run in 16 bits."""
 
     kind: NormKind
     nodes: tuple[str, ...]
@@ -72,6 +75,8 @@ class UnfusedNorm:
     output: str
     reason: str
     chain: tuple[str, ...] = ()
+    overflow: tuple[str, ...] = ()
+    epsilon: float | None = None
 
 
 @dataclass(frozen=True)
@@ -227,6 +232,8 @@ def _rewrite(
                     output=candidate.output,
                     reason=reason,
                     chain=tuple(n for n in candidate.node_names if n),
+                    overflow=tuple(n for n in candidate.overflow if n),
+                    epsilon=None if candidate.problem else candidate.epsilon,
                 )
             )
             continue

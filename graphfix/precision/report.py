@@ -8,6 +8,7 @@ from pathlib import Path
 
 import onnx
 
+from graphfix.precision.mask_fill import MaskFill
 from graphfix.precision.policy import Reason
 
 
@@ -64,6 +65,9 @@ class PrecisionReport:
     # float32 tensors computed from out-of-range constants (masks), clipped to the target's
     # finite range where they are cast down
     saturated: tuple[str, ...] = ()
+    # attention mask constants whose float32-lowest fill was lowered to the target's lowest value
+    # (graphfix.precision.mask_fill); not in `out_of_range`: their chains run in the target type
+    mask_fills: tuple[MaskFill, ...] = ()
 
     @property
     def low_fraction(self) -> float:
@@ -104,6 +108,12 @@ class PrecisionReport:
                 f"  out of {self.to} range: {item.tensor} (max |x| {item.max_abs:.4g} > "
                 f"{item.limit:.6g}); kept float32 in {', '.join(item.consumers[:4])}"
                 + (", …" if len(item.consumers) > 4 else "")
+            )
+        for fill in self.mask_fills:
+            lines.append(
+                f"  mask fill lowered: {fill.tensor} ({fill.fill:.4g} → {fill.lowered_to:.6g}), "
+                f"added to the scores of attention block(s) {list(fill.blocks)} by "
+                f"{', '.join(fill.readers[:4])}" + (", …" if len(fill.readers) > 4 else "")
             )
         if self.saturated:
             lines.append(

@@ -76,6 +76,8 @@ class OutOfRangeWeight(Exception):
 TARGETS = {"float16": onnx.TensorProto.FLOAT16, "bfloat16": onnx.TensorProto.BFLOAT16}
 # Largest finite value of each target type.
 LIMITS = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}
+# Smallest positive normal value of each target type (below it, precision falls off).
+SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126}
 
 
 @dataclass(frozen=True)
