@@ -556,6 +556,35 @@ def test_rmsnorm_fused_at_opset_23_has_no_float32_node():
     np.testing.assert_allclose(got, expected, rtol=1e-2, atol=1e-2)
 
 
+def test_opset_option_fuses_rmsnorm_at_23_in_one_call():
+    """`convert_precision(opset=23)` (CLI `--opset 23`) raises the opset for norm fusion: the
+    RMSNorm becomes one float16 RMSNormalization instead of a float32 island."""
+    from norm_graphs import NormGraph
+
+    model = NormGraph(kind="rms", opset=18, inverse="div").build()
+    result = convert_precision(model, opset=23)
+    assert [n.op_type for n in result.model.graph.node if n.op_type != "Cast"] == [
+        "RMSNormalization"
+    ]
+    assert {o.version for o in result.model.opset_import if o.domain in ("", "ai.onnx")} == {23}
+    assert result.report.islands == () and "opset 18 → 23" in result.report.summary()
+    x = (400 * RNG.standard_normal((2, 3, 8))).astype(np.float32)
+    expected = _run(model, {"x": x})[0]
+    np.testing.assert_allclose(_run(result.model, {"x": x})[0], expected, rtol=1e-2, atol=1e-2)
+    default = convert_precision(model)  # without it: the model's opset, a float32 island
+    assert len(default.report.islands) == 1
+
+
+def test_opset_option_needs_norm_fusion_and_never_lowers():
+    from norm_graphs import NormGraph
+
+    model = NormGraph(kind="rms", opset=18, inverse="div").build()
+    with pytest.raises(UsageError, match="norm fusion is off"):
+        convert_precision(model, opset=23, fuse_norms=False)
+    with pytest.raises(UsageError, match="below the model's opset 18"):
+        convert_precision(model, opset=17)
+
+
 def test_unfused_rmsnorm_input_is_cast_up_once_at_the_island():
     from norm_graphs import NormGraph
 

@@ -140,3 +140,23 @@ def test_cli_flags_reach_the_api(tmp_path: Path, capsys, flag: str) -> None:
         assert report["keep_io_types"] is False
     else:
         assert report["norms"].startswith("not run")
+
+
+def test_cli_opset_reaches_norm_fusion(tmp_path: Path, capsys) -> None:
+    from norm_graphs import NormGraph
+
+    src = tmp_path / "rms.onnx"
+    onnx.save(NormGraph(kind="rms", opset=18, inverse="div").build(), src)
+    out = tmp_path / "o.onnx"
+    assert main(["precision", str(src), "-o", str(out), "--opset", "23", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["report"]
+    assert "opset 18 → 23" in report["norms"] and report["islands"] == []
+    assert "RMSNormalization" in {n.op_type for n in onnx.load(out).graph.node}
+    bad = ["precision", str(src), "-o", str(tmp_path / "b.onnx"), "--opset", "23"]
+    assert main([*bad, "--no-fuse-norms"]) == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["precision", str(src), "-o", str(tmp_path / "c.onnx"), "--opset", "x"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "norm fusion is off" in err and "invalid int value" in err
+    assert not (tmp_path / "b.onnx").exists() and not (tmp_path / "c.onnx").exists()

@@ -35,6 +35,15 @@ PRECISION_OPTIONS = (
         {"action": "store_const", "const": False},
     ),
     Option(
+        ("--opset",),
+        "opset",
+        "the default-domain opset norm fusion may raise the model to, e.g. 23 so that RMSNorms "
+        "become RMSNormalization instead of float32 islands (TensorRT's ONNX parser reads it "
+        "from 10.15); raised only where no op of the model changes meaning (default: the "
+        "model's own, or 17 for LayerNormalization)",
+        {"type": int, "metavar": "N"},
+    ),
+    Option(
         ("--convert-io",),
         "keep_io_types",
         "give float32 graph inputs and outputs the low-precision type too",

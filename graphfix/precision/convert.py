@@ -54,6 +54,7 @@ def convert_precision(
     fuse_norms: bool | None = None,
     attention_strategy: str | None = None,
     external_data: str | os.PathLike[str] | None = None,
+    opset: int | None = None,
 ) -> PrecisionResult:
     """Convert a float32 model to `to` ("float16", the default, or "bfloat16").
 
@@ -62,7 +63,10 @@ def convert_precision(
     fuses decomposed norms (`graphfix.precision.norms`); norms left unfused become float32
     islands.  An attention block that must stay float32 is kept whole, or, with
     `attention_strategy` (a `graphfix fix` strategy such as "plugin"), rewritten so its softmax
-    computes in float32 inside a plugin and the rest runs in `to`.
+    computes in float32 inside a plugin and the rest runs in `to`.  `opset`: the default-domain
+    opset norm fusion may raise the model to (as `fuse_norms`' `opset`; e.g. 23, where decomposed
+    RMSNorms become `RMSNormalization` instead of float32 islands: TensorRT's ONNX parser reads
+    it from TensorRT 10.15).
 
     A path (or a model loaded without weights) has its weights streamed into a new data file,
     `external_data` (default: a temporary folder that lives as long as the result); save the
@@ -79,7 +83,13 @@ def convert_precision(
         fuse_norms=True if fuse_norms is None else fuse_norms,
         attention_strategy=attention_strategy,
         external_data=None if external_data is None else Path(external_data),
+        opset=opset,
     )
+    if opset is not None and not options.fuse_norms:
+        raise UsageError(
+            f"opset {opset} (--opset) is the opset norm fusion may raise the model to, and "
+            "norm fusion is off (--no-fuse-norms, fuse_norms=False): drop one of the two"
+        )
     loaded = load_model(model, load_weights=False)
     _refuse_low_precision(loaded.model)
     known: dict[str, float] = {}
@@ -117,6 +127,7 @@ class _Options:
     fuse_norms: bool
     attention_strategy: str | None
     external_data: Path | None
+    opset: int | None
 
 
 def _convert(loaded: LoadedModel, options: _Options, known: dict[str, float]) -> PrecisionResult:
@@ -128,7 +139,7 @@ def _convert(loaded: LoadedModel, options: _Options, known: dict[str, float]) ->
 
     norms_note, unfused = ("not run (fuse_norms=False)", ())
     if options.fuse_norms:
-        work, norms_note, unfused = _fuse_norms(work)
+        work, norms_note, unfused = _fuse_norms(work, options.opset)
 
     index = GraphIndex(work, base_dir=base_dir)
     out_of_range = {**_out_of_range(index, base_dir, to), **known}
@@ -185,9 +196,11 @@ def _convert(loaded: LoadedModel, options: _Options, known: dict[str, float]) ->
 
 
 # --- inputs to the plan ------------------------------------------------------------------------
-def _fuse_norms(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str, tuple[UnfusedNorm, ...]]:
+def _fuse_norms(
+    model: onnx.ModelProto, opset: int | None
+) -> tuple[onnx.ModelProto, str, tuple[UnfusedNorm, ...]]:
     """Fuse decomposed norms; the norms left unfused come back to become float32 islands."""
-    result = norms.fuse_norms(model)
+    result = norms.fuse_norms(model, opset=opset)
     summary = result.report.summary()
     return result.model, summary.splitlines()[0], result.report.unfused
 
