@@ -108,7 +108,10 @@ def main() -> None:
         for n in WIDTHS:
             text += _one(ctype, ptx, n)
     text += TAIL
-    out = Path(__file__).resolve().parents[1] / "plugins/graphfixAttention/graphfixAttentionHopperWgmma.cuh"
+    out = (
+        Path(__file__).resolve().parents[1]
+        / "plugins/graphfixAttention/graphfixAttentionHopperWgmma.cuh"
+    )
     out.write_text(text)
     print(out)
 

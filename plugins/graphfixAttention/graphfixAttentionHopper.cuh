@@ -5,11 +5,20 @@
  * element type (graphfixAttentionHopper{Half,BFloat16}.cu), which CMake compiles for sm_90a only
  * (-gencode=arch=compute_90a,code=sm_90a): wgmma exists nowhere else.
  *
- * Per block: kWG warpgroups x 64 query rows; per key tile of kN keys, in every warpgroup:
+ * Per block: kWG warpgroups x 64 query rows (2 x 64 as built), tiles of kN = 64 keys. All
+ * threads load with cp.async, K one tile ahead of V (two stages each). In every warpgroup, with
+ * P_j (the probabilities of tile j, O already rescaled to their maximum) in registers:
  *
- *   wait tile j (cp.async) | barrier | issue K_j+1, V_j+1 (cp.async, other stage)
- *   | S = Q K_jᵀ (wgmma, A and B in shared memory) | online softmax on S in registers
- *   | O += P V_j (wgmma, A = P in registers, B = V N-major in shared memory)
+ *   wait own loads | fence.proxy.async | barrier | issue K_j+2, V_j+1 (cp.async)
+ *   | issue S_j+1 = Q K_j+1ᵀ (wgmma, A and B in shared memory)
+ *   | issue O += P_j V_j (wgmma, A = P_j in registers, B = V_j N-major in shared memory)
+ *   | wait S_j+1 | online softmax of S_j+1 in registers -> P_j+1 (overlaps P_j V_j)
+ *   | wait P_j V_j | rescale O
+ *
+ * (FlashAttention-3's intra-warpgroup overlap; without it, one product at a time, the same kernel
+ * measured 5% slower on SDXL self float16.) The accumulators keep the mma.sync m16n8 layout, so the
+ * per-score code of the mma.sync flash kernel (OnlineSoftmax: masks, causal, softcap, mask_fill)
+ * runs unchanged; kPLAIN instantiations (no mask, no softcap) compile without it.
  *
  * Shared memory holds every tile in the wgmma no-swizzle canonical layout: 16-byte chunks of 8
  * elements, chunk-major ([chunk][row]), so each 8x8 core matrix (8 rows of one chunk) is 128
@@ -125,7 +134,10 @@ __device__ __forceinline__ void loadChunkMajor(T* shared, T const* global, int64
 //! kPLAIN: no mask and no softcap (the common case), which compiles the per-score code without
 //! them (fewer registers).
 template <typename T, int32_t kD, int32_t kN, int32_t kWG, bool kPLAIN>
-constexpr int32_t kHOPPER_MIN_BLOCKS = kPLAIN && std::is_same_v<T, __half> && kD <= 64 && kN == 64 && kWG == 2 ? 2 : 1;
+//! Two blocks per multiprocessor (128 registers a thread) for the plain kernels up to head dim
+//! 80: ptxas then spills 8 bytes (64) to 56 bytes (80, bfloat16), a few address reloads a tile;
+//! wider heads would spill hundreds of bytes and keep one block (up to 255 registers).
+constexpr int32_t kHOPPER_MIN_BLOCKS = kPLAIN && kD <= 80 && kN == 64 && kWG == 2 ? 2 : 1;
 
 template <typename T, int32_t kD, int32_t kN, int32_t kWG, bool kPLAIN>
 __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG, kPLAIN>)) hopperAttentionKernel(T const* __restrict__ q,
@@ -156,11 +168,17 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
     int32_t const group = warp / 4;
     int32_t const keyTiles = static_cast<int32_t>((block.keyEnd + kN - 1) / kN);
 
+    // Stages: K_j in sK[j % 2], V_j in sV[j % 2]. Tile j + 1's K is needed one iteration before
+    // its V (S_j+1 is issued while P_j V_j runs), so K runs one tile ahead of V.
     loadChunkMajor<T, kD, kRows, kThreads>(sQ, block.qBase, block.q0, shape.seqQ, headDim);
     if (keyTiles > 0)
     {
         loadChunkMajor<T, kD, kN, kThreads>(sK, block.kBase, 0, shape.seqK, headDim);
         loadChunkMajor<T, kD, kN, kThreads>(sV, block.vBase, 0, shape.seqK, valueDim);
+    }
+    if (keyTiles > 1)
+    {
+        loadChunkMajor<T, kD, kN, kThreads>(sK + kTILE, block.kBase, kN, shape.seqK, headDim);
     }
     commitAsync();
 
@@ -179,44 +197,27 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
     OnlineSoftmax softmax;
     int64_t const warpRow0 = block.q0 + warp * 16;
 
-    for (int32_t j = 0; j < keyTiles; ++j)
-    {
-        int32_t const stage = j % 2;
-        int64_t const k0 = static_cast<int64_t>(j) * kN;
-        waitAsync<0>(); // tile j (this thread's part)
-        fenceProxyAsync(); // made visible to the tensor cores' reads
-        __syncthreads();   // everyone's part; and every warpgroup is done with the other stage
-        if (j + 1 < keyTiles)
-        {
-            loadChunkMajor<T, kD, kN, kThreads>(sK + (1 - stage) * kTILE, block.kBase, k0 + kN, shape.seqK, headDim);
-            loadChunkMajor<T, kD, kN, kThreads>(sV + (1 - stage) * kTILE, block.vBase, k0 + kN, shape.seqK, valueDim);
-            commitAsync();
-        }
-
-        // S = Q K_jᵀ. K (B, K-major, N = keys): LBO = kN rows of 16 bytes, SBO = 8 rows.
-        uint32_t const kStage = kAddress + static_cast<uint32_t>(stage * kTILE * 2);
-        uint64_t const kDesc = descriptor(kStage, kN * 16, 128);
-        float s[kN / 8][4];
+    // S = Q K_jᵀ into s (issued, not waited for). K (B, K-major, N = keys): LBO = kN rows of 16
+    // bytes, SBO = 8 rows; 2 chunks of 8 head-dim elements per step.
+    auto const issueScores = [&](float (&s)[kN / 8][4], int32_t j) {
+        uint64_t const kDesc = descriptor(kAddress + static_cast<uint32_t>((j % 2) * kTILE * 2), kN * 16, 128);
+        fenceOperands(s);
         wgmmaFence();
 #pragma unroll
         for (int32_t kk = 0; kk < kD / 16; ++kk)
         {
-            // 2 chunks of 8 head-dim elements per step: (2 kk) * rows * 16 bytes, in units of 16
             hp::Wgmma<T, kN>::ss(s, qDesc + static_cast<uint64_t>(2 * kk * kRows),
                 kDesc + static_cast<uint64_t>(2 * kk * kN), kk > 0);
         }
         wgmmaCommit();
-        wgmmaWait<0>();
-        fenceOperands(s);
-
+    };
+    // The online softmax of tile j's scores, then P as the A operand: keys 16 kk .. 16 kk + 15
+    // are the scores' tiles 2 kk and 2 kk + 1 (float16: rounded once; bfloat16: hi + lo).
+    auto const probabilities = [&](float (&s)[kN / 8][4], float (&alpha)[2], uint32_t (&p)[kN / 16][4],
+                                   uint32_t (&lo)[kN / 16][4], int32_t j) {
+        int64_t const k0 = static_cast<int64_t>(j) * kN;
         bool const checkEach = k0 + kN > shape.seqK || (params.causal && k0 + kN - 1 > warpRow0);
-        float alpha[2];
         softmax.template update<true>(s, alpha, warpRow0 + lane / 4, k0, mask, block.maskBase, shape, params, checkEach);
-        rescale(o, alpha);
-
-        // P as the A operand: keys 16 kk .. 16 kk + 15 are the scores' tiles 2 kk and 2 kk + 1.
-        uint32_t p[kN / 16][4];
-        uint32_t lo[kN / 16][4];
 #pragma unroll
         for (int32_t kk = 0; kk < kN / 16; ++kk)
         {
@@ -225,16 +226,48 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
             probabilityPair<T>(s[2 * kk + 1][0], s[2 * kk + 1][1], p[kk][2], lo[kk][2]);
             probabilityPair<T>(s[2 * kk + 1][2], s[2 * kk + 1][3], p[kk][3], lo[kk][3]);
         }
+    };
 
-        // O += P V_j. V (B, N-major, N = value dim): LBO = the next 8 keys (128 bytes), SBO = the
-        // next 8 value-dim elements (kN keys of 16 bytes); 16 keys a step = 256 bytes.
-        uint32_t const vStage = vAddress + static_cast<uint32_t>(stage * kTILE * 2);
-        uint64_t const vDesc = descriptor(vStage, 128, kN * 16);
+    float s[kN / 8][4];
+    float alpha[2];
+    uint32_t p[kN / 16][4];
+    uint32_t lo[kN / 16][4];
+    if (keyTiles > 0)
+    {
+        waitAsync<0>();
+        fenceProxyAsync();
+        __syncthreads();
+        issueScores(s, 0);
+        wgmmaWait<0>();
+        fenceOperands(s);
+        probabilities(s, alpha, p, lo, 0);
+    }
+    // O += P_j V_j (issued and committed). V (B, N-major, N = value dim): LBO = the next 8 keys
+    // (128 bytes), SBO = the next 8 value-dim elements (kN keys of 16 bytes); 16 keys a step =
+    // 256 bytes. The probabilities are copied first: the softmax of the next tile rewrites p and
+    // lo while this product still reads its registers.
+    uint32_t pv[kN / 16][4];
+    uint32_t lov[kN / 16][4];
+    auto const issueValues = [&](int32_t j) {
+        uint64_t const vDesc = descriptor(vAddress + static_cast<uint32_t>((j % 2) * kTILE * 2), 128, kN * 16);
+#pragma unroll
+        for (int32_t kk = 0; kk < kN / 16; ++kk)
+        {
+#pragma unroll
+            for (int32_t e = 0; e < 4; ++e)
+            {
+                pv[kk][e] = p[kk][e];
+                if constexpr (kSPLIT_P<T>)
+                {
+                    lov[kk][e] = lo[kk][e];
+                }
+            }
+        }
         fenceOperands(o);
-        fenceOperands(p);
+        fenceOperands(pv);
         if constexpr (kSPLIT_P<T>)
         {
-            fenceOperands(lo);
+            fenceOperands(lov);
         }
         wgmmaFence();
 #pragma unroll
@@ -242,54 +275,105 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
         {
             if constexpr (kSPLIT_P<T>)
             {
-                hp::Wgmma<T, kD>::rs(o, lo[kk], vDesc + static_cast<uint64_t>(kk * 16), true);
+                hp::Wgmma<T, kD>::rs(o, lov[kk], vDesc + static_cast<uint64_t>(kk * 16), true);
             }
-            hp::Wgmma<T, kD>::rs(o, p[kk], vDesc + static_cast<uint64_t>(kk * 16), true);
+            hp::Wgmma<T, kD>::rs(o, pv[kk], vDesc + static_cast<uint64_t>(kk * 16), true);
         }
         wgmmaCommit();
+    };
+    // Waits for this thread's loads, publishes them to the tensor cores, and meets the block.
+    auto const tileBarrier = [&]() {
+        waitAsync<0>();
+        fenceProxyAsync();
+        __syncthreads();
+    };
+    for (int32_t j = 0; j + 1 < keyTiles; ++j)
+    {
+        // Here: P_j in p (O already scaled to its maximum), K_j+1 and V_j loaded by this thread.
+        tileBarrier(); // also: every warpgroup done with S_j and P_j-1 V_j-1
+        if (j + 2 < keyTiles)
+        {
+            loadChunkMajor<T, kD, kN, kThreads>(
+                sK + (j % 2) * kTILE, block.kBase, static_cast<int64_t>(j + 2) * kN, shape.seqK, headDim);
+        }
+        loadChunkMajor<T, kD, kN, kThreads>(
+            sV + ((j + 1) % 2) * kTILE, block.vBase, static_cast<int64_t>(j + 1) * kN, shape.seqK, valueDim);
+        commitAsync();
+        issueScores(s, j + 1); // S_j+1 on the tensor cores, then P_j V_j, while ...
+        issueValues(j);
+        wgmmaWait<1>();
+        fenceOperands(s);
+        probabilities(s, alpha, p, lo, j + 1); // ... the softmax of S_j+1 runs here
         wgmmaWait<0>();
         fenceOperands(o);
-        fenceOperands(p);
+        fenceOperands(pv);
         if constexpr (kSPLIT_P<T>)
         {
-            fenceOperands(lo);
+            fenceOperands(lov);
         }
+        rescale(o, alpha);
+    }
+    if (keyTiles > 0)
+    {
+        tileBarrier(); // V of the last tile
+        issueValues(keyTiles - 1);
+        wgmmaWait<0>();
+        fenceOperands(o);
     }
     waitAsync<0>();
     softmax.finish();
-    storeOutput<T, kD>(o, softmax, block.outBase, warpRow0 + lane / 4, shape, params);
+
+    // The output through shared memory (row-major, rows padded by 16 bytes: conflict-free pair
+    // writes), then 16-byte coalesced stores. Every warpgroup is done with K and V after the barrier.
+    constexpr int32_t kOUT_ROW = kD + 8;
+    static_assert(kRows * kOUT_ROW <= 4 * kTILE, "the output fits where K and V were");
+    T* const sOut = sK;
+    __syncthreads();
+    {
+        int32_t const t = lane % 4;
+        float const blocked = params.nanToZero ? 0.F : CUDART_NAN_F;
+#pragma unroll
+        for (int32_t i = 0; i < 2; ++i)
+        {
+            int32_t const row = warp * 16 + lane / 4 + 8 * i;
+            float const sum = softmax.rowSum[i];
+            float const inverse = sum > 0.F ? 1.F / sum : 0.F;
+#pragma unroll
+            for (int32_t n = 0; n < kD / 8; ++n)
+            {
+                float const a = sum > 0.F ? o[n][2 * i] * inverse : blocked;
+                float const b = sum > 0.F ? o[n][2 * i + 1] * inverse : blocked;
+                storePair(sOut + row * kOUT_ROW + n * 8 + 2 * t, a, b);
+            }
+        }
+    }
+    __syncthreads();
+    constexpr int32_t kCHUNKS = kD / 8;
+    for (int32_t u = static_cast<int32_t>(threadIdx.x); u < kRows * kCHUNKS; u += kThreads)
+    {
+        int32_t const r = u / kCHUNKS;
+        int32_t const c = u - r * kCHUNKS;
+        int64_t const row = block.q0 + r;
+        if (row < shape.seqQ && c * 8 < valueDim)
+        {
+            *reinterpret_cast<uint4*>(block.outBase + row * valueDim + c * 8)
+                = *reinterpret_cast<uint4 const*>(sOut + r * kOUT_ROW + c * 8);
+        }
+    }
 #endif
 }
 
-template <typename T, int32_t kD, int32_t kN, int32_t kWG, typename F>
-cudaError_t withPlain(bool plain, F&& f)
-{
-    return plain ? f(hopperAttentionKernel<T, kD, kN, kWG, true>) : f(hopperAttentionKernel<T, kD, kN, kWG, false>);
-}
-
+//! The kernel for the plan's tiles (64 keys, 128 rows: the only ones built; see
+//! notes/attention_plugin.md for the other tilings measured), plain or not.
 template <typename T, int32_t kD, typename F>
 cudaError_t withTile(HopperPlan const& plan, bool plain, F&& f)
 {
-#ifdef GRAPHFIX_HOPPER_QUICK
-    return withPlain<T, kD, GRAPHFIX_HOPPER_QUICK, GRAPHFIX_HOPPER_QUICK_WG>(plain, f);
-#else
-    if (plan.keys == 64 && plan.blockRows == 128)
+    if (plan.keys != kHOPPER_KEYS || plan.blockRows != kHOPPER_ROWS)
     {
-        return withPlain<T, kD, 64, 2>(plain, f);
+        return cudaErrorInvalidConfiguration;
     }
-    if constexpr (kD == 64)
-    {
-        if (plan.keys == 128 && plan.blockRows == 128)
-        {
-            return withPlain<T, kD, 128, 2>(plain, f);
-        }
-        if (plan.keys == 128 && plan.blockRows == 64)
-        {
-            return withPlain<T, kD, 128, 1>(plain, f);
-        }
-    }
-    return cudaErrorInvalidConfiguration;
-#endif
+    return plain ? f(hopperAttentionKernel<T, kD, kHOPPER_KEYS, kHOPPER_ROWS / 64, true>)
+                 : f(hopperAttentionKernel<T, kD, kHOPPER_KEYS, kHOPPER_ROWS / 64, false>);
 }
 
 //! Calls f with the kernel for the plan, or returns cudaErrorInvalidConfiguration.
@@ -298,13 +382,11 @@ cudaError_t withHopperKernel(HopperPlan const& plan, bool plain, F&& f)
 {
     switch (plan.paddedDim)
     {
-#ifndef GRAPHFIX_HOPPER_QUICK
     case 32: return withTile<T, 32>(plan, plain, f);
+    case 64: return withTile<T, 64>(plan, plain, f);
     case 80: return withTile<T, 80>(plan, plain, f);
     case 96: return withTile<T, 96>(plan, plain, f);
     case 128: return withTile<T, 128>(plan, plain, f);
-#endif
-    case 64: return withTile<T, 64>(plan, plain, f);
     default: return cudaErrorInvalidConfiguration;
     }
 }

@@ -4,17 +4,19 @@
  * GraphfixAttention's Hopper kernel (sm_90a only): float16 / bfloat16 attention on wgmma, what runs
  * without cuDNN on an H100/H200. Nothing here knows TensorRT.
  *
- * A block is 1 or 2 warpgroups, each owning 64 query rows of one (batch, head); Q, K and V tiles
- * live in shared memory in the wgmma "no swizzle" core-matrix layout (8 rows x 16 bytes
- * contiguous), loaded by all threads with cp.async, two stages of K and V so that tile j + 1 loads
- * while tile j is multiplied. S = Q K_jᵀ is one chain of wgmma m64nNk16 with both operands in
- * shared memory; the online softmax runs on the accumulators in registers (the per-score code of
- * the mma.sync flash kernel: masks, causal, softcap, mask_fill, nan_to_zero); the probabilities
- * become the register A operand of O += P V_j (wgmma with V N-major in shared memory). float16
- * rounds P once; bfloat16 splits it into two terms, as the mma.sync kernel does (kSPLIT_P).
+ * A block is 2 warpgroups, each owning 64 query rows of one (batch, head); Q, K and V tiles
+ * of 64 keys live in shared memory in the wgmma "no swizzle" core-matrix layout (8 rows x 16
+ * bytes contiguous), loaded by all threads with cp.async, two stages of K and V, K one tile ahead.
+ * S = Q K_jᵀ is one chain of wgmma m64n64k16 with both operands in shared memory; S_j+1 and
+ * O += P_j V_j are issued together, and the softmax of S_j+1 runs while P_j V_j is on the tensor
+ * cores.
+ * The online softmax runs on the accumulators in registers (the per-score code of the mma.sync
+ * flash kernel: masks, causal, softcap, mask_fill, nan_to_zero); the probabilities become the
+ * register A operand of O += P V_j (wgmma with V N-major in shared memory). float16 rounds P
+ * once; bfloat16 splits it into two terms, as the mma.sync kernel does (kSPLIT_P).
  *
  * Built only when the build's CUDA architectures include 90 (GRAPHFIX_WITH_HOPPER); otherwise
- * planHopperAttention always answers kNone, and the mma.sync flash kernel runs instead.
+ * planHopperAttention always answers keys = 0, and the mma.sync flash kernel runs instead.
  */
 #ifndef GRAPHFIX_ATTENTION_HOPPER_H
 #define GRAPHFIX_ATTENTION_HOPPER_H
@@ -27,6 +29,10 @@ namespace graphfix
 {
 namespace plugin
 {
+
+//! The Hopper kernel's tiles: 64 keys per tile, 128 query rows (2 warpgroups) per block.
+constexpr int32_t kHOPPER_KEYS{64};
+constexpr int32_t kHOPPER_ROWS{128};
 
 //! What planHopperAttention chose; `keys` 0 means the Hopper kernel does not run (see reason).
 struct HopperPlan

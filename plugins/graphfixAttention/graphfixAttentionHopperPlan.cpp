@@ -1,7 +1,7 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * planHopperAttention: whether the Hopper kernel (graphfixAttentionHopper.cu) runs a shape (host
+ * planHopperAttention: whether the Hopper kernel (graphfixAttentionHopper.cuh) runs a shape (host
  * logic only), and the stand-ins for a build without sm_90a.
  */
 #include "graphfixAttentionHopper.h"
@@ -10,8 +10,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstdio>
 
 namespace graphfix
 {
@@ -21,25 +19,6 @@ namespace
 {
 
 constexpr int32_t kHOPPER_DIMS[]{32, 64, 80, 96, 128};
-
-//! Tiles for a padded head dimension: {keys per tile, query rows per block}. Overridable for
-//! measurements with GRAPHFIX_ATTENTION_HOPPER_TILE=keys,rows (128,128 / 64,128 / 128,64).
-void tileFor(int32_t paddedDim, int32_t& keys, int32_t& rows)
-{
-    keys = paddedDim <= 64 ? 128 : 64;
-    rows = 128;
-    if (char const* const text = std::getenv("GRAPHFIX_ATTENTION_HOPPER_TILE"))
-    {
-        int32_t k = 0;
-        int32_t r = 0;
-        if (std::sscanf(text, "%d,%d", &k, &r) == 2
-            && ((k == 128 && r == 128) || (k == 64 && r == 128) || (k == 128 && r == 64)))
-        {
-            keys = k;
-            rows = r;
-        }
-    }
-}
 
 } // namespace
 
@@ -90,7 +69,8 @@ HopperPlan planHopperAttention(AttentionShape const& shape, int32_t elementBytes
         plan.reason = "head dimensions above 128";
         return plan;
     }
-    tileFor(plan.paddedDim, plan.keys, plan.blockRows);
+    plan.keys = kHOPPER_KEYS;
+    plan.blockRows = kHOPPER_ROWS;
     plan.sharedBytes = (plan.blockRows + 4 * plan.keys) * plan.paddedDim * elementBytes;
     if (plan.sharedBytes > maxSharedBytes)
     {
