@@ -236,7 +236,8 @@ def _write(torch, tensor, path: Path) -> str:
 def _plugin(
     torch, harness: Path, library: Path, manifest: Path, out_path: Path, env, q, dtype, reference
 ):
-    """The plugin's times, error and path (cudnn, flash or fallback) for the case in `manifest`."""
+    """The plugin's times, error and path (cudnn, hopper, flash or fallback) for the case in
+    `manifest`."""
     done = subprocess.run(
         [str(harness), "run", "--library", str(library), "--loading", "dynamic"]
         + ["--manifest", str(manifest)],
@@ -262,6 +263,8 @@ def _plugin(
     path = (
         "cudnn"
         if note.endswith("cuDNN SDPA")
+        else "hopper"
+        if "; Hopper kernel" in note
         else "flash"
         if "; flash kernel" in note
         else "fallback"

@@ -12,10 +12,12 @@ synchronisation) and the graph launched, and once captured after an onShapeChang
 shapes (enqueue then runs the own kernels from a host-side plan, building nothing). cuDNN is found through an installed
 `nvidia-cudnn-cu12/cu13` wheel (as PyTorch ships it) or the system.
 
-The own kernels: the flash kernels on tensor cores (mma.sync m16n8k16 for float16/bfloat16 with
-the probabilities split into two 16-bit terms; 3xTF32 mma.sync m16n8k8 for float32) for head
-dimensions up to 128 in multiples of 8 (4 for float32); the fallback kernel for the rest. Which
-one ran is read from the plugin's onShapeChange note and checked against that rule.
+The own kernels: on an sm_90 GPU, the Hopper kernel (wgmma) for float16/bfloat16; the flash
+kernels on tensor cores (mma.sync m16n8k16 for float16/bfloat16; 3xTF32 mma.sync m16n8k8 for
+float32) for head dimensions up to 128 in multiples of 8 (4 for float32); the fallback kernel for
+the rest. Which one ran is read from the plugin's onShapeChange note and checked against that
+rule. A third backend, `portable_mma` (portable with GRAPHFIX_ATTENTION_HOPPER=0), keeps the
+mma.sync flash kernel running on an H100/H200 too, so that both 16-bit paths are checked there.
 
 Bounds, with inputs ~N(0, 1): the own kernels within half an ulp of the output format of the
 exact result plus float32 accumulation error (4e-5 absolute); the cuDNN path, which rounds the
@@ -27,7 +29,9 @@ Run on a GPU machine:  python -m pytest tests/test_attention_plugin_gpu.py -m gp
 
 from __future__ import annotations
 
+import functools
 import json
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +44,13 @@ from graphfix.plugins.build import ATTENTION_HARNESS_NAME, cudnn_runtime_environ
 pytestmark = pytest.mark.gpu
 
 DTYPES = ("float32", "float16", "bfloat16")
-BACKENDS = ("portable", "auto")
+BACKENDS = ("portable", "auto", "portable_mma")
+# backend -> environment
+BACKEND_ENV = {
+    "portable": {"GRAPHFIX_ATTENTION_BACKEND": "portable"},
+    "auto": {"GRAPHFIX_ATTENTION_BACKEND": "auto"},
+    "portable_mma": {"GRAPHFIX_ATTENTION_BACKEND": "portable", "GRAPHFIX_ATTENTION_HOPPER": "0"},
+}
 # harness flags per mode; "stale": onShapeChange planned a larger batch than enqueue then gets
 # (enqueue must run the shapes it is given without re-planning), under capture
 MODES = {
@@ -272,18 +282,38 @@ class Outcome:
 
     @property
     def path(self) -> str:
-        """cudnn, flash or fallback, from the plugin's onShapeChange note."""
+        """cudnn, hopper, flash or fallback, from the plugin's onShapeChange note."""
         notes = [m["text"] for m in self.result.get("messages", []) if "onShapeChange" in m["text"]]
         if notes and notes[-1].endswith("cuDNN SDPA"):
             return "cudnn"
+        if notes and "; Hopper kernel" in notes[-1]:
+            return "hopper"
         return "flash" if notes and "; flash kernel" in notes[-1] else "fallback"
 
 
-def expected_own_path(case: Case, dtype: str) -> str:
-    """Which own kernel the plugin must take (sm_80+): the flash kernels' limits."""
+@functools.cache
+def _sm90() -> bool:
+    """Whether the GPU is compute capability 9.0 (H100/H200): the Hopper kernel's device."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return False
+    return done.stdout.strip().splitlines()[0].strip() == "9.0"
+
+
+def expected_own_path(case: Case, dtype: str, backend: str = "portable") -> str:
+    """Which own kernel the plugin must take (sm_80+): the Hopper kernel's and the flash kernels'
+    limits (the Hopper kernel: float16/bfloat16 on sm_90, unless GRAPHFIX_ATTENTION_HOPPER=0)."""
     d, dv = case.q[-1], case.value_dim
     multiple = 4 if dtype == "float32" else 8
     fits = d % multiple == 0 and dv % multiple == 0 and max(d, dv) <= 128
+    if fits and dtype != "float32" and backend != "portable_mma" and _sm90():
+        return "hopper"
     return "flash" if fits else "fallback"
 
 
@@ -342,7 +372,7 @@ def gpu_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, st
                 "--manifest",
                 str(manifest),
                 *MODES[mode],
-                env={**env, "GRAPHFIX_ATTENTION_BACKEND": backend},
+                env={**env, **BACKEND_ENV[backend]},
             )
             assert done.returncode == 0, done.stdout + done.stderr
             results = json.loads(done.stdout)
@@ -386,9 +416,9 @@ def test_enqueue_matches_float64_reference(
         bound = CUDNN_ATOL[dtype] + EPS[dtype] * np.abs(outcome.reference[valid])
     else:
         bound = 4e-5 + EPS[dtype] * np.abs(outcome.reference[valid])
-        if dtype == "float16" and expected_own_path(case, dtype) == "flash":
-            # The float16 flash kernel rounds each probability once to float16 before P·V (as
-            # cuDNN and FlashAttention do): |sum (p~ - p) v| / sum p <= EPS * max|v|.
+        if dtype == "float16" and expected_own_path(case, dtype, backend) in ("flash", "hopper"):
+            # The float16 flash and Hopper kernels round each probability once to float16 before
+            # P·V (as cuDNN and FlashAttention do): |sum (p~ - p) v| / sum p <= EPS * max|v|.
             bound = bound + EPS[dtype] * outcome.value_max
     worst = float(np.max(error - bound, initial=-1.0))
     assert worst <= 0.0, (
@@ -405,11 +435,14 @@ def test_auto_takes_cudnn_where_it_can(gpu_outcomes, case: Case, dtype: str) -> 
     assert outcome.path == "cudnn", outcome.result["messages"]
 
 
+@pytest.mark.parametrize("backend", ("portable", "portable_mma"))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", [c for c in CASES if not c.refused], ids=lambda c: c.name)
-def test_portable_takes_the_flash_kernel_where_it_can(gpu_outcomes, case: Case, dtype: str) -> None:
-    outcome = gpu_outcomes[("portable", "plain", case.name, dtype)]
-    assert outcome.path == expected_own_path(case, dtype), outcome.result["messages"]
+def test_portable_takes_the_fastest_own_kernel_it_can(
+    gpu_outcomes, case: Case, dtype: str, backend: str
+) -> None:
+    outcome = gpu_outcomes[(backend, "plain", case.name, dtype)]
+    assert outcome.path == expected_own_path(case, dtype, backend), outcome.result["messages"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace graphfix
@@ -272,6 +273,60 @@ FlashPlan flashPlanFor(AttentionProblem const& p)
 {
     auto const [major, shared] = deviceLimits();
     return planFlashAttention(p.shape, static_cast<int32_t>(elementSize(p.type)), shared, major);
+}
+
+//! GRAPHFIX_ATTENTION_HOPPER=0 keeps the Hopper kernel off (the mma.sync flash kernel runs instead).
+constexpr char const* kGRAPHFIX_ATTENTION_HOPPER_ENV{"GRAPHFIX_ATTENTION_HOPPER"};
+
+//! The Hopper kernel's plan for `p` on the current device, with its shared-memory attribute set;
+//! keys 0 when it does not run (reason says why).
+HopperPlan hopperPlanFor(AttentionProblem const& p)
+{
+    HopperPlan plan;
+    char const* const env = std::getenv(kGRAPHFIX_ATTENTION_HOPPER_ENV);
+    if (env != nullptr && std::string{env} == "0")
+    {
+        plan.reason = "GRAPHFIX_ATTENTION_HOPPER=0";
+        return plan;
+    }
+    if (p.type == DataType::kFLOAT)
+    {
+        plan.reason = "float32";
+        return plan;
+    }
+    int32_t device = 0;
+    int32_t major = 0;
+    int32_t minor = 0;
+    int32_t shared = 0;
+    if (cudaGetDevice(&device) != cudaSuccess
+        || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess
+        || cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess
+        || cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+    {
+        cudaGetLastError();
+        plan.reason = "no GPU visible";
+        return plan;
+    }
+    plan = planHopperAttention(p.shape, static_cast<int32_t>(elementSize(p.type)), shared, major, minor);
+    if (plan.keys != 0)
+    {
+        cudaError_t const prepared = p.type == DataType::kHALF ? prepareHopperAttention<__half>(plan)
+                                                               : prepareHopperAttention<__nv_bfloat16>(plan);
+        if (prepared != cudaSuccess)
+        {
+            cudaGetLastError();
+            plan.keys = 0;
+            plan.reason = "the sm_90a kernel cannot run on this GPU";
+        }
+    }
+    return plan;
+}
+
+std::string hopperText(HopperPlan const& plan, DataType type)
+{
+    return std::string{"Hopper kernel wgmma "} + (type == DataType::kBF16 ? "bfloat16" : "float16")
+        + ", head dim padded to " + std::to_string(plan.paddedDim) + ", " + std::to_string(plan.blockRows) + "x"
+        + std::to_string(plan.keys) + " tiles, " + std::to_string(plan.sharedBytes) + " bytes of shared memory";
 }
 
 std::string flashText(FlashPlan const& plan, DataType type)
@@ -580,7 +635,7 @@ int32_t GraphfixAttentionPlugin::enqueue(nvinfer1::PluginTensorDesc const* input
                                 }),
                     "setting the flash kernel's shared memory");
             }
-            enqueueOwn(p, flash, scratch, inputs, outputs[0], workspace, stream);
+            enqueueOwn(p, hopperPlanFor(p), flash, scratch, inputs, outputs[0], workspace, stream);
             return 0;
         }
         bool const directBiasAligned
@@ -591,7 +646,7 @@ int32_t GraphfixAttentionPlugin::enqueue(nvinfer1::PluginTensorDesc const* input
         }
         else
         {
-            enqueueOwn(mProblem, mFlash, mWorkspace, inputs, outputs[0], workspace, stream);
+            enqueueOwn(mProblem, mHopper, mFlash, mWorkspace, inputs, outputs[0], workspace, stream);
         }
         return 0;
     }
@@ -652,6 +707,7 @@ void GraphfixAttentionPlugin::plan(AttentionProblem const& p)
     mDirectBias = false;
     mWorkspace = workspaceLayout(p, mAttributes.kTransposed != 0, cudnnMayRun(p.type, p.hasMask, p.maskType));
     mFlash = flashPlanFor(p);
+    mHopper = hopperPlanFor(p);
     std::string reason;
     bool cudnnAttempted = false;
     if (mBackend == AttentionBackend::kPortable)
@@ -757,9 +813,12 @@ void GraphfixAttentionPlugin::plan(AttentionProblem const& p)
                   "them ("
                 + reason + ")");
     }
-    std::string const own = mFlash.kernel != FlashKernel::kNone
+    std::string const flash = mFlash.kernel != FlashKernel::kNone
         ? flashText(mFlash, p.type)
         : std::string{"fallback kernel, no flash kernel: "} + mFlash.reason;
+    std::string const own = mHopper.keys != 0 ? hopperText(mHopper, p.type) + " (else " + flash + ")"
+        : p.type == DataType::kFLOAT || !hopperAttentionBuilt() ? flash
+                                                               : flash + " (no Hopper kernel: " + mHopper.reason + ")";
     std::string const note = std::string{"GraphfixAttention "} + typeName(p.type) + " " + dimsText(s)
         + (mUseCudnn ? std::string{": cuDNN SDPA"} : ": portable kernel (" + reason + "); " + own);
     if (note != mPathNote)
@@ -832,7 +891,7 @@ void GraphfixAttentionPlugin::enqueueCudnn(
     }
 }
 
-void GraphfixAttentionPlugin::enqueueOwn(AttentionProblem const& p, FlashPlan const& flash,
+void GraphfixAttentionPlugin::enqueueOwn(AttentionProblem const& p, HopperPlan const& hopper, FlashPlan const& flash,
     AttentionWorkspace const& scratch, void const* const* inputs, void* output, void* workspace,
     cudaStream_t stream) const
 {
@@ -863,11 +922,34 @@ void GraphfixAttentionPlugin::enqueueOwn(AttentionProblem const& p, FlashPlan co
         {
             AttentionParams rows = params;
             rows.kTransposed = false;
-            status = forType(p.type, [&](auto tag) {
-                using T = decltype(tag);
-                return launchFlashAttention<T>(static_cast<T const*>(inputs[0]), static_cast<T const*>(keys),
-                    static_cast<T const*>(inputs[2]), mask, static_cast<T*>(output), s, rows, flash, stream);
-            });
+            status = cudaErrorInvalidConfiguration;
+            if (hopper.keys != 0 && p.type != DataType::kFLOAT)
+            {
+                status = forType(p.type, [&](auto tag) {
+                    using T = decltype(tag);
+                    if constexpr (std::is_same_v<T, float>)
+                    {
+                        return cudaErrorInvalidConfiguration;
+                    }
+                    else
+                    {
+                        return launchHopperAttention<T>(static_cast<T const*>(inputs[0]), static_cast<T const*>(keys),
+                            static_cast<T const*>(inputs[2]), mask, static_cast<T*>(output), s, rows, hopper, stream);
+                    }
+                });
+                if (status == cudaErrorMisalignedAddress || status == cudaErrorInvalidConfiguration)
+                {
+                    cudaGetLastError(); // the flash kernel takes what the Hopper kernel cannot
+                }
+            }
+            if (status == cudaErrorInvalidConfiguration || status == cudaErrorMisalignedAddress)
+            {
+                status = forType(p.type, [&](auto tag) {
+                    using T = decltype(tag);
+                    return launchFlashAttention<T>(static_cast<T const*>(inputs[0]), static_cast<T const*>(keys),
+                        static_cast<T const*>(inputs[2]), mask, static_cast<T*>(output), s, rows, flash, stream);
+                });
+            }
         }
         // Misaligned tensors or a transpose too large for its grid: the fallback kernel runs them.
         if (status != cudaErrorMisalignedAddress && status != cudaErrorInvalidConfiguration)

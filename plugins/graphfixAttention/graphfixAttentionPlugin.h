@@ -26,6 +26,7 @@
 #include "NvInferRuntime.h"
 #include "graphfixAttentionCudnn.h"
 #include "graphfixAttentionFlash.h"
+#include "graphfixAttentionHopper.h"
 #include "graphfixAttentionKernel.h"
 
 #include <array>
@@ -150,9 +151,11 @@ private:
     //! Chooses the path for `problem`, building its cuDNN graph when that path is taken.
     void plan(AttentionProblem const& problem);
     void enqueueCudnn(void const* const* inputs, void* output, void* workspace, cudaStream_t stream);
-    //! The own kernels: the flash kernel `flash` plans, else the fallback kernel.
-    void enqueueOwn(AttentionProblem const& problem, FlashPlan const& flash, AttentionWorkspace const& scratch,
-        void const* const* inputs, void* output, void* workspace, cudaStream_t stream) const;
+    //! The own kernels: the Hopper kernel `hopper` plans, else the flash kernel `flash` plans,
+    //! else the fallback kernel.
+    void enqueueOwn(AttentionProblem const& problem, HopperPlan const& hopper, FlashPlan const& flash,
+        AttentionWorkspace const& scratch, void const* const* inputs, void* output, void* workspace,
+        cudaStream_t stream) const;
 
     AttentionAttributes mAttributes;
     AttentionBackend mBackend;
@@ -167,6 +170,7 @@ private:
     int64_t mBiasRows{0};
     CudnnSdpaConfig mCudnnConfig{};
     FlashPlan mFlash{};
+    HopperPlan mHopper{};
     AttentionWorkspace mWorkspace{};
     std::string mPathNote;
     std::unique_ptr<CudnnSdpa> mCudnn;

@@ -1,0 +1,446 @@
+/*
+ * SPDX-License-Identifier: Apache-2.0
+ *
+ * The Hopper attention kernel (graphfixAttentionHopper.h), included by one translation unit per
+ * element type (graphfixAttentionHopper{Half,BFloat16}.cu), which CMake compiles for sm_90a only
+ * (-gencode=arch=compute_90a,code=sm_90a): wgmma exists nowhere else.
+ *
+ * Per block: kWG warpgroups x 64 query rows (2 x 64 as built), tiles of kN = 64 keys. All
+ * threads load with cp.async, K one tile ahead of V (two stages each). In every warpgroup, with
+ * P_j (the probabilities of tile j, O already rescaled to their maximum) in registers:
+ *
+ *   wait own loads | fence.proxy.async | barrier | issue K_j+2, V_j+1 (cp.async)
+ *   | issue S_j+1 = Q K_j+1ᵀ (wgmma, A and B in shared memory)
+ *   | issue O += P_j V_j (wgmma, A = P_j in registers, B = V_j N-major in shared memory)
+ *   | wait S_j+1 | online softmax of S_j+1 in registers -> P_j+1 (overlaps P_j V_j)
+ *   | wait P_j V_j | rescale O
+ *
+ * (FlashAttention-3's intra-warpgroup overlap; without it, one product at a time, the same kernel
+ * measured 5% slower on SDXL self float16.) The accumulators keep the mma.sync m16n8 layout, so the
+ * per-score code of the mma.sync flash kernel (OnlineSoftmax: masks, causal, softcap, mask_fill)
+ * runs unchanged; kPLAIN instantiations (no mask, no softcap) compile without it.
+ *
+ * Shared memory holds every tile in the wgmma no-swizzle canonical layout: 16-byte chunks of 8
+ * elements, chunk-major ([chunk][row]), so each 8x8 core matrix (8 rows of one chunk) is 128
+ * contiguous bytes. For Q and K (K-major operands): rows 16 bytes apart, 8-row groups 128 bytes
+ * apart (SBO), the next 8 elements of the head dimension rows*16 bytes on (LBO). For V (N-major
+ * operand of P·V, N = the value dimension): 8 keys of one 8-element chunk are one core matrix,
+ * the next 8 keys 128 bytes on (LBO), the next chunk keys*16 bytes on (SBO). Writes of 16 rows x 2
+ * chunks per warp are conflict-free; any head dimension that is a multiple of 16 works (72 is
+ * padded to 80, zero-filled by cp.async).
+ */
+#ifndef GRAPHFIX_ATTENTION_HOPPER_CUH
+#define GRAPHFIX_ATTENTION_HOPPER_CUH
+
+#include "graphfixAttentionFlash.cuh"
+#include "graphfixAttentionHopper.h"
+#include "graphfixAttentionHopperWgmma.cuh"
+
+namespace graphfix
+{
+namespace plugin
+{
+namespace
+{
+
+namespace hp = hopper;
+
+__device__ __forceinline__ void fenceProxyAsync()
+{
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmmaFence()
+{
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmmaCommit()
+{
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+template <int32_t N>
+__device__ __forceinline__ void wgmmaWait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+//! Keeps the compiler from moving reads or writes of the accumulators across the asynchronous
+//! wgmma (whose asm statements it sees as done when issued).
+template <int32_t kN>
+__device__ __forceinline__ void fenceOperands(float (&d)[kN][4])
+{
+#pragma unroll
+    for (int32_t n = 0; n < kN; ++n)
+    {
+#pragma unroll
+        for (int32_t e = 0; e < 4; ++e)
+        {
+            asm volatile("" : "+f"(d[n][e])::"memory");
+        }
+    }
+}
+
+template <int32_t kN>
+__device__ __forceinline__ void fenceOperands(uint32_t (&a)[kN][4])
+{
+#pragma unroll
+    for (int32_t n = 0; n < kN; ++n)
+    {
+#pragma unroll
+        for (int32_t e = 0; e < 4; ++e)
+        {
+            asm volatile("" : "+r"(a[n][e])::"memory");
+        }
+    }
+}
+
+//! A shared-memory matrix descriptor, no swizzle: start address, leading and stride byte offsets.
+__device__ __forceinline__ uint64_t descriptor(uint32_t address, uint32_t leading, uint32_t stride)
+{
+    return static_cast<uint64_t>((address & 0x3FFFFU) >> 4) | (static_cast<uint64_t>((leading & 0x3FFFFU) >> 4) << 16)
+        | (static_cast<uint64_t>((stride & 0x3FFFFU) >> 4) << 32);
+}
+
+//! Copies rows [row0, row0 + kRows) x [0, kD) of a [rows, cols] matrix into the chunk-major
+//! layout ([kD / 8][kRows] chunks of 16 bytes), zeros past `rows` and past `cols`.
+template <typename T, int32_t kD, int32_t kRows, int32_t kThreads>
+__device__ __forceinline__ void loadChunkMajor(T* shared, T const* global, int64_t row0, int64_t rows, int32_t cols)
+{
+    constexpr int32_t kCHUNKS = kD / 8;
+    constexpr int32_t kPAIRS = kCHUNKS / 2;
+    constexpr int32_t kUNITS = kRows * kCHUNKS;
+    static_assert(kCHUNKS % 2 == 0 && kRows % 16 == 0, "whole 16-row, 2-chunk units");
+#pragma unroll
+    for (int32_t i = 0; i < (kUNITS + kThreads - 1) / kThreads; ++i)
+    {
+        if (kUNITS % kThreads != 0 && static_cast<int32_t>(threadIdx.x) + i * kThreads >= kUNITS)
+        {
+            break;
+        }
+        // a warp takes 16 rows x 2 chunks: 32-byte pieces of global rows, 2 x 256 contiguous bytes
+        // of shared memory
+        int32_t const u = static_cast<int32_t>(threadIdx.x) + i * kThreads;
+        int32_t const rest = u / 32;
+        int32_t const r = (rest / kPAIRS) * 16 + u % 16;
+        int32_t const c = (rest % kPAIRS) * 2 + (u / 16) % 2;
+        int64_t const row = row0 + r;
+        bool const valid = row < rows && c * 8 < cols;
+        copyAsync16(shared + (c * kRows + r) * 8, valid ? global + row * cols + c * 8 : global, valid);
+    }
+}
+
+//! kPLAIN: no mask and no softcap (the common case), which compiles the per-score code without
+//! them (fewer registers).
+template <typename T, int32_t kD, int32_t kN, int32_t kWG, bool kPLAIN>
+//! Two blocks per multiprocessor (128 registers a thread) for the plain kernels up to head dim
+//! 80: ptxas then spills 8 bytes (64) to 56 bytes (80, bfloat16), a few address reloads a tile;
+//! wider heads would spill hundreds of bytes and keep one block (up to 255 registers).
+constexpr int32_t kHOPPER_MIN_BLOCKS = kPLAIN && kD <= 80 && kN == 64 && kWG == 2 ? 2 : 1;
+
+template <typename T, int32_t kD, int32_t kN, int32_t kWG, bool kPLAIN>
+__global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG, kPLAIN>)) hopperAttentionKernel(T const* __restrict__ q,
+    T const* __restrict__ k, T const* __restrict__ v, AttentionMaskView const givenMask, T* __restrict__ out,
+    AttentionShape const shape, AttentionParams const givenParams, int32_t const qTiles)
+{
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    AttentionMaskView const noMask{};
+    AttentionMaskView const& mask = kPLAIN ? noMask : givenMask;
+    AttentionParams params = givenParams;
+    if constexpr (kPLAIN)
+    {
+        params.softcap = 0.F;
+    }
+    constexpr int32_t kThreads = kWG * 128;
+    constexpr int32_t kRows = kWG * 64;
+    constexpr int32_t kTILE = kN * kD; // elements of one K or V tile
+    extern __shared__ __align__(128) unsigned char sharedRaw[];
+    T* const sQ = reinterpret_cast<T*>(sharedRaw);
+    T* const sK = sQ + kRows * kD; // two stages
+    T* const sV = sK + 2 * kTILE;  // two stages
+
+    BlockSetup<T> const block(q, k, v, out, mask, shape, params, kRows, qTiles);
+    int32_t const headDim = static_cast<int32_t>(shape.headDim);
+    int32_t const valueDim = static_cast<int32_t>(shape.valueDim);
+    int32_t const warp = static_cast<int32_t>(threadIdx.x / 32);
+    int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
+    int32_t const group = warp / 4;
+    int32_t const keyTiles = static_cast<int32_t>((block.keyEnd + kN - 1) / kN);
+
+    // Stages: K_j in sK[j % 2], V_j in sV[j % 2]. Tile j + 1's K is needed one iteration before
+    // its V (S_j+1 is issued while P_j V_j runs), so K runs one tile ahead of V.
+    loadChunkMajor<T, kD, kRows, kThreads>(sQ, block.qBase, block.q0, shape.seqQ, headDim);
+    if (keyTiles > 0)
+    {
+        loadChunkMajor<T, kD, kN, kThreads>(sK, block.kBase, 0, shape.seqK, headDim);
+        loadChunkMajor<T, kD, kN, kThreads>(sV, block.vBase, 0, shape.seqK, valueDim);
+    }
+    if (keyTiles > 1)
+    {
+        loadChunkMajor<T, kD, kN, kThreads>(sK + kTILE, block.kBase, kN, shape.seqK, headDim);
+    }
+    commitAsync();
+
+    uint32_t const qAddress = sharedAddress(sQ) + static_cast<uint32_t>(group * 64 * 16);
+    uint32_t const kAddress = sharedAddress(sK);
+    uint32_t const vAddress = sharedAddress(sV);
+    // Q (A, K-major): LBO = the next 8 head-dim elements (kRows rows of 16 bytes), SBO = 8 rows.
+    uint64_t const qDesc = descriptor(qAddress, kRows * 16, 128);
+
+    float o[kD / 8][4];
+#pragma unroll
+    for (int32_t n = 0; n < kD / 8; ++n)
+    {
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.F;
+    }
+    OnlineSoftmax softmax;
+    int64_t const warpRow0 = block.q0 + warp * 16;
+
+    // S = Q K_jᵀ into s (issued, not waited for). K (B, K-major, N = keys): LBO = kN rows of 16
+    // bytes, SBO = 8 rows; 2 chunks of 8 head-dim elements per step.
+    auto const issueScores = [&](float (&s)[kN / 8][4], int32_t j) {
+        uint64_t const kDesc = descriptor(kAddress + static_cast<uint32_t>((j % 2) * kTILE * 2), kN * 16, 128);
+        fenceOperands(s);
+        wgmmaFence();
+#pragma unroll
+        for (int32_t kk = 0; kk < kD / 16; ++kk)
+        {
+            hp::Wgmma<T, kN>::ss(s, qDesc + static_cast<uint64_t>(2 * kk * kRows),
+                kDesc + static_cast<uint64_t>(2 * kk * kN), kk > 0);
+        }
+        wgmmaCommit();
+    };
+    // The online softmax of tile j's scores, then P as the A operand: keys 16 kk .. 16 kk + 15
+    // are the scores' tiles 2 kk and 2 kk + 1 (float16: rounded once; bfloat16: hi + lo).
+    auto const probabilities = [&](float (&s)[kN / 8][4], float (&alpha)[2], uint32_t (&p)[kN / 16][4],
+                                   uint32_t (&lo)[kN / 16][4], int32_t j) {
+        int64_t const k0 = static_cast<int64_t>(j) * kN;
+        bool const checkEach = k0 + kN > shape.seqK || (params.causal && k0 + kN - 1 > warpRow0);
+        softmax.template update<true>(s, alpha, warpRow0 + lane / 4, k0, mask, block.maskBase, shape, params, checkEach);
+#pragma unroll
+        for (int32_t kk = 0; kk < kN / 16; ++kk)
+        {
+            probabilityPair<T>(s[2 * kk][0], s[2 * kk][1], p[kk][0], lo[kk][0]);
+            probabilityPair<T>(s[2 * kk][2], s[2 * kk][3], p[kk][1], lo[kk][1]);
+            probabilityPair<T>(s[2 * kk + 1][0], s[2 * kk + 1][1], p[kk][2], lo[kk][2]);
+            probabilityPair<T>(s[2 * kk + 1][2], s[2 * kk + 1][3], p[kk][3], lo[kk][3]);
+        }
+    };
+
+    float s[kN / 8][4];
+    float alpha[2];
+    uint32_t p[kN / 16][4];
+    uint32_t lo[kN / 16][4];
+    if (keyTiles > 0)
+    {
+        waitAsync<0>();
+        fenceProxyAsync();
+        __syncthreads();
+        issueScores(s, 0);
+        wgmmaWait<0>();
+        fenceOperands(s);
+        probabilities(s, alpha, p, lo, 0);
+    }
+    // O += P_j V_j (issued and committed). V (B, N-major, N = value dim): LBO = the next 8 keys
+    // (128 bytes), SBO = the next 8 value-dim elements (kN keys of 16 bytes); 16 keys a step =
+    // 256 bytes. The probabilities are copied first: the softmax of the next tile rewrites p and
+    // lo while this product still reads its registers.
+    uint32_t pv[kN / 16][4];
+    uint32_t lov[kN / 16][4];
+    auto const issueValues = [&](int32_t j) {
+        uint64_t const vDesc = descriptor(vAddress + static_cast<uint32_t>((j % 2) * kTILE * 2), 128, kN * 16);
+#pragma unroll
+        for (int32_t kk = 0; kk < kN / 16; ++kk)
+        {
+#pragma unroll
+            for (int32_t e = 0; e < 4; ++e)
+            {
+                pv[kk][e] = p[kk][e];
+                if constexpr (kSPLIT_P<T>)
+                {
+                    lov[kk][e] = lo[kk][e];
+                }
+            }
+        }
+        fenceOperands(o);
+        fenceOperands(pv);
+        if constexpr (kSPLIT_P<T>)
+        {
+            fenceOperands(lov);
+        }
+        wgmmaFence();
+#pragma unroll
+        for (int32_t kk = 0; kk < kN / 16; ++kk)
+        {
+            if constexpr (kSPLIT_P<T>)
+            {
+                hp::Wgmma<T, kD>::rs(o, lov[kk], vDesc + static_cast<uint64_t>(kk * 16), true);
+            }
+            hp::Wgmma<T, kD>::rs(o, pv[kk], vDesc + static_cast<uint64_t>(kk * 16), true);
+        }
+        wgmmaCommit();
+    };
+    // Waits for this thread's loads, publishes them to the tensor cores, and meets the block.
+    auto const tileBarrier = [&]() {
+        waitAsync<0>();
+        fenceProxyAsync();
+        __syncthreads();
+    };
+    for (int32_t j = 0; j + 1 < keyTiles; ++j)
+    {
+        // Here: P_j in p (O already scaled to its maximum), K_j+1 and V_j loaded by this thread.
+        tileBarrier(); // also: every warpgroup done with S_j and P_j-1 V_j-1
+        if (j + 2 < keyTiles)
+        {
+            loadChunkMajor<T, kD, kN, kThreads>(
+                sK + (j % 2) * kTILE, block.kBase, static_cast<int64_t>(j + 2) * kN, shape.seqK, headDim);
+        }
+        loadChunkMajor<T, kD, kN, kThreads>(
+            sV + ((j + 1) % 2) * kTILE, block.vBase, static_cast<int64_t>(j + 1) * kN, shape.seqK, valueDim);
+        commitAsync();
+        issueScores(s, j + 1); // S_j+1 on the tensor cores, then P_j V_j, while ...
+        issueValues(j);
+        wgmmaWait<1>();
+        fenceOperands(s);
+        probabilities(s, alpha, p, lo, j + 1); // ... the softmax of S_j+1 runs here
+        wgmmaWait<0>();
+        fenceOperands(o);
+        fenceOperands(pv);
+        if constexpr (kSPLIT_P<T>)
+        {
+            fenceOperands(lov);
+        }
+        rescale(o, alpha);
+    }
+    if (keyTiles > 0)
+    {
+        tileBarrier(); // V of the last tile
+        issueValues(keyTiles - 1);
+        wgmmaWait<0>();
+        fenceOperands(o);
+    }
+    waitAsync<0>();
+    softmax.finish();
+
+    // The output through shared memory (row-major, rows padded by 16 bytes: conflict-free pair
+    // writes), then 16-byte coalesced stores. Every warpgroup is done with K and V after the barrier.
+    constexpr int32_t kOUT_ROW = kD + 8;
+    static_assert(kRows * kOUT_ROW <= 4 * kTILE, "the output fits where K and V were");
+    T* const sOut = sK;
+    __syncthreads();
+    {
+        int32_t const t = lane % 4;
+        float const blocked = params.nanToZero ? 0.F : CUDART_NAN_F;
+#pragma unroll
+        for (int32_t i = 0; i < 2; ++i)
+        {
+            int32_t const row = warp * 16 + lane / 4 + 8 * i;
+            float const sum = softmax.rowSum[i];
+            float const inverse = sum > 0.F ? 1.F / sum : 0.F;
+#pragma unroll
+            for (int32_t n = 0; n < kD / 8; ++n)
+            {
+                float const a = sum > 0.F ? o[n][2 * i] * inverse : blocked;
+                float const b = sum > 0.F ? o[n][2 * i + 1] * inverse : blocked;
+                storePair(sOut + row * kOUT_ROW + n * 8 + 2 * t, a, b);
+            }
+        }
+    }
+    __syncthreads();
+    constexpr int32_t kCHUNKS = kD / 8;
+    for (int32_t u = static_cast<int32_t>(threadIdx.x); u < kRows * kCHUNKS; u += kThreads)
+    {
+        int32_t const r = u / kCHUNKS;
+        int32_t const c = u - r * kCHUNKS;
+        int64_t const row = block.q0 + r;
+        if (row < shape.seqQ && c * 8 < valueDim)
+        {
+            *reinterpret_cast<uint4*>(block.outBase + row * valueDim + c * 8)
+                = *reinterpret_cast<uint4 const*>(sOut + r * kOUT_ROW + c * 8);
+        }
+    }
+#endif
+}
+
+//! The kernel for the plan's tiles (64 keys, 128 rows: the only ones built; see
+//! notes/attention_plugin.md for the other tilings measured), plain or not.
+template <typename T, int32_t kD, typename F>
+cudaError_t withTile(HopperPlan const& plan, bool plain, F&& f)
+{
+    if (plan.keys != kHOPPER_KEYS || plan.blockRows != kHOPPER_ROWS)
+    {
+        return cudaErrorInvalidConfiguration;
+    }
+    return plain ? f(hopperAttentionKernel<T, kD, kHOPPER_KEYS, kHOPPER_ROWS / 64, true>)
+                 : f(hopperAttentionKernel<T, kD, kHOPPER_KEYS, kHOPPER_ROWS / 64, false>);
+}
+
+//! Calls f with the kernel for the plan, or returns cudaErrorInvalidConfiguration.
+template <typename T, typename F>
+cudaError_t withHopperKernel(HopperPlan const& plan, bool plain, F&& f)
+{
+    switch (plan.paddedDim)
+    {
+    case 32: return withTile<T, 32>(plan, plain, f);
+    case 64: return withTile<T, 64>(plan, plain, f);
+    case 80: return withTile<T, 80>(plan, plain, f);
+    case 96: return withTile<T, 96>(plan, plain, f);
+    case 128: return withTile<T, 128>(plan, plain, f);
+    default: return cudaErrorInvalidConfiguration;
+    }
+}
+
+} // namespace
+
+template <typename T>
+cudaError_t prepareHopperAttention(HopperPlan const& plan) noexcept
+{
+    auto const prepare = [&](auto kernel) {
+        cudaFuncAttributes attributes{};
+        cudaError_t const status = cudaFuncGetAttributes(&attributes, kernel);
+        if (status != cudaSuccess)
+        {
+            return status;
+        }
+        return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.sharedBytes);
+    };
+    cudaError_t const status = withHopperKernel<T>(plan, true, prepare);
+    return status != cudaSuccess ? status : withHopperKernel<T>(plan, false, prepare);
+}
+
+template <typename T>
+cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionMaskView const& mask, T* out,
+    AttentionShape const& shape, AttentionParams const& params, HopperPlan const& plan, cudaStream_t stream) noexcept
+{
+    if (plan.keys == 0 || params.kTransposed || shape.headsKV <= 0 || shape.headsQ % shape.headsKV != 0)
+    {
+        return cudaErrorInvalidValue;
+    }
+    if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out))
+    {
+        return cudaErrorMisalignedAddress;
+    }
+    if (shape.batch == 0 || shape.headsQ == 0 || shape.seqQ == 0)
+    {
+        return cudaSuccess;
+    }
+    int64_t const qTiles = (shape.seqQ + plan.blockRows - 1) / plan.blockRows;
+    int64_t const blocks = qTiles * shape.batch * shape.headsQ;
+    if (blocks > kMAX_GRID_BLOCKS)
+    {
+        return cudaErrorInvalidConfiguration;
+    }
+    uint32_t const threads = static_cast<uint32_t>(plan.blockRows / 64 * 128);
+    bool const plain = mask.kind == AttentionMaskKind::kNone && params.softcap == 0.F;
+    return withHopperKernel<T>(plan, plain, [&](auto kernel) {
+        kernel<<<static_cast<uint32_t>(blocks), threads, static_cast<size_t>(plan.sharedBytes), stream>>>(
+            q, k, v, mask, out, shape, params, static_cast<int32_t>(qTiles));
+        return cudaGetLastError();
+    });
+}
+
+} // namespace plugin
+} // namespace graphfix
+
+#endif // GRAPHFIX_ATTENTION_HOPPER_CUH

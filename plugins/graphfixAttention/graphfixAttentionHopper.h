@@ -1,0 +1,70 @@
+/*
+ * SPDX-License-Identifier: Apache-2.0
+ *
+ * GraphfixAttention's Hopper kernel (sm_90a only): float16 / bfloat16 attention on wgmma, what runs
+ * without cuDNN on an H100/H200. Nothing here knows TensorRT.
+ *
+ * A block is 2 warpgroups, each owning 64 query rows of one (batch, head); Q, K and V tiles
+ * of 64 keys live in shared memory in the wgmma "no swizzle" core-matrix layout (8 rows x 16
+ * bytes contiguous), loaded by all threads with cp.async, two stages of K and V, K one tile ahead.
+ * S = Q K_jᵀ is one chain of wgmma m64n64k16 with both operands in shared memory; S_j+1 and
+ * O += P_j V_j are issued together, and the softmax of S_j+1 runs while P_j V_j is on the tensor
+ * cores.
+ * The online softmax runs on the accumulators in registers (the per-score code of the mma.sync
+ * flash kernel: masks, causal, softcap, mask_fill, nan_to_zero); the probabilities become the
+ * register A operand of O += P V_j (wgmma with V N-major in shared memory). float16 rounds P
+ * once; bfloat16 splits it into two terms, as the mma.sync kernel does (kSPLIT_P).
+ *
+ * Built only when the build's CUDA architectures include 90 (GRAPHFIX_WITH_HOPPER); otherwise
+ * planHopperAttention always answers keys = 0, and the mma.sync flash kernel runs instead.
+ */
+#ifndef GRAPHFIX_ATTENTION_HOPPER_H
+#define GRAPHFIX_ATTENTION_HOPPER_H
+
+#include "graphfixAttentionKernel.h"
+
+#include <cstdint>
+
+namespace graphfix
+{
+namespace plugin
+{
+
+//! The Hopper kernel's tiles: 64 keys per tile, 128 query rows (2 warpgroups) per block.
+constexpr int32_t kHOPPER_KEYS{64};
+constexpr int32_t kHOPPER_ROWS{128};
+
+//! What planHopperAttention chose; `keys` 0 means the Hopper kernel does not run (see reason).
+struct HopperPlan
+{
+    int32_t paddedDim{0};   //!< D and Dv padded to this in shared memory
+    int32_t blockRows{0};   //!< query rows per block (64 per warpgroup)
+    int32_t keys{0};        //!< keys per tile
+    int32_t sharedBytes{0}; //!< dynamic shared memory per block
+    char const* reason{""}; //!< why not, when keys is 0
+};
+
+//! Whether this library holds the Hopper kernel (built for sm_90a).
+bool hopperAttentionBuilt() noexcept;
+
+//! The Hopper kernel's plan for `shape` with elements of `elementBytes` (2 only) on a device of
+//! compute capability `computeMajor`.`computeMinor` (9.0 only) with `maxSharedBytes` of opt-in
+//! shared memory per block. Pure host logic.
+HopperPlan planHopperAttention(AttentionShape const& shape, int32_t elementBytes, int64_t maxSharedBytes,
+    int32_t computeMajor, int32_t computeMinor) noexcept;
+
+//! Sets the kernel's shared-memory limit for `plan`; fails (cudaErrorInvalidDeviceFunction or
+//! cudaErrorNoKernelImageForDevice) when the device cannot run it.
+template <typename T>
+cudaError_t prepareHopperAttention(HopperPlan const& plan) noexcept;
+
+//! Runs the planned kernel (the contract of launchFlashAttention: q, k, v, out 16-byte aligned,
+//! else cudaErrorMisalignedAddress; K in [.., T, D] rows). Allocation-free and capture-safe.
+template <typename T>
+cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionMaskView const& mask, T* out,
+    AttentionShape const& shape, AttentionParams const& params, HopperPlan const& plan, cudaStream_t stream) noexcept;
+
+} // namespace plugin
+} // namespace graphfix
+
+#endif // GRAPHFIX_ATTENTION_HOPPER_H
