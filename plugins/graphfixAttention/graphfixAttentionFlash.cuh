@@ -717,10 +717,17 @@ constexpr int32_t kROW_QK_F32 = kD + (48 - kD % 32) % 32;
 template <int32_t kD>
 constexpr int32_t kROW_V_F32 = kD + 4;
 
-template <int32_t kD>
+template <int32_t kD, int32_t kRowQK = kROW_QK_F32<kD>>
 constexpr int32_t sharedBytesF32()
 {
-    return ((kBLOCK_ROWS<1> + kBLOCK_KEYS) * kROW_QK_F32<kD> + kBLOCK_KEYS * kROW_V_F32<kD>) * 4;
+    return ((kBLOCK_ROWS<1> + kBLOCK_KEYS) * kRowQK + kBLOCK_KEYS * kROW_V_F32<kD>) * 4;
+}
+
+//! Shared memory of the compact float32 layout (Q and K rows of kD + 4 floats, 2-way bank
+//! conflicts on their 16-byte loads), for a GPU whose shared memory the usual one exceeds.
+constexpr int32_t compactSharedBytesF32(int32_t paddedDim)
+{
+    return (kBLOCK_ROWS<1> + 2 * kBLOCK_KEYS) * (paddedDim + 4) * 4;
 }
 
 //! float32 kernel variants (bit flags; kF32_VARIANT is the one built into the plugin):
@@ -734,7 +741,7 @@ constexpr int32_t kSPLIT_TO_64{8}; //!< ... for head dims up to 64 only (80: fla
 #ifdef GRAPHFIX_F32_DEFAULT_VARIANT
 constexpr int32_t kF32_VARIANT{GRAPHFIX_F32_DEFAULT_VARIANT};
 #else
-constexpr int32_t kF32_VARIANT{kPRESPLIT | kMERGE_QK};
+constexpr int32_t kF32_VARIANT{kMERGE_QK};
 #endif
 
 //! Blocks per multiprocessor the float32 kernel is register-capped for (3: 168 registers).
@@ -776,11 +783,10 @@ __device__ __forceinline__ void mma3xTf32(float (&c)[4], uint32_t const (&aHi)[4
 //! and K (only the order of the sum changes): for each 16 columns 16m..16m+15, thread t's 16-byte
 //! load of columns 16m + 4t .. 16m + 4t + 3 feeds step 2m (TF32 fragment columns t, t + 4 = the
 //! first two) and step 2m + 1 (the last two). Q rows g, g + 8 of the warp at qRow, K rows n·8 + g.
-template <int32_t kD, int32_t kVariant, bool kPARTIAL>
+template <int32_t kD, int32_t kVariant, bool kPARTIAL, int32_t kRowQK>
 __device__ __forceinline__ void scoresTf32(float (&s)[kKEY_TILES][4], float const* qRow, float const* kRow0,
     int32_t liveTiles)
 {
-    constexpr int32_t kRowQK = kROW_QK_F32<kD>;
 #pragma unroll 1
     for (int32_t m = 0; m < kD / 16; ++m)
     {
@@ -908,13 +914,15 @@ __device__ __forceinline__ void valuesTf32(
 
 //! One warp: 16 query rows; per 64-key tile, the 8-key tiles past the last key the warp can use
 //! (the end of K, or its last row under causal) are skipped: SDXL's 77 keys take 64 + 16 keys.
-template <int32_t kD, int32_t kVariant>
+//! kRowQK: Q and K's shared row length, kROW_QK_F32 (conflict-free), or kD + 4 where that does
+//! not fit the GPU's shared memory (kCOMPACT_F32: D = 128 on sm_86/sm_89, 99 KB per block).
+template <int32_t kD, int32_t kVariant, int32_t kRowQK = kROW_QK_F32<kD>>
 __global__ void __launch_bounds__(kTHREADS, kMIN_BLOCKS_F32<kD>) flashTf32x3Kernel(float const* __restrict__ q,
     float const* __restrict__ k, float const* __restrict__ v, AttentionMaskView const mask, float* __restrict__ out,
     AttentionShape const shape, AttentionParams const params, int32_t const qTiles)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    constexpr int32_t kRowQK = kROW_QK_F32<kD>;
+    static_assert(kRowQK % 4 == 0, "16-byte rows");
     constexpr int32_t kRowV = kROW_V_F32<kD>;
     constexpr int32_t kRows = kBLOCK_ROWS<1>;
     extern __shared__ __align__(16) unsigned char sharedRaw[];
@@ -982,11 +990,11 @@ __global__ void __launch_bounds__(kTHREADS, kMIN_BLOCKS_F32<kD>) flashTf32x3Kern
         }
         if (liveTiles == kKEY_TILES)
         {
-            scoresTf32<kD, kVariant, false>(s, qRow, kRow0, liveTiles);
+            scoresTf32<kD, kVariant, false, kRowQK>(s, qRow, kRow0, liveTiles);
         }
         else
         {
-            scoresTf32<kD, kVariant, true>(s, qRow, kRow0, liveTiles);
+            scoresTf32<kD, kVariant, true, kRowQK>(s, qRow, kRow0, liveTiles);
         }
         __syncthreads(); // every warp is done with K_j
         if (j + 1 < keyTiles)
@@ -1415,7 +1423,15 @@ cudaError_t withKernel(FlashPlan const& plan, F&& f)
     case 64: return f(GRAPHFIX_FLASH_KERNEL_FOR<T, 64>());
     case 80: return f(GRAPHFIX_FLASH_KERNEL_FOR<T, 80>());
     case 96: return f(GRAPHFIX_FLASH_KERNEL_FOR<T, 96>());
-    case 128: return f(GRAPHFIX_FLASH_KERNEL_FOR<T, 128>());
+    case 128:
+        if constexpr (std::is_same_v<T, float> && (kF32_VARIANT & kPRESPLIT) == 0)
+        {
+            if (plan.sharedBytes == compactSharedBytesF32(128))
+            {
+                return f(flashTf32x3Kernel<128, kF32_VARIANT, 128 + 4>); // see planFlashAttention
+            }
+        }
+        return f(GRAPHFIX_FLASH_KERNEL_FOR<T, 128>());
     default: return cudaErrorInvalidConfiguration;
     }
 }
@@ -1446,6 +1462,8 @@ constexpr int32_t sharedBytes(int32_t elementBytes, int32_t paddedDim)
 static_assert(sharedBytes(2, 128) == sharedBytesFor<__half, 128>(), "one shared-memory formula");
 static_assert(sharedBytes(2, 64) == sharedBytesFor<__half, 64>(), "one shared-memory formula");
 static_assert(sharedBytes(4, 128) == sharedBytesF32<128>(), "one shared-memory formula");
+static_assert(compactSharedBytesF32(128) == sharedBytesF32<128, 128 + 4>(), "one shared-memory formula");
+static_assert(compactSharedBytesF32(128) < sharedBytes(4, 128), "the compact layout is smaller");
 static_assert(sharedBytes(4, 64) == ((kF32_VARIANT & kPRESPLIT) != 0 ? sharedBytesF32Split<64>() : sharedBytesF32<64>())
         || sharedBytes(4, 64) == std::max(sharedBytesF32Split<64>(), sharedBytesF32<64>()),
     "one shared-memory formula");
@@ -1494,7 +1512,7 @@ cudaError_t launchFlashAttention(T const* q, T const* k, T const* v, AttentionMa
     }
     size_t sharedSize = static_cast<size_t>(plan.sharedBytes);
 #ifdef GRAPHFIX_F32_EXPERIMENT
-    if (std::is_same_v<T, float>)
+    if (std::is_same_v<T, float> && plan.sharedBytes != compactSharedBytesF32(plan.paddedDim))
     {
         // the selected variant's own size (plan.sharedBytes is the largest of them)
         int32_t const d = plan.paddedDim;
