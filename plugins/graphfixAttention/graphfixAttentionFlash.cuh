@@ -10,16 +10,22 @@
  *
  *   issue V_j (cp.async) | wait K_j | S = Q K_jᵀ | issue K_j+1 | softmax | wait V_j | O += P V_j
  *
- * so each load overlaps the other product. Shared-memory rows are padded (8 halves / 4 floats)
- * so that ldmatrix and the float32 fragment loads are free of bank conflicts.
+ * so each load overlaps the other product. Shared-memory rows are padded (8 halves; float32:
+ * kROW_QK_F32, kROW_V_F32) so that ldmatrix and the float32 fragment loads are free of bank
+ * conflicts.
  *
  * float16/bfloat16: Q stays in registers as A fragments (ldmatrix), K and V are read with
  * ldmatrix (V transposed); the probabilities of two neighbouring 8-key tiles, as 16-bit pairs
  * (float16: rounded once; bfloat16: hi + lo, see kSPLIT_P), are exactly the A fragment of a
- * 16-key step of P·V. float32: fragments are read with plain shared loads and
- * split into TF32 hi + lo (3 products); for P·V the 8 keys of a step are taken in the order
+ * 16-key step of P·V. float32 (flashTf32x3Kernel): fragments are read with plain shared loads
+ * (Q and K 16 bytes at a time, the head dimension taken in a permuted order) and split into TF32
+ * hi + lo in 4 instructions (3 products); for P·V the 8 keys of a step are taken in the order
  * 0,2,4,6,1,3,5,7 (a permutation of the summation index, the same for P and V), which makes the
- * scores' accumulator layout the TF32 A fragment without shuffles.
+ * scores' accumulator layout the TF32 A fragment without shuffles; 8-key tiles past the end of K
+ * or the causal diagonal are skipped; register-capped to 3 blocks per SM up to head dim 80.
+ * flashTf32x3SplitKernel (K and V split once per tile by the block) is kept for experiment
+ * builds (GRAPHFIX_F32_EXPERIMENT): slower on the H200 (2 blocks per SM), see
+ * notes/attention_plugin.md.
  */
 #ifndef GRAPHFIX_ATTENTION_FLASH_CUH
 #define GRAPHFIX_ATTENTION_FLASH_CUH
@@ -730,10 +736,11 @@ constexpr int32_t compactSharedBytesF32(int32_t paddedDim)
     return (kBLOCK_ROWS<1> + 2 * kBLOCK_KEYS) * (paddedDim + 4) * 4;
 }
 
-//! float32 kernel variants (bit flags; kF32_VARIANT is the one built into the plugin):
+//! float32 kernel variants (bit flags; kF32_VARIANT is the one built into the plugin, the fastest
+//! on the H200 with errors below the unfused float32 chain's on every benchmark shape):
 //! kMERGE_QK: the two 8-term steps of Q·K that one 16-byte load of Q and K feeds go into one
 //! zeroed accumulator (6 products, then one float32 add) instead of two; kMERGE_PV: likewise
-//! two 8-key steps of P·V.
+//! two 8-key steps of P·V (faster on Llama, but up to 1.2x the error: not the default).
 constexpr int32_t kMERGE_QK{1};
 constexpr int32_t kMERGE_PV{2};
 constexpr int32_t kPRESPLIT{4};    //!< flashTf32x3SplitKernel where splitKernelFor(kD)
