@@ -246,9 +246,9 @@ def _own_kernel(report: dict) -> str:
             64,
             64,
             "flash kernel mma.sync m16n8k8 3xTF32, head dim padded to 64, 64x64 "
-            "tiles, 52224 bytes of shared memory",
+            "tiles, 58368 bytes of shared memory",
         ),
-        ("float32", 128, 128, "3xTF32, head dim padded to 128, 64x64 tiles, 101376 bytes"),
+        ("float32", 128, 128, "3xTF32, head dim padded to 128, 64x64 tiles, 107520 bytes"),
         ("float32", 20, 24, "3xTF32, head dim padded to 32"),
         ("float16", 20, 24, "fallback kernel, no flash kernel: head dimensions not multiples of 8"),
         ("float16", 136, 136, "fallback kernel, no flash kernel: head dimensions above 128"),

@@ -10,16 +10,22 @@
  *
  *   issue V_j (cp.async) | wait K_j | S = Q K_jᵀ | issue K_j+1 | softmax | wait V_j | O += P V_j
  *
- * so each load overlaps the other product. Shared-memory rows are padded (8 halves / 4 floats)
- * so that ldmatrix and the float32 fragment loads are free of bank conflicts.
+ * so each load overlaps the other product. Shared-memory rows are padded (8 halves; float32:
+ * kROW_QK_F32, kROW_V_F32) so that ldmatrix and the float32 fragment loads are free of bank
+ * conflicts.
  *
  * float16/bfloat16: Q stays in registers as A fragments (ldmatrix), K and V are read with
  * ldmatrix (V transposed); the probabilities of two neighbouring 8-key tiles, as 16-bit pairs
  * (float16: rounded once; bfloat16: hi + lo, see kSPLIT_P), are exactly the A fragment of a
- * 16-key step of P·V. float32: fragments are read with plain shared loads and
- * split into TF32 hi + lo (3 products); for P·V the 8 keys of a step are taken in the order
+ * 16-key step of P·V. float32 (flashTf32x3Kernel): fragments are read with plain shared loads
+ * (Q and K 16 bytes at a time, the head dimension taken in a permuted order) and split into TF32
+ * hi + lo in 4 instructions (3 products); for P·V the 8 keys of a step are taken in the order
  * 0,2,4,6,1,3,5,7 (a permutation of the summation index, the same for P and V), which makes the
- * scores' accumulator layout the TF32 A fragment without shuffles.
+ * scores' accumulator layout the TF32 A fragment without shuffles; 8-key tiles past the end of K
+ * or the causal diagonal are skipped; register-capped to 3 blocks per SM up to head dim 80.
+ * flashTf32x3SplitKernel (K and V split once per tile by the block) is kept for experiment
+ * builds (GRAPHFIX_F32_EXPERIMENT): slower on the H200 (2 blocks per SM), see
+ * notes/attention_plugin.md.
  */
 #ifndef GRAPHFIX_ATTENTION_FLASH_CUH
 #define GRAPHFIX_ATTENTION_FLASH_CUH
@@ -32,6 +38,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <iterator>
 #include <type_traits>
@@ -157,20 +164,15 @@ __device__ __forceinline__ float exp2Approx(float x)
     return y;
 }
 
-__device__ __forceinline__ uint32_t toTf32(float x)
-{
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n"
-        : "=r"(r)
-        : "f"(x));
-    return r;
-}
-
-//! x = hi + lo with hi and lo TF32 (lo keeps the next 11 bits; x - hi is exact in float32).
+//! x = hi + lo in TF32, each rounded to nearest (ties away from zero), as cvt.rna.tf32.f32 would
+//! give them but in 4 instructions instead of 9 (ptxas emulates cvt.rna with a finiteness test):
+//! hi = x + half a TF32 ulp, truncated (exact then, so x - hi is exact in float32); lo gets half
+//! an ulp added and is left untruncated, since the tensor core reads a TF32 operand's top 19 bits
+//! and ignores the low 13 (as CUTLASS's round_half_ulp_truncate relies on). NaN stays NaN (in lo).
 __device__ __forceinline__ void splitTf32(float x, uint32_t& hi, uint32_t& lo)
 {
-    hi = toTf32(x);
-    lo = toTf32(x - __uint_as_float(hi));
+    hi = (__float_as_uint(x) + 0x1000U) & 0xffffe000U;
+    lo = __float_as_uint(x - __uint_as_float(hi)) + 0x1000U;
 }
 
 //! Whether the 16-bit kernel takes the probabilities into P·V as two terms (p = hi + lo, twice
@@ -712,16 +714,50 @@ __global__ void __launch_bounds__(kTHREADS) flashMma16Kernel(T const* __restrict
 
 // ---- float32: 3xTF32 ---------------------------------------------------------------------------
 
-//! c += a b in 3xTF32 (lo·hi + hi·lo + hi·hi), the three products summed by the tensor core into
-//! a zeroed accumulator and added to c in float32: the tensor core truncates when it accumulates,
-//! so its error then stays within one 8-term step instead of growing along the whole sum.
-__device__ __forceinline__ void mma3xTf32(float (&c)[4], uint32_t const (&aHi)[4], uint32_t const (&aLo)[4],
-    uint32_t const (&bHi)[2], uint32_t const (&bLo)[2])
+//! Shared-memory row length (floats) of the float32 kernel's Q and K tiles: 16 mod 32, so that
+//! the 16-byte row loads of a quarter warp (rows g and g + 1, 64 bytes each) hit all 32 banks once.
+template <int32_t kD>
+constexpr int32_t kROW_QK_F32 = kD + (48 - kD % 32) % 32;
+
+//! The same for V, read by scalar loads of rows 2t and 2t + 1, columns g: 4 mod 8, conflict-free.
+template <int32_t kD>
+constexpr int32_t kROW_V_F32 = kD + 4;
+
+template <int32_t kD, int32_t kRowQK = kROW_QK_F32<kD>>
+constexpr int32_t sharedBytesF32()
 {
-    float step[4]{0.F, 0.F, 0.F, 0.F};
-    mma1688(step, aLo, bHi[0], bHi[1]);
-    mma1688(step, aHi, bLo[0], bLo[1]);
-    mma1688(step, aHi, bHi[0], bHi[1]);
+    return ((kBLOCK_ROWS<1> + kBLOCK_KEYS) * kRowQK + kBLOCK_KEYS * kROW_V_F32<kD>) * 4;
+}
+
+//! Shared memory of the compact float32 layout (Q and K rows of kD + 4 floats, 2-way bank
+//! conflicts on their 16-byte loads), for a GPU whose shared memory the usual one exceeds.
+constexpr int32_t compactSharedBytesF32(int32_t paddedDim)
+{
+    return (kBLOCK_ROWS<1> + 2 * kBLOCK_KEYS) * (paddedDim + 4) * 4;
+}
+
+//! float32 kernel variants (bit flags; kF32_VARIANT is the one built into the plugin, the fastest
+//! on the H200 with errors below the unfused float32 chain's on every benchmark shape):
+//! kMERGE_QK: the two 8-term steps of Q·K that one 16-byte load of Q and K feeds go into one
+//! zeroed accumulator (6 products, then one float32 add) instead of two; kMERGE_PV: likewise
+//! two 8-key steps of P·V (faster on Llama, but up to 1.2x the error: not the default).
+constexpr int32_t kMERGE_QK{1};
+constexpr int32_t kMERGE_PV{2};
+constexpr int32_t kPRESPLIT{4};    //!< flashTf32x3SplitKernel where splitKernelFor(kD)
+constexpr int32_t kSPLIT_TO_64{8}; //!< ... for head dims up to 64 only (80: flashTf32x3Kernel)
+#ifdef GRAPHFIX_F32_DEFAULT_VARIANT
+constexpr int32_t kF32_VARIANT{GRAPHFIX_F32_DEFAULT_VARIANT};
+#else
+constexpr int32_t kF32_VARIANT{kMERGE_QK};
+#endif
+
+//! Blocks per multiprocessor the float32 kernel is register-capped for (3: 168 registers).
+template <int32_t kD>
+constexpr int32_t kMIN_BLOCKS_F32 = kD <= 80 ? 3 : 1;
+
+//! c += (the products already in step): one float32 add per accumulator element.
+__device__ __forceinline__ void addStep(float (&c)[4], float const (&step)[4])
+{
 #pragma unroll
     for (int32_t e = 0; e < 4; ++e)
     {
@@ -729,18 +765,177 @@ __device__ __forceinline__ void mma3xTf32(float (&c)[4], uint32_t const (&aHi)[4
     }
 }
 
-template <int32_t kD, int32_t kMT>
-__global__ void __launch_bounds__(kTHREADS) flashTf32x3Kernel(float const* __restrict__ q,
+//! step += a b in 3xTF32 (lo·hi + hi·lo + hi·hi), the tensor core's own accumulation.
+__device__ __forceinline__ void mma3xTf32Into(float (&step)[4], uint32_t const (&aHi)[4], uint32_t const (&aLo)[4],
+    uint32_t const (&bHi)[2], uint32_t const (&bLo)[2])
+{
+    mma1688(step, aLo, bHi[0], bHi[1]);
+    mma1688(step, aHi, bLo[0], bLo[1]);
+    mma1688(step, aHi, bHi[0], bHi[1]);
+}
+
+//! c += a b in 3xTF32, the three products summed by the tensor core into a zeroed accumulator
+//! and added to c in float32: the tensor core truncates when it accumulates, so its error then
+//! stays within one 8-term step instead of growing along the whole sum.
+__device__ __forceinline__ void mma3xTf32(float (&c)[4], uint32_t const (&aHi)[4], uint32_t const (&aLo)[4],
+    uint32_t const (&bHi)[2], uint32_t const (&bLo)[2])
+{
+    float step[4]{0.F, 0.F, 0.F, 0.F};
+    mma3xTf32Into(step, aHi, aLo, bHi, bLo);
+    addStep(c, step);
+}
+
+//! s[n] = Q·K_nᵀ over the whole head dimension for the 8-key tiles n < liveTiles (all 8 when
+//! !kPARTIAL: one basic block). The head dimension is taken in a permuted order, the same for Q
+//! and K (only the order of the sum changes): for each 16 columns 16m..16m+15, thread t's 16-byte
+//! load of columns 16m + 4t .. 16m + 4t + 3 feeds step 2m (TF32 fragment columns t, t + 4 = the
+//! first two) and step 2m + 1 (the last two). Q rows g, g + 8 of the warp at qRow, K rows n·8 + g.
+template <int32_t kD, int32_t kVariant, bool kPARTIAL, int32_t kRowQK>
+__device__ __forceinline__ void scoresTf32(float (&s)[kKEY_TILES][4], float const* qRow, float const* kRow0,
+    int32_t liveTiles)
+{
+#pragma unroll 1
+    for (int32_t m = 0; m < kD / 16; ++m)
+    {
+        float4 const qa = *reinterpret_cast<float4 const*>(qRow + 16 * m);
+        float4 const qb = *reinterpret_cast<float4 const*>(qRow + 8 * kRowQK + 16 * m);
+        uint32_t aHi[2][4];
+        uint32_t aLo[2][4];
+        splitTf32(qa.x, aHi[0][0], aLo[0][0]);
+        splitTf32(qb.x, aHi[0][1], aLo[0][1]);
+        splitTf32(qa.y, aHi[0][2], aLo[0][2]);
+        splitTf32(qb.y, aHi[0][3], aLo[0][3]);
+        splitTf32(qa.z, aHi[1][0], aLo[1][0]);
+        splitTf32(qb.z, aHi[1][1], aLo[1][1]);
+        splitTf32(qa.w, aHi[1][2], aLo[1][2]);
+        splitTf32(qb.w, aHi[1][3], aLo[1][3]);
+#pragma unroll
+        for (int32_t n = 0; n < kKEY_TILES; ++n)
+        {
+            if (kPARTIAL && n >= liveTiles)
+            {
+                continue;
+            }
+            float4 const kv = *reinterpret_cast<float4 const*>(kRow0 + n * 8 * kRowQK + 16 * m);
+            uint32_t bHi[2][2];
+            uint32_t bLo[2][2];
+            splitTf32(kv.x, bHi[0][0], bLo[0][0]);
+            splitTf32(kv.y, bHi[0][1], bLo[0][1]);
+            splitTf32(kv.z, bHi[1][0], bLo[1][0]);
+            splitTf32(kv.w, bHi[1][1], bLo[1][1]);
+            if constexpr ((kVariant & kMERGE_QK) != 0)
+            {
+                float step[4]{0.F, 0.F, 0.F, 0.F};
+                mma3xTf32Into(step, aHi[0], aLo[0], bHi[0], bLo[0]);
+                mma3xTf32Into(step, aHi[1], aLo[1], bHi[1], bLo[1]);
+                addStep(s[n], step);
+            }
+            else
+            {
+                mma3xTf32(s[n], aHi[0], aLo[0], bHi[0], bLo[0]);
+                mma3xTf32(s[n], aHi[1], aLo[1], bHi[1], bLo[1]);
+            }
+        }
+    }
+}
+
+//! The P·V A fragments of the 8 keys kk·8 .. kk·8 + 7, taken in the order 0,2,4,6,1,3,5,7 (the
+//! same for P and V): A's column t is key 2t, column t + 4 is key 2t + 1, so the scores'
+//! accumulator layout is the A fragment.
+__device__ __forceinline__ void probabilityFragment(float const (&p)[4], uint32_t (&aHi)[4], uint32_t (&aLo)[4])
+{
+    splitTf32(p[0], aHi[0], aLo[0]);
+    splitTf32(p[2], aHi[1], aLo[1]);
+    splitTf32(p[1], aHi[2], aLo[2]);
+    splitTf32(p[3], aHi[3], aLo[3]);
+}
+
+//! V's B fragment for keys 2t, 2t + 1 (rows vRow, vRow + kRowV) and column g (vRow's column).
+template <int32_t kRowV>
+__device__ __forceinline__ void valueFragment(float const* vRow, uint32_t (&bHi)[2], uint32_t (&bLo)[2])
+{
+    splitTf32(vRow[0], bHi[0], bLo[0]);
+    splitTf32(vRow[kRowV], bHi[1], bLo[1]);
+}
+
+//! o += P·V_j for the 8-key tiles kk < liveTiles (all when !kPARTIAL). vRows: V row 2t, column g.
+template <int32_t kD, int32_t kVariant, bool kPARTIAL>
+__device__ __forceinline__ void valuesTf32(
+    float (&o)[kD / 8][4], float const (&s)[kKEY_TILES][4], float const* vRows, int32_t liveTiles)
+{
+    constexpr int32_t kRowV = kROW_V_F32<kD>;
+    if constexpr ((kVariant & kMERGE_PV) != 0)
+    {
+#pragma unroll
+        for (int32_t kk = 0; kk < kKEY_TILES; kk += 2)
+        {
+            if (kPARTIAL && kk >= liveTiles)
+            {
+                continue;
+            }
+            bool const second = !kPARTIAL || kk + 1 < liveTiles;
+            uint32_t aHi[2][4];
+            uint32_t aLo[2][4];
+            probabilityFragment(s[kk], aHi[0], aLo[0]);
+            probabilityFragment(s[kk + 1], aHi[1], aLo[1]);
+#pragma unroll
+            for (int32_t n = 0; n < kD / 8; ++n)
+            {
+                float step[4]{0.F, 0.F, 0.F, 0.F};
+                uint32_t bHi[2];
+                uint32_t bLo[2];
+                valueFragment<kRowV>(vRows + kk * 8 * kRowV + n * 8, bHi, bLo);
+                mma3xTf32Into(step, aHi[0], aLo[0], bHi, bLo);
+                if (second)
+                {
+                    valueFragment<kRowV>(vRows + (kk + 1) * 8 * kRowV + n * 8, bHi, bLo);
+                    mma3xTf32Into(step, aHi[1], aLo[1], bHi, bLo);
+                }
+                addStep(o[n], step);
+            }
+        }
+    }
+    else
+    {
+#pragma unroll
+        for (int32_t kk = 0; kk < kKEY_TILES; ++kk)
+        {
+            if (kPARTIAL && kk >= liveTiles)
+            {
+                continue;
+            }
+            uint32_t aHi[4];
+            uint32_t aLo[4];
+            probabilityFragment(s[kk], aHi, aLo);
+#pragma unroll
+            for (int32_t n = 0; n < kD / 8; ++n)
+            {
+                uint32_t bHi[2];
+                uint32_t bLo[2];
+                valueFragment<kRowV>(vRows + kk * 8 * kRowV + n * 8, bHi, bLo);
+                mma3xTf32(o[n], aHi, aLo, bHi, bLo);
+            }
+        }
+    }
+}
+
+//! One warp: 16 query rows; per 64-key tile, the 8-key tiles past the last key the warp can use
+//! (the end of K, or its last row under causal) are skipped: SDXL's 77 keys take 64 + 16 keys.
+//! kRowQK: Q and K's shared row length, kROW_QK_F32 (conflict-free), or kD + 4 where that does
+//! not fit the GPU's shared memory (kCOMPACT_F32: D = 128 on sm_86/sm_89, 99 KB per block).
+template <int32_t kD, int32_t kVariant, int32_t kRowQK = kROW_QK_F32<kD>>
+__global__ void __launch_bounds__(kTHREADS, kMIN_BLOCKS_F32<kD>) flashTf32x3Kernel(float const* __restrict__ q,
     float const* __restrict__ k, float const* __restrict__ v, AttentionMaskView const mask, float* __restrict__ out,
     AttentionShape const shape, AttentionParams const params, int32_t const qTiles)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    constexpr int32_t kRow = kROW<float, kD>;
-    constexpr int32_t kRows = kBLOCK_ROWS<kMT>;
+    static_assert(kRowQK % 4 == 0, "16-byte rows");
+    constexpr int32_t kRowV = kROW_V_F32<kD>;
+    constexpr int32_t kRows = kBLOCK_ROWS<1>;
     extern __shared__ __align__(16) unsigned char sharedRaw[];
     float* const sQ = reinterpret_cast<float*>(sharedRaw);
-    float* const sK = sQ + kRows * kRow;
-    float* const sV = sK + kBLOCK_KEYS * kRow;
+    float* const sK = sQ + kRows * kRowQK;
+    float* const sV = sK + kBLOCK_KEYS * kRowQK;
 
     BlockSetup<float> const block(q, k, v, out, mask, shape, params, kRows, qTiles);
     int32_t const headDim = static_cast<int32_t>(shape.headDim);
@@ -752,152 +947,435 @@ __global__ void __launch_bounds__(kTHREADS) flashTf32x3Kernel(float const* __res
 
     if (headDim < kD)
     {
-        zeroPadding<float, kD, kRow>(sQ, kRows + kBLOCK_KEYS, headDim);
+        zeroPadding<float, kD, kRowQK>(sQ, kRows + kBLOCK_KEYS, headDim); // sQ and sK are adjacent
     }
     if (valueDim < kD)
     {
-        zeroPadding<float, kD, kRow>(sV, kBLOCK_KEYS, valueDim);
+        zeroPadding<float, kD, kRowV>(sV, kBLOCK_KEYS, valueDim);
     }
     int32_t const keyTiles = static_cast<int32_t>((block.keyEnd + kBLOCK_KEYS - 1) / kBLOCK_KEYS);
-    loadTileAsync<float, kD, kRow, kRows>(sQ, block.qBase, block.q0, shape.seqQ, headDim);
+    loadTileAsync<float, kD, kRowQK, kRows>(sQ, block.qBase, block.q0, shape.seqQ, headDim);
     if (keyTiles > 0)
     {
-        loadTileAsync<float, kD, kRow, kBLOCK_KEYS>(sK, block.kBase, 0, shape.seqK, headDim);
+        loadTileAsync<float, kD, kRowQK, kBLOCK_KEYS>(sK, block.kBase, 0, shape.seqK, headDim);
     }
     commitAsync();
     waitAsync<0>();
     __syncthreads();
 
-    int32_t const warpRow = warp * 16 * kMT;
-    float o[kMT][kD / 8][4];
+    int32_t const warpRow = warp * 16;
+    float o[kD / 8][4];
 #pragma unroll
-    for (int32_t mt = 0; mt < kMT; ++mt)
+    for (int32_t n = 0; n < kD / 8; ++n)
     {
-#pragma unroll
-        for (int32_t n = 0; n < kD / 8; ++n)
-        {
-            o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.F;
-        }
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.F;
     }
-    OnlineSoftmax softmax[kMT];
+    OnlineSoftmax softmax;
     int64_t const warpRow0 = block.q0 + warpRow;
-    float const* const qRows = sQ + (warpRow + g) * kRow;
+    // the keys this warp's rows can use: all of K, or under causal up to its last row
+    int64_t const warpKeyEnd = params.causal && warpRow0 + 16 < block.keyEnd ? warpRow0 + 16 : block.keyEnd;
+    float const* const qRow = sQ + (warpRow + g) * kRowQK + 4 * t;
+    float const* const kRow0 = sK + g * kRowQK + 4 * t;
+    float const* const vRows = sV + 2 * t * kRowV + g;
 
     for (int32_t j = 0; j < keyTiles; ++j)
     {
         int64_t const k0 = static_cast<int64_t>(j) * kBLOCK_KEYS;
-        loadTileAsync<float, kD, kRow, kBLOCK_KEYS>(sV, block.vBase, k0, shape.seqK, valueDim);
+        loadTileAsync<float, kD, kRowV, kBLOCK_KEYS>(sV, block.vBase, k0, shape.seqK, valueDim);
         commitAsync();
         waitAsync<1>(); // K_j
         __syncthreads();
 
-        float s[kMT][kKEY_TILES][4];
+        // 8-key tiles holding a key the warp can use (none for a warp past the last query row)
+        int64_t const live = warpRow0 < shape.seqQ ? (warpKeyEnd - k0 + 7) / 8 : 0;
+        int32_t const liveTiles = live < 0 ? 0 : (live > kKEY_TILES ? kKEY_TILES : static_cast<int32_t>(live));
+        float s[kKEY_TILES][4];
 #pragma unroll
-        for (int32_t mt = 0; mt < kMT; ++mt)
+        for (int32_t n = 0; n < kKEY_TILES; ++n)
         {
-#pragma unroll
-            for (int32_t n = 0; n < kKEY_TILES; ++n)
-            {
-                s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.F;
-            }
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.F;
         }
-#pragma unroll 2
-        for (int32_t kk = 0; kk < kD / 8; ++kk)
+        if (liveTiles == kKEY_TILES)
         {
-            uint32_t aHi[kMT][4];
-            uint32_t aLo[kMT][4];
-#pragma unroll
-            for (int32_t mt = 0; mt < kMT; ++mt)
-            {
-                float const* const rows = qRows + mt * 16 * kRow + kk * 8 + t;
-                splitTf32(rows[0], aHi[mt][0], aLo[mt][0]);
-                splitTf32(rows[8 * kRow], aHi[mt][1], aLo[mt][1]);
-                splitTf32(rows[4], aHi[mt][2], aLo[mt][2]);
-                splitTf32(rows[8 * kRow + 4], aHi[mt][3], aLo[mt][3]);
-            }
-#pragma unroll
-            for (int32_t n = 0; n < kKEY_TILES; ++n)
-            {
-                float const* const kRowPtr = sK + (n * 8 + g) * kRow + kk * 8 + t;
-                uint32_t bHi[2];
-                uint32_t bLo[2];
-                splitTf32(kRowPtr[0], bHi[0], bLo[0]);
-                splitTf32(kRowPtr[4], bHi[1], bLo[1]);
-#pragma unroll
-                for (int32_t mt = 0; mt < kMT; ++mt)
-                {
-                    mma3xTf32(s[mt][n], aHi[mt], aLo[mt], bHi, bLo);
-                }
-            }
+            scoresTf32<kD, kVariant, false, kRowQK>(s, qRow, kRow0, liveTiles);
+        }
+        else
+        {
+            scoresTf32<kD, kVariant, true, kRowQK>(s, qRow, kRow0, liveTiles);
         }
         __syncthreads(); // every warp is done with K_j
         if (j + 1 < keyTiles)
         {
-            loadTileAsync<float, kD, kRow, kBLOCK_KEYS>(sK, block.kBase, k0 + kBLOCK_KEYS, shape.seqK, headDim);
+            loadTileAsync<float, kD, kRowQK, kBLOCK_KEYS>(sK, block.kBase, k0 + kBLOCK_KEYS, shape.seqK, headDim);
         }
         commitAsync();
 
+        // the skipped 8-key tiles hold only keys past seqK or past the diagonal: checkEach is
+        // then true and blocks them
         bool const checkEach = k0 + kBLOCK_KEYS > shape.seqK || (params.causal && k0 + kBLOCK_KEYS - 1 > warpRow0);
-#pragma unroll
-        for (int32_t mt = 0; mt < kMT; ++mt)
-        {
-            float alpha[2];
-            softmax[mt].template update<false>(
-                s[mt], alpha, warpRow0 + mt * 16 + g, k0, mask, block.maskBase, shape, params, checkEach);
-            rescale(o[mt], alpha);
-        }
+        float alpha[2];
+        softmax.template update<false>(s, alpha, warpRow0 + g, k0, mask, block.maskBase, shape, params, checkEach);
+        rescale(o, alpha);
 
         waitAsync<1>(); // V_j
         __syncthreads();
-#pragma unroll
-        for (int32_t kk = 0; kk < kKEY_TILES; ++kk)
+        if (liveTiles == kKEY_TILES)
         {
-            // keys kk*8 + {0,2,4,6,1,3,5,7}: A's column t is key 2t, column t + 4 is key 2t + 1
-            uint32_t aHi[kMT][4];
-            uint32_t aLo[kMT][4];
-#pragma unroll
-            for (int32_t mt = 0; mt < kMT; ++mt)
-            {
-                splitTf32(s[mt][kk][0], aHi[mt][0], aLo[mt][0]);
-                splitTf32(s[mt][kk][2], aHi[mt][1], aLo[mt][1]);
-                splitTf32(s[mt][kk][1], aHi[mt][2], aLo[mt][2]);
-                splitTf32(s[mt][kk][3], aHi[mt][3], aLo[mt][3]);
-            }
-            float const* const vRows = sV + (kk * 8 + 2 * t) * kRow + g;
-#pragma unroll
-            for (int32_t n = 0; n < kD / 8; ++n)
-            {
-                uint32_t bHi[2];
-                uint32_t bLo[2];
-                splitTf32(vRows[n * 8], bHi[0], bLo[0]);
-                splitTf32(vRows[kRow + n * 8], bHi[1], bLo[1]);
-#pragma unroll
-                for (int32_t mt = 0; mt < kMT; ++mt)
-                {
-                    mma3xTf32(o[mt][n], aHi[mt], aLo[mt], bHi, bLo);
-                }
-            }
+            valuesTf32<kD, kVariant, false>(o, s, vRows, liveTiles);
+        }
+        else
+        {
+            valuesTf32<kD, kVariant, true>(o, s, vRows, liveTiles);
         }
         __syncthreads(); // every warp is done with V_j
     }
     waitAsync<0>();
-#pragma unroll
-    for (int32_t mt = 0; mt < kMT; ++mt)
+    softmax.finish();
+    storeOutput<float, kD>(o, softmax, block.outBase, warpRow0 + g, shape, params);
+#endif
+}
+// ---- float32 with K and V split once per tile ----------------------------------------------------
+
+//! Quads (16 bytes) per (8-key step, t) row of the split V tile: kD + 2, so that the fragment
+//! loads of a quarter warp (t = 0..3, g = 0, 1) fall in 8 different quads of the banks.
+template <int32_t kD>
+constexpr int32_t kV_SPLIT_ROW = kD + 2;
+
+//! Shared memory of flashTf32x3SplitKernel: one staging tile (Q, then each K and V tile as
+//! cp.async lands it), K split into TF32 hi and lo planes, V split into fragment quads.
+template <int32_t kD>
+constexpr int32_t sharedBytesF32Split()
+{
+    return kBLOCK_KEYS * kROW_QK_F32<kD> * 4 + kBLOCK_KEYS * kD * 8 + kKEY_TILES * 4 * kV_SPLIT_ROW<kD> * 16;
+}
+
+//! Head dimensions (padded) that take flashTf32x3SplitKernel under kPRESPLIT: its tiles fit twice
+//! per SM up to 80 (up to 64 with kSPLIT_TO_64).
+constexpr bool splitKernelFor(int32_t paddedDim, int32_t variant = kF32_VARIANT)
+{
+    return paddedDim <= ((variant & kSPLIT_TO_64) != 0 ? 64 : 80);
+}
+
+__device__ __forceinline__ void splitQuad(float4 const x, uint4& hi, uint4& lo)
+{
+    splitTf32(x.x, hi.x, lo.x);
+    splitTf32(x.y, hi.y, lo.y);
+    splitTf32(x.z, hi.z, lo.z);
+    splitTf32(x.w, hi.w, lo.w);
+}
+
+//! The staged K tile (64 rows of kRowS floats) into hi and lo planes of quads [kD / 16][64][4]:
+//! quad (m, key, t) holds columns 16m + 4t .. 16m + 4t + 3 of the key, the order scoresSplitTf32
+//! takes them in. Columns from headDim on are zeroed (the staging tile may hold V's there).
+template <int32_t kD>
+__device__ __forceinline__ void splitKeysTile(float const* stage, uint4* kHi, uint4* kLo, int32_t headDim)
+{
+    constexpr int32_t kRowS = kROW_QK_F32<kD>;
+    for (int32_t i = static_cast<int32_t>(threadIdx.x); i < kD / 16 * kBLOCK_KEYS * 4; i += kTHREADS)
     {
-        softmax[mt].finish();
-        storeOutput<float, kD>(o[mt], softmax[mt], block.outBase, warpRow0 + mt * 16 + g, shape, params);
+        int32_t const quad = i % 4;
+        int32_t const row = (i / 4) % kBLOCK_KEYS;
+        int32_t const col = (i / (4 * kBLOCK_KEYS)) * 16 + quad * 4;
+        float4 x = *reinterpret_cast<float4 const*>(stage + row * kRowS + col);
+        if (headDim < kD)
+        {
+            x.x = col < headDim ? x.x : 0.F;
+            x.y = col + 1 < headDim ? x.y : 0.F;
+            x.z = col + 2 < headDim ? x.z : 0.F;
+            x.w = col + 3 < headDim ? x.w : 0.F;
+        }
+        uint4 hi;
+        uint4 lo;
+        splitQuad(x, hi, lo);
+        kHi[i] = hi;
+        kLo[i] = lo;
     }
+}
+
+//! The staged V tile into fragment quads [8][4][kV_SPLIT_ROW]: quad (kk, t, col) holds
+//! {hi, hi, lo, lo} of keys kk·8 + 2t and kk·8 + 2t + 1 in column col (P·V's B fragment).
+template <int32_t kD>
+__device__ __forceinline__ void splitValuesTile(float const* stage, uint4* vSplit)
+{
+    constexpr int32_t kRowS = kROW_QK_F32<kD>;
+    for (int32_t i = static_cast<int32_t>(threadIdx.x); i < kKEY_TILES * 4 * kD; i += kTHREADS)
+    {
+        int32_t const col = i % kD;
+        int32_t const kt = i / kD; // kk·4 + t
+        int32_t const key = (kt / 4) * 8 + 2 * (kt % 4);
+        uint4 quad;
+        splitTf32(stage[key * kRowS + col], quad.x, quad.z);
+        splitTf32(stage[(key + 1) * kRowS + col], quad.y, quad.w);
+        vSplit[kt * kV_SPLIT_ROW<kD> + col] = quad;
+    }
+}
+
+//! s[n] = Q·K_nᵀ from Q in registers (rows g, g + 8: per 16 columns m, the 4 of row g then the 4
+//! of row g + 8) and the split K planes (kHi, kLo at quad g·4 + t), in scoresTf32's order.
+template <int32_t kD, int32_t kVariant, bool kPARTIAL>
+__device__ __forceinline__ void scoresSplitTf32(float (&s)[kKEY_TILES][4], float const (&qRaw)[kD / 16][8],
+    uint4 const* kHi, uint4 const* kLo, int32_t liveTiles)
+{
+#pragma unroll
+    for (int32_t m = 0; m < kD / 16; ++m)
+    {
+        uint32_t aHi[2][4];
+        uint32_t aLo[2][4];
+        splitTf32(qRaw[m][0], aHi[0][0], aLo[0][0]);
+        splitTf32(qRaw[m][4], aHi[0][1], aLo[0][1]);
+        splitTf32(qRaw[m][1], aHi[0][2], aLo[0][2]);
+        splitTf32(qRaw[m][5], aHi[0][3], aLo[0][3]);
+        splitTf32(qRaw[m][2], aHi[1][0], aLo[1][0]);
+        splitTf32(qRaw[m][6], aHi[1][1], aLo[1][1]);
+        splitTf32(qRaw[m][3], aHi[1][2], aLo[1][2]);
+        splitTf32(qRaw[m][7], aHi[1][3], aLo[1][3]);
+#pragma unroll
+        for (int32_t n = 0; n < kKEY_TILES; ++n)
+        {
+            if (kPARTIAL && n >= liveTiles)
+            {
+                continue;
+            }
+            uint4 const h = kHi[(m * kBLOCK_KEYS + n * 8) * 4];
+            uint4 const l = kLo[(m * kBLOCK_KEYS + n * 8) * 4];
+            uint32_t const bHi[2][2]{{h.x, h.y}, {h.z, h.w}};
+            uint32_t const bLo[2][2]{{l.x, l.y}, {l.z, l.w}};
+            if constexpr ((kVariant & kMERGE_QK) != 0)
+            {
+                float step[4]{0.F, 0.F, 0.F, 0.F};
+                mma3xTf32Into(step, aHi[0], aLo[0], bHi[0], bLo[0]);
+                mma3xTf32Into(step, aHi[1], aLo[1], bHi[1], bLo[1]);
+                if (m == 0)
+                {
+                    s[n][0] = step[0]; // s starts at 0: no add (only the sign of a zero differs)
+                    s[n][1] = step[1];
+                    s[n][2] = step[2];
+                    s[n][3] = step[3];
+                }
+                else
+                {
+                    addStep(s[n], step);
+                }
+            }
+            else
+            {
+                mma3xTf32(s[n], aHi[0], aLo[0], bHi[0], bLo[0]);
+                mma3xTf32(s[n], aHi[1], aLo[1], bHi[1], bLo[1]);
+            }
+        }
+    }
+}
+
+//! o += P·V_j from the split V quads (vSplit at quad t·kV_SPLIT_ROW + g), in valuesTf32's order.
+template <int32_t kD, int32_t kVariant, bool kPARTIAL>
+__device__ __forceinline__ void valuesSplitTf32(
+    float (&o)[kD / 8][4], float const (&s)[kKEY_TILES][4], uint4 const* vSplit, int32_t liveTiles)
+{
+    constexpr int32_t kStep = 4 * kV_SPLIT_ROW<kD>; // quads per 8-key step
+    if constexpr ((kVariant & kMERGE_PV) != 0)
+    {
+#pragma unroll
+        for (int32_t kk = 0; kk < kKEY_TILES; kk += 2)
+        {
+            if (kPARTIAL && kk >= liveTiles)
+            {
+                continue;
+            }
+            bool const second = !kPARTIAL || kk + 1 < liveTiles;
+            uint32_t aHi[2][4];
+            uint32_t aLo[2][4];
+            probabilityFragment(s[kk], aHi[0], aLo[0]);
+            probabilityFragment(s[kk + 1], aHi[1], aLo[1]);
+#pragma unroll
+            for (int32_t n = 0; n < kD / 8; ++n)
+            {
+                float step[4]{0.F, 0.F, 0.F, 0.F};
+                uint4 const b0 = vSplit[kk * kStep + n * 8];
+                uint32_t const bHi0[2]{b0.x, b0.y};
+                uint32_t const bLo0[2]{b0.z, b0.w};
+                mma3xTf32Into(step, aHi[0], aLo[0], bHi0, bLo0);
+                if (second)
+                {
+                    uint4 const b1 = vSplit[(kk + 1) * kStep + n * 8];
+                    uint32_t const bHi1[2]{b1.x, b1.y};
+                    uint32_t const bLo1[2]{b1.z, b1.w};
+                    mma3xTf32Into(step, aHi[1], aLo[1], bHi1, bLo1);
+                }
+                addStep(o[n], step);
+            }
+        }
+    }
+    else
+    {
+#pragma unroll
+        for (int32_t kk = 0; kk < kKEY_TILES; ++kk)
+        {
+            if (kPARTIAL && kk >= liveTiles)
+            {
+                continue;
+            }
+            uint32_t aHi[4];
+            uint32_t aLo[4];
+            probabilityFragment(s[kk], aHi, aLo);
+#pragma unroll
+            for (int32_t n = 0; n < kD / 8; ++n)
+            {
+                uint4 const b = vSplit[kk * kStep + n * 8];
+                uint32_t const bHi[2]{b.x, b.y};
+                uint32_t const bLo[2]{b.z, b.w};
+                mma3xTf32(o[n], aHi, aLo, bHi, bLo);
+            }
+        }
+    }
+}
+
+//! flashTf32x3Kernel with K and V split into TF32 hi/lo once per tile by the whole block (not by
+//! each warp for each fragment) and Q held in registers: per tile, cp.async lands K_j in the
+//! staging tile, the block splits it, V_j is issued into the staging tile while the warps take
+//! Q·K_jᵀ and the softmax, the block splits V_j, K_j+1 is issued while the warps take P·V_j.
+template <int32_t kD, int32_t kVariant>
+__global__ void __launch_bounds__(kTHREADS, 2) flashTf32x3SplitKernel(float const* __restrict__ q,
+    float const* __restrict__ k, float const* __restrict__ v, AttentionMaskView const mask, float* __restrict__ out,
+    AttentionShape const shape, AttentionParams const params, int32_t const qTiles)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    constexpr int32_t kRowS = kROW_QK_F32<kD>;
+    constexpr int32_t kRows = kBLOCK_ROWS<1>;
+    static_assert(kRows == kBLOCK_KEYS, "the staging tile holds Q's rows and a key tile");
+    extern __shared__ __align__(16) unsigned char sharedRaw[];
+    float* const sStage = reinterpret_cast<float*>(sharedRaw);
+    uint4* const sKhi = reinterpret_cast<uint4*>(sStage + kBLOCK_KEYS * kRowS);
+    uint4* const sKlo = sKhi + kD / 16 * kBLOCK_KEYS * 4;
+    uint4* const sVs = sKlo + kD / 16 * kBLOCK_KEYS * 4;
+
+    BlockSetup<float> const block(q, k, v, out, mask, shape, params, kRows, qTiles);
+    int32_t const headDim = static_cast<int32_t>(shape.headDim);
+    int32_t const valueDim = static_cast<int32_t>(shape.valueDim);
+    int32_t const warp = static_cast<int32_t>(threadIdx.x / 32);
+    int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
+    int32_t const g = lane / 4;
+    int32_t const t = lane % 4;
+    int32_t const warpRow = warp * 16;
+
+    if (headDim < kD)
+    {
+        zeroPadding<float, kD, kRowS>(sStage, kRows, headDim);
+    }
+    // Q into the staging tile and K_0, in one round trip, into the split V tile's space (free
+    // until V_0's split; splitKeysTile zeroes what lies past headDim)
+    float* const sKey0 = reinterpret_cast<float*>(sVs);
+    static_assert(kBLOCK_KEYS * kRowS * 4 <= kKEY_TILES * 4 * kV_SPLIT_ROW<kD> * 16, "K_0 fits the V split tile");
+    int32_t const keyTiles = static_cast<int32_t>((block.keyEnd + kBLOCK_KEYS - 1) / kBLOCK_KEYS);
+    loadTileAsync<float, kD, kRowS, kRows>(sStage, block.qBase, block.q0, shape.seqQ, headDim);
+    if (keyTiles > 0)
+    {
+        loadTileAsync<float, kD, kRowS, kBLOCK_KEYS>(sKey0, block.kBase, 0, shape.seqK, headDim);
+    }
+    commitAsync();
+    waitAsync<0>();
+    __syncthreads();
+    float qRaw[kD / 16][8];
+#pragma unroll
+    for (int32_t m = 0; m < kD / 16; ++m)
+    {
+        float4 const a = *reinterpret_cast<float4 const*>(sStage + (warpRow + g) * kRowS + 16 * m + 4 * t);
+        float4 const b = *reinterpret_cast<float4 const*>(sStage + (warpRow + g + 8) * kRowS + 16 * m + 4 * t);
+        qRaw[m][0] = a.x;
+        qRaw[m][1] = a.y;
+        qRaw[m][2] = a.z;
+        qRaw[m][3] = a.w;
+        qRaw[m][4] = b.x;
+        qRaw[m][5] = b.y;
+        qRaw[m][6] = b.z;
+        qRaw[m][7] = b.w;
+    }
+    float o[kD / 8][4];
+#pragma unroll
+    for (int32_t n = 0; n < kD / 8; ++n)
+    {
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.F;
+    }
+    OnlineSoftmax softmax;
+    int64_t const warpRow0 = block.q0 + warpRow;
+    int64_t const warpKeyEnd = params.causal && warpRow0 + 16 < block.keyEnd ? warpRow0 + 16 : block.keyEnd;
+    uint4 const* const kHi = sKhi + g * 4 + t;
+    uint4 const* const kLo = sKlo + g * 4 + t;
+    uint4 const* const vSplit = sVs + t * kV_SPLIT_ROW<kD> + g;
+
+    for (int32_t j = 0; j < keyTiles; ++j)
+    {
+        int64_t const k0 = static_cast<int64_t>(j) * kBLOCK_KEYS;
+        if (j > 0)
+        {
+            waitAsync<0>(); // K_j staged
+            __syncthreads();
+        }
+        splitKeysTile<kD>(j > 0 ? sStage : sKey0, sKhi, sKlo, headDim);
+        __syncthreads(); // K_j split; the staging tile is free (every warp has its Q rows)
+        loadTileAsync<float, kD, kRowS, kBLOCK_KEYS>(sStage, block.vBase, k0, shape.seqK, valueDim);
+        commitAsync();
+
+        // 8-key tiles holding a key the warp can use (none for a warp past the last query row)
+        int64_t const live = warpRow0 < shape.seqQ ? (warpKeyEnd - k0 + 7) / 8 : 0;
+        int32_t const liveTiles = live < 0 ? 0 : (live > kKEY_TILES ? kKEY_TILES : static_cast<int32_t>(live));
+        float s[kKEY_TILES][4];
+#pragma unroll
+        for (int32_t n = 0; n < kKEY_TILES; ++n)
+        {
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.F;
+        }
+        if (liveTiles == kKEY_TILES)
+        {
+            scoresSplitTf32<kD, kVariant, false>(s, qRaw, kHi, kLo, liveTiles);
+        }
+        else
+        {
+            scoresSplitTf32<kD, kVariant, true>(s, qRaw, kHi, kLo, liveTiles);
+        }
+        bool const checkEach = k0 + kBLOCK_KEYS > shape.seqK || (params.causal && k0 + kBLOCK_KEYS - 1 > warpRow0);
+        float alpha[2];
+        softmax.template update<false>(s, alpha, warpRow0 + g, k0, mask, block.maskBase, shape, params, checkEach);
+        rescale(o, alpha);
+
+        waitAsync<0>(); // V_j staged
+        __syncthreads(); // (and every warp is done with K_j's split)
+        splitValuesTile<kD>(sStage, sVs);
+        __syncthreads(); // V_j split; the staging tile is free
+        if (j + 1 < keyTiles)
+        {
+            loadTileAsync<float, kD, kRowS, kBLOCK_KEYS>(sStage, block.kBase, k0 + kBLOCK_KEYS, shape.seqK, headDim);
+        }
+        commitAsync();
+        if (liveTiles == kKEY_TILES)
+        {
+            valuesSplitTf32<kD, kVariant, false>(o, s, vSplit, liveTiles);
+        }
+        else
+        {
+            valuesSplitTf32<kD, kVariant, true>(o, s, vSplit, liveTiles);
+        }
+    }
+    waitAsync<0>();
+    softmax.finish();
+    storeOutput<float, kD>(o, softmax, block.outBase, warpRow0 + g, shape, params);
 #endif
 }
 
 // ---- dispatch ----------------------------------------------------------------------------------
 
-template <typename T, int32_t kD>
+template <typename T, int32_t kD, int32_t kVariant = kF32_VARIANT>
 constexpr auto kernelFor()
 {
     if constexpr (std::is_same_v<T, float>)
     {
-        return flashTf32x3Kernel<kD, rowTilesFor(4, kD)>;
+        if constexpr ((kVariant & kPRESPLIT) != 0 && splitKernelFor(kD, kVariant))
+        {
+            return flashTf32x3SplitKernel<kD, kVariant & (kMERGE_QK | kMERGE_PV)>;
+        }
+        else
+        {
+            return flashTf32x3Kernel<kD, kVariant & (kMERGE_QK | kMERGE_PV)>;
+        }
     }
     else
     {
@@ -905,17 +1383,62 @@ constexpr auto kernelFor()
     }
 }
 
+#ifdef GRAPHFIX_F32_EXPERIMENT
+//! Experiment builds only: the float32 variant from GRAPHFIX_F32_VARIANT (1, 4, 5 or 13; anything
+//! else: kF32_VARIANT). The kernel builds them all so that one build can time each.
+inline int32_t f32Variant()
+{
+    char const* value = std::getenv("GRAPHFIX_F32_VARIANT");
+    return value == nullptr ? kF32_VARIANT : std::atoi(value);
+}
+
+template <typename T, int32_t kD>
+auto experimentKernelFor()
+{
+    if constexpr (std::is_same_v<T, float>)
+    {
+        // one pointer type for every variant: the kernels share their signature
+        void (*kernel)(float const*, float const*, float const*, AttentionMaskView, float*, AttentionShape,
+            AttentionParams, int32_t) = kernelFor<T, kD, kF32_VARIANT>();
+        switch (f32Variant())
+        {
+        case 1: kernel = kernelFor<T, kD, 1>(); break;
+        case 4: kernel = kernelFor<T, kD, 4>(); break;
+        case 5: kernel = kernelFor<T, kD, 5>(); break;
+        case 13: kernel = kernelFor<T, kD, 13>(); break;
+        default: break;
+        }
+        return kernel;
+    }
+    else
+    {
+        return kernelFor<T, kD>();
+    }
+}
+#define GRAPHFIX_FLASH_KERNEL_FOR experimentKernelFor
+#else
+#define GRAPHFIX_FLASH_KERNEL_FOR kernelFor
+#endif
+
 //! Calls f with the kernel for plan.paddedDim, or returns cudaErrorInvalidConfiguration.
 template <typename T, typename F>
 cudaError_t withKernel(FlashPlan const& plan, F&& f)
 {
     switch (plan.paddedDim)
     {
-    case 32: return f(kernelFor<T, 32>());
-    case 64: return f(kernelFor<T, 64>());
-    case 80: return f(kernelFor<T, 80>());
-    case 96: return f(kernelFor<T, 96>());
-    case 128: return f(kernelFor<T, 128>());
+    case 32: return f(GRAPHFIX_FLASH_KERNEL_FOR<T, 32>());
+    case 64: return f(GRAPHFIX_FLASH_KERNEL_FOR<T, 64>());
+    case 80: return f(GRAPHFIX_FLASH_KERNEL_FOR<T, 80>());
+    case 96: return f(GRAPHFIX_FLASH_KERNEL_FOR<T, 96>());
+    case 128:
+        if constexpr (std::is_same_v<T, float> && (kF32_VARIANT & kPRESPLIT) == 0)
+        {
+            if (plan.sharedBytes == compactSharedBytesF32(128))
+            {
+                return f(flashTf32x3Kernel<128, kF32_VARIANT, 128 + 4>); // see planFlashAttention
+            }
+        }
+        return f(GRAPHFIX_FLASH_KERNEL_FOR<T, 128>());
     default: return cudaErrorInvalidConfiguration;
     }
 }
@@ -927,12 +1450,33 @@ constexpr int32_t blockRowsFor(int32_t elementBytes, int32_t paddedDim)
 
 constexpr int32_t sharedBytes(int32_t elementBytes, int32_t paddedDim)
 {
-    return (blockRowsFor(elementBytes, paddedDim) + 2 * kBLOCK_KEYS) * (paddedDim + (elementBytes == 4 ? 4 : 8)) * elementBytes;
+    if (elementBytes == 4)
+    {
+        // float32: Q and K rows of kROW_QK_F32 floats, V rows of kROW_V_F32 (sharedBytesF32), or
+        // sharedBytesF32Split for the split kernel
+        int32_t const rowQK = paddedDim + (48 - paddedDim % 32) % 32;
+        int32_t const plain = ((blockRowsFor(4, paddedDim) + kBLOCK_KEYS) * rowQK + kBLOCK_KEYS * (paddedDim + 4)) * 4;
+        int32_t const split = kBLOCK_KEYS * rowQK * 4 + kBLOCK_KEYS * paddedDim * 8 + kKEY_TILES * 4 * (paddedDim + 2) * 16;
+#ifdef GRAPHFIX_F32_EXPERIMENT
+        return paddedDim <= 80 && split > plain ? split : plain; // the largest any variant takes
+#else
+        return (kF32_VARIANT & kPRESPLIT) != 0 && splitKernelFor(paddedDim) ? split : plain;
+#endif
+    }
+    return (blockRowsFor(elementBytes, paddedDim) + 2 * kBLOCK_KEYS) * (paddedDim + 8) * elementBytes;
 }
 
 static_assert(sharedBytes(2, 128) == sharedBytesFor<__half, 128>(), "one shared-memory formula");
 static_assert(sharedBytes(2, 64) == sharedBytesFor<__half, 64>(), "one shared-memory formula");
-static_assert(sharedBytes(4, 80) == sharedBytesFor<float, 80>(), "one shared-memory formula");
+static_assert(sharedBytes(4, 128) == sharedBytesF32<128>(), "one shared-memory formula");
+static_assert(compactSharedBytesF32(128) == sharedBytesF32<128, 128 + 4>(), "one shared-memory formula");
+static_assert(compactSharedBytesF32(128) < sharedBytes(4, 128), "the compact layout is smaller");
+static_assert(sharedBytes(4, 64) == ((kF32_VARIANT & kPRESPLIT) != 0 ? sharedBytesF32Split<64>() : sharedBytesF32<64>())
+        || sharedBytes(4, 64) == std::max(sharedBytesF32Split<64>(), sharedBytesF32<64>()),
+    "one shared-memory formula");
+static_assert(sharedBytes(4, 80) == ((kF32_VARIANT & kPRESPLIT) != 0 ? sharedBytesF32Split<80>() : sharedBytesF32<80>())
+        || sharedBytes(4, 80) == std::max(sharedBytesF32Split<80>(), sharedBytesF32<80>()),
+    "one shared-memory formula");
 static_assert(sharedBytes(2, 80) == sharedBytesFor<__nv_bfloat16, 80>(), "one shared-memory formula");
 
 inline bool aligned16(void const* p)
@@ -973,8 +1517,20 @@ cudaError_t launchFlashAttention(T const* q, T const* k, T const* v, AttentionMa
     {
         return cudaErrorInvalidConfiguration;
     }
+    size_t sharedSize = static_cast<size_t>(plan.sharedBytes);
+#ifdef GRAPHFIX_F32_EXPERIMENT
+    if (std::is_same_v<T, float> && plan.sharedBytes != compactSharedBytesF32(plan.paddedDim))
+    {
+        // the selected variant's own size (plan.sharedBytes is the largest of them)
+        int32_t const d = plan.paddedDim;
+        int32_t const rowQK = d + (48 - d % 32) % 32;
+        sharedSize = static_cast<size_t>((f32Variant() & kPRESPLIT) != 0 && splitKernelFor(d, f32Variant())
+                ? kBLOCK_KEYS * rowQK * 4 + kBLOCK_KEYS * d * 8 + kKEY_TILES * 4 * (d + 2) * 16
+                : ((kBLOCK_ROWS<1> + kBLOCK_KEYS) * rowQK + kBLOCK_KEYS * (d + 4)) * 4);
+    }
+#endif
     return withKernel<T>(plan, [&](auto kernel) {
-        kernel<<<static_cast<uint32_t>(blocks), kTHREADS, static_cast<size_t>(plan.sharedBytes), stream>>>(
+        kernel<<<static_cast<uint32_t>(blocks), kTHREADS, sharedSize, stream>>>(
             q, k, v, mask, out, shape, params, static_cast<int32_t>(qTiles));
         return cudaGetLastError();
     });

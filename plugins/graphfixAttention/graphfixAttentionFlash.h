@@ -10,7 +10,8 @@
  *    rounding); bfloat16 splits them into two terms (p = hi + lo, 16 bits instead of 8: 2x the
  *    P·V tensor work) so that its error stays at or below cuDNN SDPA's;
  *  - float32: mma.sync m16n8k8 on TF32 with 3xTF32 split products (a = hi + lo;
- *    hi·hi + hi·lo + lo·hi, float32 accumulation), float32-level accuracy for both products.
+ *    hi·hi + hi·lo + lo·hi, each 8- or 16-term step summed into a zeroed accumulator and added in
+ *    float32), float32-level accuracy for both products.
  *
  * Both: blocks of 4 warps, 64 query rows (16 per warp), 64 keys per tile, K and V tiles
  * loaded with cp.async while the previous product runs, online softmax in float32 registers,
