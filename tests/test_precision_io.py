@@ -140,3 +140,105 @@ def test_cli_flags_reach_the_api(tmp_path: Path, capsys, flag: str) -> None:
         assert report["keep_io_types"] is False
     else:
         assert report["norms"].startswith("not run")
+
+
+def _two_matmuls(side: int) -> onnx.ModelProto:
+    """x → MatMul(w1) → Relu → MatMul(w2) → y; both weights over the size converted ahead."""
+    rng = np.random.default_rng(3)
+    w1 = (rng.standard_normal((side, side)) / side).astype(np.float32)
+    w2 = (rng.standard_normal((side, side)) / side).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["a"], name="first"),
+        helper.make_node("Relu", ["a"], ["b"], name="relu"),
+        helper.make_node("MatMul", ["b", "w2"], ["y"], name="second"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, side])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, side])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_weight_converted_ahead_but_kept_float32_leaves_no_gap(tmp_path: Path) -> None:
+    side = 640  # 1.6 MB of float32: converted ahead, before the plan keeps `first` float32
+    assert 4 * side * side > weights.DEFERRED_CHECK_BYTES
+    model = _two_matmuls(side)
+    source = save_external(model, tmp_path / "in")
+    out = tmp_path / "out" / "m.onnx.data"
+    result = convert_precision(str(source), external_data=out, keep=["first"])
+    stored = {t.name: t for t in result.model.graph.initializer}
+    assert stored["w1"].data_type == TensorProto.FLOAT
+    assert stored["w2"].data_type == TensorProto.FLOAT16
+    # w1's float16 copy made ahead is gone: w2 moved down into its place, nothing in between
+    assert out.stat().st_size == 4 * side * side + 2 * side * side
+    offsets = {
+        t.name: {e.key: int(e.value) for e in t.external_data if e.key != "location"}
+        for t in stored.values()
+    }
+    spans = sorted((o["offset"], o["offset"] + o["length"]) for o in offsets.values())
+    assert spans[0][0] == 0 and spans[0][1] == spans[1][0] and spans[1][1] == out.stat().st_size
+    loaded = onnx.load(str(result.source))
+    arrays = {t.name: numpy_helper.to_array(t) for t in loaded.graph.initializer}
+    np.testing.assert_array_equal(arrays["w1"], numpy_helper.to_array(model.graph.initializer[0]))
+    np.testing.assert_array_equal(
+        arrays["w2"], numpy_helper.to_array(model.graph.initializer[1]).astype(np.float16)
+    )
+    feed = _feed(model)
+    np.testing.assert_allclose(
+        _run(str(result.source), feed)[0], _run(model, feed)[0], atol=1e-2, rtol=1e-2
+    )
+
+
+def test_weights_converted_ahead_are_taken_not_converted_again(tmp_path: Path) -> None:
+    side = 640
+    source = save_external(_two_matmuls(side), tmp_path / "in")
+    out = tmp_path / "out" / "m.onnx.data"
+    result = convert_precision(str(source), external_data=out)
+    assert out.stat().st_size == 2 * 2 * side * side  # each weight written once, in float16
+    assert {t.data_type for t in result.model.graph.initializer} == {TensorProto.FLOAT16}
+
+
+def test_a_failed_conversion_leaves_no_data_file(tmp_path: Path) -> None:
+    source = save_external(_two_matmuls(640), tmp_path / "in")
+    out = tmp_path / "out" / "m.onnx.data"
+    with pytest.raises(Exception, match="op types are"):
+        convert_precision(str(source), external_data=out, keep=["op:Conv"])
+    assert not out.exists()  # the weights converted ahead were thrown away with it
+
+
+def test_cli_precision_leaves_blas_threads_alone_in_a_process_that_has_numpy(
+    monkeypatch, tmp_path: Path, capsys
+) -> None:
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    src = tmp_path / "m.onnx"
+    onnx.save(attention_model(), src)
+    assert main(["precision", str(src), "-o", str(tmp_path / "o.onnx")]) == 0
+    import os
+
+    assert "OPENBLAS_NUM_THREADS" not in os.environ  # numpy was loaded before: no effect
+
+
+@pytest.mark.parametrize(("preset", "expected"), [(None, "1"), ("3", "3")])
+def test_cli_precision_starts_numpy_without_blas_threads(preset, expected) -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys\n"
+        "from graphfix.cli.main import main\n"
+        "try:\n    main(['precision', '--help'])\nexcept SystemExit:\n    pass\n"
+        "print(os.environ.get('OPENBLAS_NUM_THREADS'), 'numpy' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if preset is not None:
+        env["OPENBLAS_NUM_THREADS"] = preset  # the user's choice wins
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split()[-2:] == [expected, "True"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -276,7 +277,12 @@ def _command_word(argv: Sequence[str]) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(only=_command_word(argv))
+    command = _command_word(argv)
+    if command == "precision" and "numpy" not in sys.modules:
+        # numpy's OpenBLAS starts a thread per core that spins for ~0.1 s of CPU after the
+        # import; `graphfix precision` does no BLAS work, and its own threads want the cores.
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    parser = build_parser(only=command)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

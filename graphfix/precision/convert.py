@@ -9,6 +9,7 @@ on disk streamed); report (report.py, census.py).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import shutil
@@ -26,7 +27,7 @@ from graphfix.model_io import LoadedModel, load_model
 from graphfix.precision import weights
 from graphfix.precision.apply import PlanApplier
 from graphfix.precision.census import precision_census
-from graphfix.precision.initializers import place_weights
+from graphfix.precision.initializers import WeightsOut, place_weights
 from graphfix.precision.islands import FLOAT, Forced, Plan, Planner, islands_of
 from graphfix.precision.policy import Reason
 from graphfix.precision.report import (
@@ -79,11 +80,16 @@ def convert_precision(
     loaded = load_model(model, load_weights=False)
     _refuse_low_precision(loaded.model)
     known: dict[str, float] = {}
-    while True:  # a big weight found beyond range while streaming: plan again with it known
-        try:
-            return _convert(loaded, options, known)
-        except weights.OutOfRangeWeight as found:
-            known[found.name] = found.biggest
+    # The big weights start converting now, on worker threads, while the graph is planned.
+    out = WeightsOut.open(loaded.model, loaded.base_dir, options.external_data, to)
+    with out or contextlib.nullcontext():
+        while True:  # a big weight found beyond range while streaming: plan again with it known
+            try:
+                return _convert(loaded, options, known, out)
+            except weights.OutOfRangeWeight as found:
+                known[found.name] = found.biggest
+                if out is not None:
+                    out.streamer.restart()
 
 
 def _refuse_low_precision(model: onnx.ModelProto) -> None:
@@ -115,7 +121,9 @@ class _Options:
     external_data: Path | None
 
 
-def _convert(loaded: LoadedModel, options: _Options, known: dict[str, float]) -> PrecisionResult:
+def _convert(
+    loaded: LoadedModel, options: _Options, known: dict[str, float], out: WeightsOut | None
+) -> PrecisionResult:
     to, keep, keep_io_types = options.to, options.keep, options.keep_io_types
     attention_strategy, external_data = options.attention_strategy, options.external_data
     work = onnx.ModelProto()
@@ -153,7 +161,7 @@ def _convert(loaded: LoadedModel, options: _Options, known: dict[str, float]) ->
     )
     before = _Snapshot.of(index, plan, out_of_range)
     rewrite.apply()
-    source = place_weights(rewrite, base_dir, external_data)
+    source = place_weights(rewrite, base_dir, out)
     report = _report(
         rewrite,
         before,
