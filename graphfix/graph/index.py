@@ -386,6 +386,7 @@ class _SmallReads:
     def __init__(self, base_dir: Path | None) -> None:
         self.base_dir = base_dir
         self.files: dict[str, int] = {}
+        self.sizes: dict[str, int] = {}
         self._closer = weakref.finalize(self, _close_all, self.files)
 
     def read_proto(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
@@ -400,10 +401,11 @@ class _SmallReads:
             loaded.data_location = onnx.TensorProto.DEFAULT
             del loaded.external_data[:]
             if fd is None and location:
-                self.files[location] = os.open(Path(self.base_dir, location), os.O_RDONLY)
+                fd = self.files[location] = os.open(Path(self.base_dir, location), os.O_RDONLY)
+                self.sizes[location] = os.fstat(fd).st_size
             return loaded
         offset = int(info.get("offset", 0))
-        size = os.fstat(fd).st_size
+        size = self.sizes[location]
         length = int(info["length"]) if "length" in info else size - offset
         if offset < 0 or length < 0 or offset + length > size:
             raise ValueError(f"external data of {tensor.name} lies beyond its file's end")

@@ -227,6 +227,7 @@ class Streamer:
         self.local = threading.local()  # each worker's output and scratch buffers
         self.write_lock = threading.Lock()
         self.files: dict[Path, int] = {}
+        self.sizes: dict[int, int] = {}  # of each input file, by descriptor
         self.pending: deque = deque()  # (tensor, future of a chunk task), in submission order
         self.allocated = self.position
         self.ahead: dict[TensorSource, _Ahead] = {}  # weights converted before they are asked
@@ -345,7 +346,7 @@ class Streamer:
     def _external_chunks(self, tensor: onnx.TensorProto) -> Iterator[_Chunk]:
         src = external_source(tensor, self.base_dir)
         fd = self._fd(src.file)
-        if src.offset + 4 * (src.length // 4) > os.fstat(fd).st_size:
+        if src.offset + 4 * (src.length // 4) > self.sizes[fd]:
             raise ModelLoadError(
                 f"external data of {tensor.name} in {src.file} is truncated: "
                 f"expected {src.length} bytes at offset {src.offset}"
@@ -394,7 +395,8 @@ class Streamer:
 
     def _fd(self, file: Path) -> int:
         if file not in self.files:
-            self.files[file] = os.open(file, os.O_RDONLY)
+            fd = self.files[file] = os.open(file, os.O_RDONLY)
+            self.sizes[fd] = os.fstat(fd).st_size
         return self.files[file]
 
     def _copy(self, tensor: onnx.TensorProto) -> None:
