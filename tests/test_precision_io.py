@@ -242,3 +242,14 @@ def test_cli_precision_starts_numpy_without_blas_threads(preset, expected) -> No
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert done.stdout.split()[-2:] == [expected, "True"]
+
+
+def test_truncated_small_weight_on_disk_is_reported(tmp_path: Path) -> None:
+    from graphfix.errors import ModelLoadError
+
+    source = save_external(_two_matmuls(64), tmp_path / "in")  # small: range-checked first
+    data = tmp_path / "in" / "model.onnx.data"
+    data.write_bytes(data.read_bytes()[:-8])
+    with pytest.raises(ModelLoadError, match="truncated"):
+        convert_precision(str(source), external_data=tmp_path / "out" / "m.onnx.data")
+    assert not (tmp_path / "out" / "m.onnx.data").exists()

@@ -192,7 +192,7 @@ class GraphIndex:
             if tensor.data_location == onnx.TensorProto.EXTERNAL and not tensor.HasField(
                 "raw_data"
             ):
-                loaded = self._external_tensor(tensor)
+                loaded = self.external_tensor(tensor)
             target.CopyFrom(tensor if loaded is None else loaded)
         return model
 
@@ -355,11 +355,11 @@ class GraphIndex:
         if count > _MAX_FOLD_ELEMENTS:
             return None
         if tensor.data_location == onnx.TensorProto.EXTERNAL and not tensor.HasField("raw_data"):
-            loaded = self._external_tensor(tensor)
+            loaded = self.external_tensor(tensor)
             return None if loaded is None else numpy_helper.to_array(loaded)
         return numpy_helper.to_array(tensor)
 
-    def _external_tensor(self, tensor: onnx.TensorProto) -> onnx.TensorProto | None:
+    def external_tensor(self, tensor: onnx.TensorProto) -> onnx.TensorProto | None:
         """`tensor` (external) with its values read in, or None when they cannot be read."""
         if self.base_dir is None:
             return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 import os
 import shutil
 import weakref
@@ -209,7 +210,11 @@ def _out_of_range(index: GraphIndex, base_dir: Path | None, to: str) -> dict[str
     found: dict[str, float] = {}
     for tensor in index.graph.initializer:
         if tensor.data_type == FLOAT and not weights.deferred_check(tensor):
-            biggest = weights.max_abs(tensor, base_dir)
+            # small weights on disk: read through the index's open file (one open per file)
+            loaded = index.external_tensor(tensor) if weights.is_external(tensor) else None
+            if loaded is not None and len(loaded.raw_data) != 4 * math.prod(tensor.dims):
+                loaded = None  # truncated: max_abs says so
+            biggest = weights.max_abs(tensor if loaded is None else loaded, base_dir)
             if biggest > limit:
                 found[tensor.name] = biggest
     for node in index.graph.node:
