@@ -253,3 +253,23 @@ def test_truncated_small_weight_on_disk_is_reported(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="truncated"):
         convert_precision(str(source), external_data=tmp_path / "out" / "m.onnx.data")
     assert not (tmp_path / "out" / "m.onnx.data").exists()
+
+
+def test_streamer_hands_the_gil_over_quickly_while_converting_ahead(tmp_path: Path) -> None:
+    import sys
+
+    before = sys.getswitchinterval()
+    source = save_external(_two_matmuls(640), tmp_path / "in")
+    model = onnx.load(str(source), load_external_data=False)
+    with open(tmp_path / "d", "x+b") as stream, weights.Streamer(stream, "d", source.parent) as s:
+        assert sys.getswitchinterval() == before  # nothing converts yet
+        s.convert_ahead(iter(model.graph.initializer), "float16")
+        assert sys.getswitchinterval() <= 2e-4 < before
+    assert sys.getswitchinterval() == before
+    convert_precision(str(source), external_data=tmp_path / "a" / "m.onnx.data")
+    assert sys.getswitchinterval() == before
+    with pytest.raises(Exception, match="op types are"):
+        convert_precision(
+            str(source), external_data=tmp_path / "b" / "m.onnx.data", keep=["op:Conv"]
+        )
+    assert sys.getswitchinterval() == before

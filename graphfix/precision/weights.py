@@ -11,6 +11,7 @@ import functools
 import math
 import mmap
 import os
+import sys
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -200,6 +201,32 @@ def _convert_chunk(
     return data, bool(overflowed.any())
 
 
+# While weights convert on worker threads and this thread plans the graph (pure Python), a worker
+# coming back from onnxruntime, numpy or a system call waits for the GIL until this thread is
+# asked to let go, by default after 5 ms: a chunk needs about seven such hand-overs, so with the
+# default the workers convert almost nothing while the graph is planned.  Streamers ask for
+# hand-overs after 0.2 ms while they run, and put the interpreter's setting back when the last
+# one closes.
+_SWITCH_INTERVAL = 2e-4
+_switch_lock = threading.Lock()
+_switch_users = 0
+_switch_saved = 0.0
+
+
+def _fast_switching(on: bool) -> None:
+    global _switch_users, _switch_saved
+    with _switch_lock:
+        if on:
+            _switch_users += 1
+            if _switch_users == 1:
+                _switch_saved = sys.getswitchinterval()
+                sys.setswitchinterval(min(_switch_saved, _SWITCH_INTERVAL))
+        else:
+            _switch_users -= 1
+            if _switch_users == 0:
+                sys.setswitchinterval(_switch_saved)
+
+
 class Streamer:
     """Writes tensors one after another into one data file, converting float32 chunks.
 
@@ -234,6 +261,7 @@ class Streamer:
         self.ahead_end = self.position
         self.used: list[tuple[int, int]] = []  # (offset, length) of every tensor written
         self.closed = False
+        self.switching = False
 
     def __enter__(self) -> Streamer:
         return self
@@ -246,7 +274,11 @@ class Streamer:
         if self.closed:
             return
         self.closed = True
-        self.pool.shutdown(cancel_futures=True)
+        try:
+            self.pool.shutdown(cancel_futures=True)
+        finally:
+            if self.switching:
+                _fast_switching(False)
         for fd in self.files.values():
             os.close(fd)
 
@@ -269,6 +301,9 @@ class Streamer:
     def convert_ahead(self, tensors: Iterator[onnx.TensorProto], to: str) -> None:
         """Queue the conversion of these float32 weights on disk now, each once, without
         waiting for any (their overflow check is collected when `write` takes them)."""
+        if not self.switching:
+            self.switching = True
+            _fast_switching(True)
         for tensor in tensors:
             if not deferred_check(tensor) or tensor.data_type != FLOAT:
                 continue
