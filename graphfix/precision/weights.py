@@ -35,6 +35,7 @@ DEFERRED_CHECK_BYTES = 1 << 20
 _WORKERS = max(1, min(4, os.cpu_count() or 1))
 _INFINITY_BITS = {"float16": 0x7C00, "bfloat16": 0x7F80}
 _RESERVE_STEP = 256 << 20
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
 # Chunk tasks queued ahead of the one this thread waits for (a weight beyond range stops soon).
 _IN_FLIGHT = 4 * _WORKERS
 
@@ -506,12 +507,17 @@ class _Chunk:
 
 def _read_chunk(chunk: _Chunk, local: threading.local) -> np.ndarray:
     """The chunk's float32 values.  Mapped from the page cache where the offset allows (the
-    converting thread reads them in place: one memory copy fewer than pread, ~0.3 s of 2 GB);
+    converting thread reads them in place: one memory copy fewer than pread, ~0.3 s of 2 GB),
+    all its pages at once (MAP_POPULATE: one system call instead of a fault every 64 KB);
     the mapping goes with the returned array, so at most one per worker is resident."""
     if chunk.offset % 4 == 0:
         start = chunk.offset - chunk.offset % mmap.ALLOCATIONGRANULARITY
         window = mmap.mmap(
-            chunk.fd, chunk.offset + 4 * chunk.count - start, offset=start, access=mmap.ACCESS_READ
+            chunk.fd,
+            chunk.offset + 4 * chunk.count - start,
+            flags=mmap.MAP_SHARED | _POPULATE,
+            prot=mmap.PROT_READ,
+            offset=start,
         )
         return np.frombuffer(window, np.float32, chunk.count, chunk.offset - start)
     if not hasattr(local, "values"):
