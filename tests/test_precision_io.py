@@ -273,3 +273,22 @@ def test_streamer_hands_the_gil_over_quickly_while_converting_ahead(tmp_path: Pa
             str(source), external_data=tmp_path / "b" / "m.onnx.data", keep=["op:Conv"]
         )
     assert sys.getswitchinterval() == before
+
+
+def test_cli_precision_freezes_the_gc_only_as_the_program(tmp_path: Path, capsys) -> None:
+    import gc
+    import subprocess
+    import sys
+
+    src = tmp_path / "m.onnx"
+    onnx.save(attention_model(), src)
+    assert main(["precision", str(src), "-o", str(tmp_path / "a.onnx")]) == 0
+    assert gc.get_freeze_count() == 0  # a caller in Python keeps its garbage collector
+    code = (
+        "import gc, sys\nfrom graphfix.cli.main import main\n"
+        f"sys.argv = ['graphfix', 'precision', {str(src)!r}, '-o', {str(tmp_path / 'b.onnx')!r}]\n"
+        "rc = main()\nprint(rc, gc.get_freeze_count() > 0)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split()[-2:] == ["0", "True"]
+    assert (tmp_path / "b.onnx").is_file()
