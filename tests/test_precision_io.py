@@ -292,3 +292,26 @@ def test_cli_precision_freezes_the_gc_only_as_the_program(tmp_path: Path, capsys
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split()[-2:] == ["0", "True"]
     assert (tmp_path / "b.onnx").is_file()
+
+
+def test_cli_attention_strategy_names_checked_without_loading_them_up_front(
+    tmp_path: Path, capsys
+) -> None:
+    import subprocess
+    import sys
+
+    src = tmp_path / "m.onnx"
+    onnx.save(attention_model(), src)
+    out = tmp_path / "o.onnx"
+    with pytest.raises(SystemExit) as stopped:
+        main(["precision", str(src), "-o", str(out), "--attention-strategy", "nope"])
+    assert stopped.value.code == 2
+    assert "invalid choice: 'nope' (choose from 'plugin'" in capsys.readouterr().err
+    assert main(["precision", str(src), "-o", str(out), "--attention-strategy", "plugin"]) == 0
+    code = (
+        "import sys\nfrom graphfix.cli.main import main\n"
+        f"rc = main(['precision', {str(src)!r}, '-o', {str(tmp_path / 'p.onnx')!r}])\n"
+        "print(rc, 'graphfix.attention.strategies' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split()[-2:] == ["0", "False"]
