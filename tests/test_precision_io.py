@@ -315,3 +315,19 @@ def test_cli_attention_strategy_names_checked_without_loading_them_up_front(
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split()[-2:] == ["0", "False"]
+
+
+def test_weights_on_disk_without_their_folder_are_refused_and_nothing_is_left(
+    tmp_path: Path, monkeypatch
+) -> None:
+    import tempfile
+
+    from graphfix.errors import ModelLoadError
+
+    source = save_external(_two_matmuls(640), tmp_path / "in")
+    bare = onnx.load(str(source), load_external_data=False)  # a ModelProto: no folder known
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    with pytest.raises(ModelLoadError, match="folder is unknown"):
+        convert_precision(bare)
+    assert not list((tmp_path / "tmp").iterdir())  # the temporary data folder is gone
