@@ -331,3 +331,54 @@ def test_weights_on_disk_without_their_folder_are_refused_and_nothing_is_left(
     with pytest.raises(ModelLoadError, match="folder is unknown"):
         convert_precision(bare)
     assert not list((tmp_path / "tmp").iterdir())  # the temporary data folder is gone
+
+
+def test_subgraph_weight_on_disk_kept_when_the_new_data_file_has_the_input_s_name(
+    tmp_path: Path,
+) -> None:
+    # the input's data file and the default output's are both "model.onnx.data": the If
+    # branch's weight must be copied into the new file, not left pointing at its old offset
+    rng = np.random.default_rng(0)
+    w_then = numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w_then")
+    then_graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w_then"], ["yt"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("yt", TensorProto.FLOAT, [2, 4])],
+        [w_then],
+    )
+    else_graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["ye"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("ye", TensorProto.FLOAT, [2, 4])],
+    )
+    w0 = numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w0")
+    nodes = [
+        helper.make_node("MatMul", ["x0", "w0"], ["x"]),
+        helper.make_node("If", ["c"], ["y"], then_branch=then_graph, else_branch=else_graph),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x0", TensorProto.FLOAT, [2, 4]),
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [w0],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    source = save_external(model, tmp_path / "in")
+    result = convert_precision(str(source))
+    assert result.source.name == "model.onnx"  # its data file: model.onnx.data, like the input's
+    stored = onnx.load(str(result.source))  # every tensor read back from the new file
+    if_node = next(n for n in stored.graph.node if n.op_type == "If")
+    then_branch = next(a.g for a in if_node.attribute if a.name == "then_branch")
+    then_weight = then_branch.initializer[0]
+    np.testing.assert_array_equal(numpy_helper.to_array(then_weight), numpy_helper.to_array(w_then))
+    feed = {"x0": rng.standard_normal((2, 4)).astype(np.float32), "c": np.array(True)}
+    np.testing.assert_allclose(
+        _run(str(result.source), feed)[0], _run(str(source), feed)[0], atol=1e-2, rtol=1e-2
+    )

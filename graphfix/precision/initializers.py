@@ -85,13 +85,15 @@ def place_weights(
         _replace_initializers(rewrite, None)
         return None
     streamer = out.streamer
-    _replace_initializers(rewrite, streamer)
     location = out.data_file.name
-    for tensor in _all_tensors(rewrite.model):  # tensors in subgraphs and attributes
-        if weights.is_external(tensor) and _location(tensor) != location:
+    # Tensors in subgraphs and attributes first, copied as they are: once the top-level ones
+    # reference the new file, an input data file of the same name could not be told from it.
+    for tensor in _nested_tensors(rewrite.model):
+        if weights.is_external(tensor):
             copy = onnx.TensorProto()
             copy.CopyFrom(tensor)
             streamer.write(copy, tensor, None)
+    _replace_initializers(rewrite, streamer)
     moved = streamer.finish()
     if moved:  # a weight converted ahead was not used: the tensors after it moved down
         for tensor in _all_tensors(rewrite.model):
@@ -141,6 +143,23 @@ def _all_tensors(model: onnx.ModelProto):
     from onnx.external_data_helper import _get_all_tensors
 
     return _get_all_tensors(model)
+
+
+def _nested_tensors(model: onnx.ModelProto):
+    """Every tensor of `_all_tensors` but the main graph's initializers: subgraph initializers
+    and attribute tensors (of the graph, its subgraphs and the model's functions)."""
+    from onnx.external_data_helper import (
+        _get_attribute_tensors,
+        _get_initializer_tensors_from_graph,
+        _recursive_attribute_processor,
+    )
+
+    for node in model.graph.node:
+        for attribute in node.attribute:
+            yield from _recursive_attribute_processor(
+                attribute, _get_initializer_tensors_from_graph
+            )
+    yield from _get_attribute_tensors(model)
 
 
 def _location(tensor: onnx.TensorProto) -> str:
