@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import weakref
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -186,15 +188,12 @@ class GraphIndex:
                 target.name, target.data_type = tensor.name, tensor.data_type
                 target.dims.extend(tensor.dims)
                 continue
-            value = None
+            loaded = None
             if tensor.data_location == onnx.TensorProto.EXTERNAL and not tensor.HasField(
                 "raw_data"
             ):
-                value = self._initializer_value(tensor)
-            if value is not None:
-                target.CopyFrom(numpy_helper.from_array(value, tensor.name))
-            else:
-                target.CopyFrom(tensor)
+                loaded = self.external_tensor(tensor)
+            target.CopyFrom(tensor if loaded is None else loaded)
         return model
 
     def _outer_value_infos(self) -> list[onnx.ValueInfoProto]:
@@ -356,18 +355,73 @@ class GraphIndex:
         if count > _MAX_FOLD_ELEMENTS:
             return None
         if tensor.data_location == onnx.TensorProto.EXTERNAL and not tensor.HasField("raw_data"):
-            if self.base_dir is None:
-                return None
+            loaded = self.external_tensor(tensor)
+            return None if loaded is None else numpy_helper.to_array(loaded)
+        return numpy_helper.to_array(tensor)
+
+    def external_tensor(self, tensor: onnx.TensorProto) -> onnx.TensorProto | None:
+        """`tensor` (external) with its values read in, or None when they cannot be read."""
+        if self.base_dir is None:
+            return None
+        owner = self
+        while owner.outer is not None:  # one reader for the model: a subgraph uses the top's
+            owner = owner.outer
+        if getattr(owner, "_reader", None) is None:
+            owner._reader = _SmallReads(owner.base_dir)
+        try:
+            return owner._reader.read_proto(tensor)
+        except (OSError, ValueError, onnx.checker.ValidationError):
+            return None  # the load step reports unreadable data; here it is just "unknown"
+
+
+class _SmallReads:
+    """Small external tensors of one model, read through one open file per location.
+
+    onnx's loader opens and checks the file again for each tensor (~0.1 ms each; a model has
+    hundreds of small external tensors: biases, norm weights, shape tensors).  The first tensor
+    of a location goes through it, so the location passes onnx's checks (relative, no links,
+    inside the folder); the next ones are read from the file it opened with `os.pread`, their
+    range checked against the file's size."""
+
+    def __init__(self, base_dir: Path | None) -> None:
+        self.base_dir = base_dir
+        self.files: dict[str, int] = {}
+        self.sizes: dict[str, int] = {}
+        self._closer = weakref.finalize(self, _close_all, self.files)
+
+    def read_proto(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
+        """A copy of `tensor` holding its values (raw_data) instead of the reference."""
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location", "")
+        fd = self.files.get(location)
+        if fd is None or not set(info) <= {"location", "offset", "length"}:
             loaded = onnx.TensorProto()
             loaded.CopyFrom(tensor)
-            try:
-                onnx.external_data_helper.load_external_data_for_tensor(loaded, str(self.base_dir))
-            except (OSError, ValueError, onnx.checker.ValidationError):
-                return None  # the load step reports unreadable data; here it is just "unknown"
+            onnx.external_data_helper.load_external_data_for_tensor(loaded, str(self.base_dir))
             loaded.data_location = onnx.TensorProto.DEFAULT
             del loaded.external_data[:]
-            return numpy_helper.to_array(loaded)
-        return numpy_helper.to_array(tensor)
+            if fd is None and location:
+                fd = self.files[location] = os.open(Path(self.base_dir, location), os.O_RDONLY)
+                self.sizes[location] = os.fstat(fd).st_size
+            return loaded
+        offset = int(info.get("offset", 0))
+        size = self.sizes[location]
+        length = int(info["length"]) if "length" in info else size - offset
+        if offset < 0 or length < 0 or offset + length > size:
+            raise ValueError(f"external data of {tensor.name} lies beyond its file's end")
+        data = os.pread(fd, length, offset)
+        copy = onnx.TensorProto()
+        copy.CopyFrom(tensor)
+        del copy.external_data[:]
+        copy.data_location = onnx.TensorProto.DEFAULT
+        copy.raw_data = data
+        return copy
+
+
+def _close_all(files: dict[str, int]) -> None:
+    for fd in files.values():
+        os.close(fd)
+    files.clear()
 
 
 def _copy_fields_except(source, target, skipped: str) -> None:

@@ -10,6 +10,7 @@ on disk streamed); report (report.py, census.py).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -27,7 +28,7 @@ from graphfix.model_io import LoadedModel, load_model
 from graphfix.precision import norms, weights
 from graphfix.precision.apply import PlanApplier
 from graphfix.precision.census import precision_census
-from graphfix.precision.initializers import place_weights
+from graphfix.precision.initializers import WeightsOut, place_weights
 from graphfix.precision.islands import FLOAT, Forced, Plan, Planner, islands_of
 from graphfix.precision.mask_fill import MaskFill, find_mask_fills, lower_mask_fills
 from graphfix.precision.norm_types import NormKind
@@ -93,11 +94,16 @@ def convert_precision(
     loaded = load_model(model, load_weights=False)
     _refuse_low_precision(loaded.model)
     known: dict[str, float] = {}
-    while True:  # a big weight found beyond range while streaming: plan again with it known
-        try:
-            return _convert(loaded, options, known)
-        except weights.OutOfRangeWeight as found:
-            known[found.name] = found.biggest
+    # The big weights start converting now, on worker threads, while the graph is planned.
+    out = WeightsOut.open(loaded.model, loaded.base_dir, options.external_data, to)
+    with out or contextlib.nullcontext():
+        while True:  # a big weight found beyond range while streaming: plan again with it known
+            try:
+                return _convert(loaded, options, known, out)
+            except weights.OutOfRangeWeight as found:
+                known[found.name] = found.biggest
+                if out is not None:
+                    out.streamer.restart()
 
 
 def _refuse_low_precision(model: onnx.ModelProto) -> None:
@@ -130,7 +136,9 @@ class _Options:
     opset: int | None
 
 
-def _convert(loaded: LoadedModel, options: _Options, known: dict[str, float]) -> PrecisionResult:
+def _convert(
+    loaded: LoadedModel, options: _Options, known: dict[str, float], out: WeightsOut | None
+) -> PrecisionResult:
     to, keep, keep_io_types = options.to, options.keep, options.keep_io_types
     attention_strategy, external_data = options.attention_strategy, options.external_data
     work = onnx.ModelProto()
@@ -177,7 +185,7 @@ def _convert(loaded: LoadedModel, options: _Options, known: dict[str, float]) ->
     )
     before = _Snapshot.of(index, plan, out_of_range)
     rewrite.apply()
-    source = place_weights(rewrite, base_dir, external_data)
+    source = place_weights(rewrite, base_dir, out)
     report = _report(
         rewrite,
         before,
@@ -231,7 +239,11 @@ def _out_of_range(index: GraphIndex, base_dir: Path | None, to: str) -> dict[str
     found: dict[str, float] = {}
     for tensor in index.graph.initializer:
         if tensor.data_type == FLOAT and not weights.deferred_check(tensor):
-            biggest = weights.max_abs(tensor, base_dir)
+            # small weights on disk: read through the index's open file (one open per file)
+            loaded = index.external_tensor(tensor) if weights.is_external(tensor) else None
+            if loaded is not None and len(loaded.raw_data) != 4 * math.prod(tensor.dims):
+                loaded = None  # truncated: max_abs says so
+            biggest = weights.max_abs(tensor if loaded is None else loaded, base_dir)
             if biggest > limit:
                 found[tensor.name] = biggest
     for node in index.graph.node:

@@ -61,6 +61,7 @@ class Planner:
         self.inputs_float32 = inputs_float32
         self.graph = index.graph
         self.matches = tuple(matches)
+        self._float: dict[str, bool] = {}
         self.implicit = {
             p: _implicit_inputs(n)
             for p, n in enumerate(self.graph.node)
@@ -71,6 +72,13 @@ class Planner:
         }
 
     def float_tensor(self, name: str) -> bool:
+        # asked ~10 times per tensor while planning and applying; the index does not change
+        known = self._float.get(name)
+        if known is None:
+            known = self._float[name] = self._is_float(name)
+        return known
+
+    def _is_float(self, name: str) -> bool:
         if not name:
             return False
         if self.index.elem_type(name) == FLOAT:

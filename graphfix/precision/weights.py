@@ -11,6 +11,7 @@ import functools
 import math
 import mmap
 import os
+import sys
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ DEFERRED_CHECK_BYTES = 1 << 20
 _WORKERS = max(1, min(4, os.cpu_count() or 1))
 _INFINITY_BITS = {"float16": 0x7C00, "bfloat16": 0x7F80}
 _RESERVE_STEP = 256 << 20
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
 # Chunk tasks queued ahead of the one this thread waits for (a weight beyond range stops soon).
 _IN_FLIGHT = 4 * _WORKERS
 
@@ -43,8 +45,17 @@ _IN_FLIGHT = 4 * _WORKERS
 _FAST_CAST_ELEMENTS = 1 << 16
 
 
-@functools.cache
+_SESSION_LOCK = threading.Lock()
+
+
 def _float16_cast():
+    """The Cast session, made once (workers may ask for it at the same time)."""
+    with _SESSION_LOCK:
+        return _make_float16_cast()
+
+
+@functools.cache
+def _make_float16_cast():
     import onnxruntime as ort
     from onnx import helper
 
@@ -193,58 +204,155 @@ def _convert_chunk(
     return data, bool(overflowed.any())
 
 
+# While weights convert on worker threads and this thread plans the graph (pure Python), a worker
+# coming back from onnxruntime, numpy or a system call waits for the GIL until this thread is
+# asked to let go, by default after 5 ms: a chunk needs about seven such hand-overs, so with the
+# default the workers convert almost nothing while the graph is planned.  Streamers ask for
+# hand-overs after 0.2 ms while they run, and put the interpreter's setting back when the last
+# one closes.
+_SWITCH_INTERVAL = 2e-4
+_switch_lock = threading.Lock()
+_switch_users = 0
+_switch_saved = 0.0
+
+
+def _fast_switching(on: bool) -> None:
+    global _switch_users, _switch_saved
+    with _switch_lock:
+        if on:
+            _switch_users += 1
+            if _switch_users == 1:
+                _switch_saved = sys.getswitchinterval()
+                sys.setswitchinterval(min(_switch_saved, _SWITCH_INTERVAL))
+        else:
+            _switch_users -= 1
+            if _switch_users == 0:
+                sys.setswitchinterval(_switch_saved)
+
+
 class Streamer:
     """Writes tensors one after another into one data file, converting float32 chunks.
 
     Each chunk is one task for a few worker threads (onnxruntime, numpy and the system calls
     release the GIL): map the chunk's bytes from the page cache (no copy into a buffer),
     convert them into the worker's own buffer, check for overflow, and write them at their
-    offset in the data file (pwrite), so no chunk is handed from thread to thread.  This
-    thread only plans offsets and submits tasks.  Memory stays at a mapped chunk and two
-    buffers per worker whatever the model's size; tensors kept as they are move inside the
-    kernel (copy_file_range), like `cp`.
+    offset in the data file (pwrite, one worker at a time: concurrent writes to one file
+    spin on its inode lock), so no chunk is handed from thread to thread.  This thread only
+    plans offsets and submits tasks.  Memory stays at a mapped chunk and two buffers per
+    worker whatever the model's size; tensors kept as they are move inside the kernel
+    (copy_file_range), like `cp`.
+
+    `convert_ahead` starts converting big float32 weights before the plan says which ones
+    the target type needs (almost all of them), so the conversion runs while the graph is
+    planned; `write` then takes a weight converted ahead instead of converting it again, and
+    `finish` closes the gaps that weights converted ahead but not wanted left in the file.
     """
 
     def __init__(self, stream: BinaryIO, location: str, base_dir: Path | None) -> None:
         self.stream, self.location, self.base_dir = stream, location, base_dir
         stream.flush()
         self.fileno = stream.fileno()
-        self.position = stream.tell()  # where the next tensor goes (writes may still be queued)
+        self.start = self.position = stream.tell()  # where the next tensor goes
         self.pool = ThreadPoolExecutor(_WORKERS)
         self.local = threading.local()  # each worker's output and scratch buffers
+        self.write_lock = threading.Lock()
         self.files: dict[Path, int] = {}
+        self.sizes: dict[int, int] = {}  # of each input file, by descriptor
         self.pending: deque = deque()  # (tensor, future of a chunk task), in submission order
         self.allocated = self.position
+        self.ahead: dict[TensorSource, _Ahead] = {}  # weights converted before they are asked
+        self.ahead_end = self.position
+        self.used: list[tuple[int, int]] = []  # (offset, length) of every tensor written
+        self.closed = False
+        self.switching = False
 
     def __enter__(self) -> Streamer:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the workers (queued chunks are dropped) and close the input files."""
+        if self.closed:
+            return
+        self.closed = True
         try:
-            if exc_info[0] is None:
-                self._drain()
-                if self.allocated > self.position:
-                    os.ftruncate(self.fileno, self.position)
-                self.stream.seek(self.position)
-        finally:
             self.pool.shutdown(cancel_futures=True)
-            for fd in self.files.values():
-                os.close(fd)
+        finally:
+            if self.switching:
+                _fast_switching(False)
+        for fd in self.files.values():
+            os.close(fd)
+
+    def finish(self) -> dict[int, int]:
+        """Wait for every chunk, close the gaps left by weights converted ahead and not used,
+        and cut the file after the last tensor.  Returns old offset → new offset for each
+        tensor that moved (none unless a weight converted ahead was not used)."""
+        self._drain()
+        for ahead in self.ahead.values():
+            if not ahead.used:  # no chunk of it may land once tensors move into its place
+                for future in ahead.futures:
+                    if not future.cancel():
+                        future.exception()
+        moved = self._compact()
+        os.ftruncate(self.fileno, self.position)
+        self.stream.seek(self.position)
+        self.close()
+        return moved
+
+    def convert_ahead(self, tensors: Iterator[onnx.TensorProto], to: str) -> None:
+        """Queue the conversion of these float32 weights on disk now, each once, without
+        waiting for any (their overflow check is collected when `write` takes them)."""
+        if not self.switching:
+            self.switching = True
+            _fast_switching(True)
+        for tensor in tensors:
+            if not deferred_check(tensor) or tensor.data_type != FLOAT:
+                continue
+            src = external_source(tensor, self.base_dir)
+            if src in self.ahead:
+                continue
+            offset = self.position
+            self._reserve(offset + 2 * math.prod(tensor.dims))
+            futures = [self._submit_task(chunk, to) for chunk in self._external_chunks(tensor)]
+            self.ahead[src] = _Ahead(to, offset, self.position - offset, futures)
+        self.ahead_end = self.position
+
+    def restart(self) -> None:
+        """Forget what was written after the weights converted ahead (a new attempt writes
+        them again); those stay, for the next attempt to take."""
+        while self.pending:
+            self.pending.popleft()[1].exception()  # wait; its overflow no longer matters
+        for ahead in self.ahead.values():
+            ahead.used = False
+        self.used.clear()
+        self.position = self.ahead_end
 
     def write(self, tensor: onnx.TensorProto, out: onnx.TensorProto, to: str | None) -> None:
         """Queue `tensor`'s values (converted to `to`, or as they are when None) and make `out`
         reference them; `out` already has its name, dims and data type."""
-        offset = self.position
-        if to is None:
-            self._reserve(offset + external_source(tensor, self.base_dir).length)
-            self._copy(tensor)
+        ahead = None
+        if to is not None and is_external(tensor):
+            ahead = self.ahead.get(external_source(tensor, self.base_dir))
+        if ahead is not None and ahead.to == to and not ahead.used:
+            ahead.used = True
+            for future in ahead.futures:
+                self.pending.append((tensor, future))
+            offset, length = ahead.offset, ahead.length
         else:
-            self._reserve(offset + 2 * math.prod(tensor.dims))
-            self._convert(tensor, to)
+            offset = self.position
+            if to is None:
+                self._reserve(offset + external_source(tensor, self.base_dir).length)
+                self._copy(tensor)
+            else:
+                self._reserve(offset + 2 * math.prod(tensor.dims))
+                self._convert(tensor, to)
+            length = self.position - offset
+        self.used.append((offset, length))
         del out.external_data[:]
         out.ClearField("raw_data")
         out.data_location = onnx.TensorProto.EXTERNAL
-        length = self.position - offset
         for key, value in (("location", self.location), ("offset", offset), ("length", length)):
             entry = out.external_data.add()
             entry.key, entry.value = key, str(value)
@@ -270,9 +378,13 @@ class Streamer:
                 chunk = values[start : start + _CHUNK_ELEMENTS]
                 self._submit(tensor, _Chunk(None, -1, chunk.size, chunk), to)
             return
+        for chunk in self._external_chunks(tensor):
+            self._submit(tensor, chunk, to)
+
+    def _external_chunks(self, tensor: onnx.TensorProto) -> Iterator[_Chunk]:
         src = external_source(tensor, self.base_dir)
         fd = self._fd(src.file)
-        if src.offset + 4 * (src.length // 4) > os.fstat(fd).st_size:
+        if src.offset + 4 * (src.length // 4) > self.sizes[fd]:
             raise ModelLoadError(
                 f"external data of {tensor.name} in {src.file} is truncated: "
                 f"expected {src.length} bytes at offset {src.offset}"
@@ -280,14 +392,17 @@ class Streamer:
         offset, remaining = src.offset, src.length // 4
         while remaining:
             count = min(remaining, _CHUNK_ELEMENTS)
-            self._submit(tensor, _Chunk(fd, offset, count, None), to)
+            yield _Chunk(fd, offset, count, None)
             offset += 4 * count
             remaining -= count
 
-    def _submit(self, tensor: onnx.TensorProto, chunk: _Chunk, to: str) -> None:
+    def _submit_task(self, chunk: _Chunk, to: str):
         future = self.pool.submit(self._task, chunk, to, self.position)
-        self.pending.append((tensor, future))
         self.position += 2 * chunk.count
+        return future
+
+    def _submit(self, tensor: onnx.TensorProto, chunk: _Chunk, to: str) -> None:
+        self.pending.append((tensor, self._submit_task(chunk, to)))
         while self.pending and (self.pending[0][1].done() or len(self.pending) > _IN_FLIGHT):
             self._finish(*self.pending.popleft())
 
@@ -311,37 +426,75 @@ class Streamer:
         data, overflowed = _convert_chunk(values, to, local.out, local.scratch)
         del values
         view, done = memoryview(data).cast("B"), 0
-        while done < len(view):
-            done += os.pwrite(self.fileno, view[done:], at + done)
+        with self.write_lock:
+            while done < len(view):
+                done += os.pwrite(self.fileno, view[done:], at + done)
         return overflowed
 
     def _fd(self, file: Path) -> int:
         if file not in self.files:
-            self.files[file] = os.open(file, os.O_RDONLY)
+            fd = self.files[file] = os.open(file, os.O_RDONLY)
+            self.sizes[fd] = os.fstat(fd).st_size
         return self.files[file]
 
     def _copy(self, tensor: onnx.TensorProto) -> None:
         src = external_source(tensor, self.base_dir)
-        self._drain()
-        fd, start, done = self._fd(src.file), self.position, 0
-        copy_range = getattr(os, "copy_file_range", None)
-        try:
-            while copy_range is not None and done < src.length:
-                n = copy_range(fd, self.fileno, src.length - done, src.offset + done, start + done)
-                if n == 0:
-                    break
-                done += n
-        except OSError:
-            pass  # another filesystem or an old kernel: the buffered copy below finishes
-        while done < src.length:
-            block = os.pread(fd, min(src.length - done, 4 * _CHUNK_ELEMENTS), src.offset + done)
-            if not block:
-                raise ModelLoadError(f"external data of {tensor.name} in {src.file} is truncated")
-            view = memoryview(block)
-            while view:
-                n = os.pwrite(self.fileno, view, start + done)
-                view, done = view[n:], done + n
+        fd, start = self._fd(src.file), self.position
+        if not _copy_range(fd, src.offset, self.fileno, start, src.length):
+            raise ModelLoadError(f"external data of {tensor.name} in {src.file} is truncated")
         self.position = start + src.length
+
+    def _compact(self) -> dict[int, int]:
+        """Move the tensors written after a gap (a weight converted ahead that no tensor
+        uses) down to close it; old offset → new offset of those moved."""
+        moved: dict[int, int] = {}
+        cursor = self.start
+        for offset, length in sorted(self.used):
+            if offset > cursor:
+                done = 0
+                while done < length:  # in steps no longer than the gap: never overlapping
+                    step = min(length - done, offset - cursor, 4 * _CHUNK_ELEMENTS)
+                    _copy_range(self.fileno, offset + done, self.fileno, cursor + done, step)
+                    done += step
+                moved[offset] = cursor
+            cursor += length
+        self.position = cursor
+        return moved
+
+
+def _copy_range(fd_in: int, offset_in: int, fd_out: int, offset_out: int, length: int) -> bool:
+    """Copy `length` bytes inside the kernel where it can (copy_file_range), else through a
+    buffer; False when the source ends first."""
+    done = 0
+    copy_range = getattr(os, "copy_file_range", None)
+    try:
+        while copy_range is not None and done < length:
+            n = copy_range(fd_in, fd_out, length - done, offset_in + done, offset_out + done)
+            if n == 0:
+                break
+            done += n
+    except OSError:
+        pass  # another filesystem or an old kernel: the buffered copy below finishes
+    while done < length:
+        block = os.pread(fd_in, min(length - done, 4 * _CHUNK_ELEMENTS), offset_in + done)
+        if not block:
+            return False
+        view = memoryview(block)
+        while view:
+            n = os.pwrite(fd_out, view, offset_out + done)
+            view, done = view[n:], done + n
+    return True
+
+
+@dataclass
+class _Ahead:
+    """A weight converted ahead: its place in the data file and its chunks' tasks."""
+
+    to: str
+    offset: int
+    length: int
+    futures: list
+    used: bool = False
 
 
 @dataclass(frozen=True)
@@ -356,12 +509,17 @@ class _Chunk:
 
 def _read_chunk(chunk: _Chunk, local: threading.local) -> np.ndarray:
     """The chunk's float32 values.  Mapped from the page cache where the offset allows (the
-    converting thread reads them in place: one memory copy fewer than pread, ~0.3 s of 2 GB);
+    converting thread reads them in place: one memory copy fewer than pread, ~0.3 s of 2 GB),
+    all its pages at once (MAP_POPULATE: one system call instead of a fault every 64 KB);
     the mapping goes with the returned array, so at most one per worker is resident."""
     if chunk.offset % 4 == 0:
         start = chunk.offset - chunk.offset % mmap.ALLOCATIONGRANULARITY
         window = mmap.mmap(
-            chunk.fd, chunk.offset + 4 * chunk.count - start, offset=start, access=mmap.ACCESS_READ
+            chunk.fd,
+            chunk.offset + 4 * chunk.count - start,
+            flags=mmap.MAP_SHARED | _POPULATE,
+            prot=mmap.PROT_READ,
+            offset=start,
         )
         return np.frombuffer(window, np.float32, chunk.count, chunk.offset - start)
     if not hasattr(local, "values"):
