@@ -227,15 +227,17 @@ def measure(
     """Wall time and peak RSS (ru_maxrss from wait4) of each command, run as a child.
 
     The commands take turns, `repeat` rounds, so a slow spell of the machine (page-cache
-    write-back on a shared VM) hits them alike.  Before each run, untimed: the command's
+    write-back on a shared VM) hits them alike; every other round runs them in reverse order, so
+    that each follows the other as often (what runs right after a 2 GB copy measured slower, in
+    either order).  Before each run, untimed: the command's
     `before()` (clearing the previous output), the `warm` files read once into the page cache,
     and os.sync() so earlier runs' dirty pages are not written back on this run's time.
     """
     walls: dict[str, list[float]] = {c.name: [] for c in commands}
     peaks = dict.fromkeys(walls, 0)
     outputs = dict.fromkeys(walls, "")
-    for _ in range(repeat):
-        for command in commands:
+    for round_ in range(repeat):
+        for command in commands if round_ % 2 == 0 else commands[::-1]:
             if command.before is not None:
                 command.before()
             for path in warm:

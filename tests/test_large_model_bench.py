@@ -100,3 +100,15 @@ def test_measure_reports_the_childs_own_peak_rss(bench, tmp_path: Path) -> None:
     assert big.peak_rss_bytes > 300e6
     assert small.peak_rss_bytes < 30e6  # not the size of the pytest process that started it
     assert copy.read_bytes() == Path(__file__).read_bytes()
+
+
+def test_measure_alternates_which_command_goes_first(bench, tmp_path: Path) -> None:
+    """Round 1 runs the commands in order, round 2 in reverse, … (what runs right after a big
+    copy is slower: each side must follow the other as often)."""
+    log = tmp_path / "order.txt"
+    commands = [
+        bench.Command(name, (sys.executable, "-c", f"open({str(log)!r}, 'a').write('{name}')"))
+        for name in ("a", "b")
+    ]
+    bench.measure(commands, warm=[], repeat=3)
+    assert log.read_text() == "abbaab"
