@@ -1049,6 +1049,42 @@ inline bool aligned16(void const* p)
     return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
+//! What launchFlashAttention and launchHopperAttention check of their arguments (the contract in
+//! graphfixAttentionFlash.h) and the grid they launch: qTiles tiles of blockRows query rows for
+//! each (batch, head), one block each. !launch: return status (an error, or cudaSuccess when there
+//! is nothing to compute).
+struct LaunchGrid
+{
+    cudaError_t status{cudaSuccess};
+    bool launch{false};
+    int64_t qTiles{0};
+    int64_t blocks{0};
+};
+
+inline LaunchGrid launchGridFor(void const* q, void const* k, void const* v, void const* out,
+    AttentionShape const& shape, AttentionParams const& params, int32_t blockRows)
+{
+    if (params.kTransposed || shape.headsKV <= 0 || shape.headsQ % shape.headsKV != 0)
+    {
+        return {cudaErrorInvalidValue};
+    }
+    if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out))
+    {
+        return {cudaErrorMisalignedAddress};
+    }
+    if (shape.batch == 0 || shape.headsQ == 0 || shape.seqQ == 0)
+    {
+        return {cudaSuccess};
+    }
+    int64_t const qTiles = (shape.seqQ + blockRows - 1) / blockRows;
+    int64_t const blocks = qTiles * shape.batch * shape.headsQ;
+    if (blocks > kMAX_GRID_BLOCKS)
+    {
+        return {cudaErrorInvalidConfiguration};
+    }
+    return {cudaSuccess, true, qTiles, blocks};
+}
+
 } // namespace
 
 template <typename T>
@@ -1064,28 +1100,19 @@ cudaError_t launchFlashAttention(T const* q, T const* k, T const* v, AttentionMa
     AttentionShape const& shape, AttentionParams const& params, FlashPlan const& plan, cudaStream_t stream) noexcept
 {
     FlashKernel const expected = std::is_same_v<T, float> ? FlashKernel::kTf32x3 : FlashKernel::kMma16;
-    if (plan.kernel != expected || params.kTransposed || shape.headsKV <= 0 || shape.headsQ % shape.headsKV != 0)
+    if (plan.kernel != expected)
     {
         return cudaErrorInvalidValue;
     }
-    if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out))
+    LaunchGrid const grid = launchGridFor(q, k, v, out, shape, params, plan.blockRows);
+    if (!grid.launch)
     {
-        return cudaErrorMisalignedAddress;
-    }
-    if (shape.batch == 0 || shape.headsQ == 0 || shape.seqQ == 0)
-    {
-        return cudaSuccess;
-    }
-    int64_t const qTiles = (shape.seqQ + plan.blockRows - 1) / plan.blockRows;
-    int64_t const blocks = qTiles * shape.batch * shape.headsQ;
-    if (blocks > kMAX_GRID_BLOCKS)
-    {
-        return cudaErrorInvalidConfiguration;
+        return grid.status;
     }
     size_t const sharedSize = static_cast<size_t>(plan.sharedBytes);
     return withKernel<T>(plan, [&](auto kernel) {
-        kernel<<<static_cast<uint32_t>(blocks), kTHREADS, sharedSize, stream>>>(
-            q, k, v, mask, out, shape, params, static_cast<int32_t>(qTiles));
+        kernel<<<static_cast<uint32_t>(grid.blocks), kTHREADS, sharedSize, stream>>>(
+            q, k, v, mask, out, shape, params, static_cast<int32_t>(grid.qTiles));
         return cudaGetLastError();
     });
 }
