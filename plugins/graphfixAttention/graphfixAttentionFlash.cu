@@ -43,8 +43,7 @@ FlashPlan planFlashAttention(
     plan.blockRows = blockRowsFor(elementBytes, plan.paddedDim);
     plan.blockKeys = kBLOCK_KEYS;
     plan.sharedBytes = sharedBytes(elementBytes, plan.paddedDim);
-    if (elementBytes == 4 && plan.paddedDim == 128 && plan.sharedBytes > maxSharedBytes
-        && (kF32_VARIANT & kPRESPLIT) == 0)
+    if (elementBytes == 4 && plan.paddedDim == 128 && plan.sharedBytes > maxSharedBytes)
     {
         // float32, D = 128, a GPU of 99 KB per block (sm_86, sm_89): Q and K rows of 132 floats
         plan.sharedBytes = compactSharedBytesF32(plan.paddedDim);

@@ -23,9 +23,9 @@
  * 0,2,4,6,1,3,5,7 (a permutation of the summation index, the same for P and V), which makes the
  * scores' accumulator layout the TF32 A fragment without shuffles; 8-key tiles past the end of K
  * or the causal diagonal are skipped; register-capped to 3 blocks per SM up to head dim 80.
- * flashTf32x3SplitKernel (K and V split once per tile by the block) is kept for experiment
- * builds (GRAPHFIX_F32_EXPERIMENT): slower on the H200 (2 blocks per SM), see
- * notes/attention_plugin.md.
+ * Other float32 designs (K and V split once per tile by the block, merged P·V steps) were built
+ * and measured slower or less accurate on the H200; notes/attention_plugin.md ("Third round")
+ * has what was tried and measured.
  */
 #ifndef GRAPHFIX_ATTENTION_FLASH_CUH
 #define GRAPHFIX_ATTENTION_FLASH_CUH
@@ -38,7 +38,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstdint>
 #include <iterator>
 #include <type_traits>
@@ -736,21 +735,6 @@ constexpr int32_t compactSharedBytesF32(int32_t paddedDim)
     return (kBLOCK_ROWS<1> + 2 * kBLOCK_KEYS) * (paddedDim + 4) * 4;
 }
 
-//! float32 kernel variants (bit flags; kF32_VARIANT is the one built into the plugin, the fastest
-//! on the H200 with errors below the unfused float32 chain's on every benchmark shape):
-//! kMERGE_QK: the two 8-term steps of Q·K that one 16-byte load of Q and K feeds go into one
-//! zeroed accumulator (6 products, then one float32 add) instead of two; kMERGE_PV: likewise
-//! two 8-key steps of P·V (faster on Llama, but up to 1.2x the error: not the default).
-constexpr int32_t kMERGE_QK{1};
-constexpr int32_t kMERGE_PV{2};
-constexpr int32_t kPRESPLIT{4};    //!< flashTf32x3SplitKernel where splitKernelFor(kD)
-constexpr int32_t kSPLIT_TO_64{8}; //!< ... for head dims up to 64 only (80: flashTf32x3Kernel)
-#ifdef GRAPHFIX_F32_DEFAULT_VARIANT
-constexpr int32_t kF32_VARIANT{GRAPHFIX_F32_DEFAULT_VARIANT};
-#else
-constexpr int32_t kF32_VARIANT{kMERGE_QK};
-#endif
-
 //! Blocks per multiprocessor the float32 kernel is register-capped for (3: 168 registers).
 template <int32_t kD>
 constexpr int32_t kMIN_BLOCKS_F32 = kD <= 80 ? 3 : 1;
@@ -789,8 +773,10 @@ __device__ __forceinline__ void mma3xTf32(float (&c)[4], uint32_t const (&aHi)[4
 //! !kPARTIAL: one basic block). The head dimension is taken in a permuted order, the same for Q
 //! and K (only the order of the sum changes): for each 16 columns 16m..16m+15, thread t's 16-byte
 //! load of columns 16m + 4t .. 16m + 4t + 3 feeds step 2m (TF32 fragment columns t, t + 4 = the
-//! first two) and step 2m + 1 (the last two). Q rows g, g + 8 of the warp at qRow, K rows n·8 + g.
-template <int32_t kD, int32_t kVariant, bool kPARTIAL, int32_t kRowQK>
+//! first two) and step 2m + 1 (the last two), both into one zeroed accumulator (6 products, then
+//! one float32 add: a 16-term step; the fastest on the H200 with errors below the unfused float32
+//! chain's, see notes/attention_plugin.md). Q rows g, g + 8 of the warp at qRow, K rows n·8 + g.
+template <int32_t kD, bool kPARTIAL, int32_t kRowQK>
 __device__ __forceinline__ void scoresTf32(float (&s)[kKEY_TILES][4], float const* qRow, float const* kRow0,
     int32_t liveTiles)
 {
@@ -823,18 +809,10 @@ __device__ __forceinline__ void scoresTf32(float (&s)[kKEY_TILES][4], float cons
             splitTf32(kv.y, bHi[0][1], bLo[0][1]);
             splitTf32(kv.z, bHi[1][0], bLo[1][0]);
             splitTf32(kv.w, bHi[1][1], bLo[1][1]);
-            if constexpr ((kVariant & kMERGE_QK) != 0)
-            {
-                float step[4]{0.F, 0.F, 0.F, 0.F};
-                mma3xTf32Into(step, aHi[0], aLo[0], bHi[0], bLo[0]);
-                mma3xTf32Into(step, aHi[1], aLo[1], bHi[1], bLo[1]);
-                addStep(s[n], step);
-            }
-            else
-            {
-                mma3xTf32(s[n], aHi[0], aLo[0], bHi[0], bLo[0]);
-                mma3xTf32(s[n], aHi[1], aLo[1], bHi[1], bLo[1]);
-            }
+            float step[4]{0.F, 0.F, 0.F, 0.F};
+            mma3xTf32Into(step, aHi[0], aLo[0], bHi[0], bLo[0]);
+            mma3xTf32Into(step, aHi[1], aLo[1], bHi[1], bLo[1]);
+            addStep(s[n], step);
         }
     }
 }
@@ -858,63 +836,31 @@ __device__ __forceinline__ void valueFragment(float const* vRow, uint32_t (&bHi)
     splitTf32(vRow[kRowV], bHi[1], bLo[1]);
 }
 
-//! o += P·V_j for the 8-key tiles kk < liveTiles (all when !kPARTIAL). vRows: V row 2t, column g.
-template <int32_t kD, int32_t kVariant, bool kPARTIAL>
+//! o += P·V_j for the 8-key tiles kk < liveTiles (all when !kPARTIAL), one 8-key step per
+//! accumulator add (merging two steps was faster on Llama but up to 1.2x the error, see
+//! notes/attention_plugin.md). vRows: V row 2t, column g.
+template <int32_t kD, bool kPARTIAL>
 __device__ __forceinline__ void valuesTf32(
     float (&o)[kD / 8][4], float const (&s)[kKEY_TILES][4], float const* vRows, int32_t liveTiles)
 {
     constexpr int32_t kRowV = kROW_V_F32<kD>;
-    if constexpr ((kVariant & kMERGE_PV) != 0)
+#pragma unroll
+    for (int32_t kk = 0; kk < kKEY_TILES; ++kk)
     {
-#pragma unroll
-        for (int32_t kk = 0; kk < kKEY_TILES; kk += 2)
+        if (kPARTIAL && kk >= liveTiles)
         {
-            if (kPARTIAL && kk >= liveTiles)
-            {
-                continue;
-            }
-            bool const second = !kPARTIAL || kk + 1 < liveTiles;
-            uint32_t aHi[2][4];
-            uint32_t aLo[2][4];
-            probabilityFragment(s[kk], aHi[0], aLo[0]);
-            probabilityFragment(s[kk + 1], aHi[1], aLo[1]);
-#pragma unroll
-            for (int32_t n = 0; n < kD / 8; ++n)
-            {
-                float step[4]{0.F, 0.F, 0.F, 0.F};
-                uint32_t bHi[2];
-                uint32_t bLo[2];
-                valueFragment<kRowV>(vRows + kk * 8 * kRowV + n * 8, bHi, bLo);
-                mma3xTf32Into(step, aHi[0], aLo[0], bHi, bLo);
-                if (second)
-                {
-                    valueFragment<kRowV>(vRows + (kk + 1) * 8 * kRowV + n * 8, bHi, bLo);
-                    mma3xTf32Into(step, aHi[1], aLo[1], bHi, bLo);
-                }
-                addStep(o[n], step);
-            }
+            continue;
         }
-    }
-    else
-    {
+        uint32_t aHi[4];
+        uint32_t aLo[4];
+        probabilityFragment(s[kk], aHi, aLo);
 #pragma unroll
-        for (int32_t kk = 0; kk < kKEY_TILES; ++kk)
+        for (int32_t n = 0; n < kD / 8; ++n)
         {
-            if (kPARTIAL && kk >= liveTiles)
-            {
-                continue;
-            }
-            uint32_t aHi[4];
-            uint32_t aLo[4];
-            probabilityFragment(s[kk], aHi, aLo);
-#pragma unroll
-            for (int32_t n = 0; n < kD / 8; ++n)
-            {
-                uint32_t bHi[2];
-                uint32_t bLo[2];
-                valueFragment<kRowV>(vRows + kk * 8 * kRowV + n * 8, bHi, bLo);
-                mma3xTf32(o[n], aHi, aLo, bHi, bLo);
-            }
+            uint32_t bHi[2];
+            uint32_t bLo[2];
+            valueFragment<kRowV>(vRows + kk * 8 * kRowV + n * 8, bHi, bLo);
+            mma3xTf32(o[n], aHi, aLo, bHi, bLo);
         }
     }
 }
@@ -922,8 +868,8 @@ __device__ __forceinline__ void valuesTf32(
 //! One warp: 16 query rows; per 64-key tile, the 8-key tiles past the last key the warp can use
 //! (the end of K, or its last row under causal) are skipped: SDXL's 77 keys take 64 + 16 keys.
 //! kRowQK: Q and K's shared row length, kROW_QK_F32 (conflict-free), or kD + 4 where that does
-//! not fit the GPU's shared memory (kCOMPACT_F32: D = 128 on sm_86/sm_89, 99 KB per block).
-template <int32_t kD, int32_t kVariant, int32_t kRowQK = kROW_QK_F32<kD>>
+//! not fit the GPU's shared memory (compactSharedBytesF32: D = 128 on sm_86/sm_89, 99 KB per block).
+template <int32_t kD, int32_t kRowQK = kROW_QK_F32<kD>>
 __global__ void __launch_bounds__(kTHREADS, kMIN_BLOCKS_F32<kD>) flashTf32x3Kernel(float const* __restrict__ q,
     float const* __restrict__ k, float const* __restrict__ v, AttentionMaskView const mask, float* __restrict__ out,
     AttentionShape const shape, AttentionParams const params, int32_t const qTiles)
@@ -997,11 +943,11 @@ __global__ void __launch_bounds__(kTHREADS, kMIN_BLOCKS_F32<kD>) flashTf32x3Kern
         }
         if (liveTiles == kKEY_TILES)
         {
-            scoresTf32<kD, kVariant, false, kRowQK>(s, qRow, kRow0, liveTiles);
+            scoresTf32<kD, false, kRowQK>(s, qRow, kRow0, liveTiles);
         }
         else
         {
-            scoresTf32<kD, kVariant, true, kRowQK>(s, qRow, kRow0, liveTiles);
+            scoresTf32<kD, true, kRowQK>(s, qRow, kRow0, liveTiles);
         }
         __syncthreads(); // every warp is done with K_j
         if (j + 1 < keyTiles)
@@ -1021,339 +967,13 @@ __global__ void __launch_bounds__(kTHREADS, kMIN_BLOCKS_F32<kD>) flashTf32x3Kern
         __syncthreads();
         if (liveTiles == kKEY_TILES)
         {
-            valuesTf32<kD, kVariant, false>(o, s, vRows, liveTiles);
+            valuesTf32<kD, false>(o, s, vRows, liveTiles);
         }
         else
         {
-            valuesTf32<kD, kVariant, true>(o, s, vRows, liveTiles);
+            valuesTf32<kD, true>(o, s, vRows, liveTiles);
         }
         __syncthreads(); // every warp is done with V_j
-    }
-    waitAsync<0>();
-    softmax.finish();
-    storeOutput<float, kD>(o, softmax, block.outBase, warpRow0 + g, shape, params);
-#endif
-}
-// ---- float32 with K and V split once per tile ----------------------------------------------------
-
-//! Quads (16 bytes) per (8-key step, t) row of the split V tile: kD + 2, so that the fragment
-//! loads of a quarter warp (t = 0..3, g = 0, 1) fall in 8 different quads of the banks.
-template <int32_t kD>
-constexpr int32_t kV_SPLIT_ROW = kD + 2;
-
-//! Shared memory of flashTf32x3SplitKernel: one staging tile (Q, then each K and V tile as
-//! cp.async lands it), K split into TF32 hi and lo planes, V split into fragment quads.
-template <int32_t kD>
-constexpr int32_t sharedBytesF32Split()
-{
-    return kBLOCK_KEYS * kROW_QK_F32<kD> * 4 + kBLOCK_KEYS * kD * 8 + kKEY_TILES * 4 * kV_SPLIT_ROW<kD> * 16;
-}
-
-//! Head dimensions (padded) that take flashTf32x3SplitKernel under kPRESPLIT: its tiles fit twice
-//! per SM up to 80 (up to 64 with kSPLIT_TO_64).
-constexpr bool splitKernelFor(int32_t paddedDim, int32_t variant = kF32_VARIANT)
-{
-    return paddedDim <= ((variant & kSPLIT_TO_64) != 0 ? 64 : 80);
-}
-
-__device__ __forceinline__ void splitQuad(float4 const x, uint4& hi, uint4& lo)
-{
-    splitTf32(x.x, hi.x, lo.x);
-    splitTf32(x.y, hi.y, lo.y);
-    splitTf32(x.z, hi.z, lo.z);
-    splitTf32(x.w, hi.w, lo.w);
-}
-
-//! The staged K tile (64 rows of kRowS floats) into hi and lo planes of quads [kD / 16][64][4]:
-//! quad (m, key, t) holds columns 16m + 4t .. 16m + 4t + 3 of the key, the order scoresSplitTf32
-//! takes them in. Columns from headDim on are zeroed (the staging tile may hold V's there).
-template <int32_t kD>
-__device__ __forceinline__ void splitKeysTile(float const* stage, uint4* kHi, uint4* kLo, int32_t headDim)
-{
-    constexpr int32_t kRowS = kROW_QK_F32<kD>;
-    for (int32_t i = static_cast<int32_t>(threadIdx.x); i < kD / 16 * kBLOCK_KEYS * 4; i += kTHREADS)
-    {
-        int32_t const quad = i % 4;
-        int32_t const row = (i / 4) % kBLOCK_KEYS;
-        int32_t const col = (i / (4 * kBLOCK_KEYS)) * 16 + quad * 4;
-        float4 x = *reinterpret_cast<float4 const*>(stage + row * kRowS + col);
-        if (headDim < kD)
-        {
-            x.x = col < headDim ? x.x : 0.F;
-            x.y = col + 1 < headDim ? x.y : 0.F;
-            x.z = col + 2 < headDim ? x.z : 0.F;
-            x.w = col + 3 < headDim ? x.w : 0.F;
-        }
-        uint4 hi;
-        uint4 lo;
-        splitQuad(x, hi, lo);
-        kHi[i] = hi;
-        kLo[i] = lo;
-    }
-}
-
-//! The staged V tile into fragment quads [8][4][kV_SPLIT_ROW]: quad (kk, t, col) holds
-//! {hi, hi, lo, lo} of keys kk·8 + 2t and kk·8 + 2t + 1 in column col (P·V's B fragment).
-template <int32_t kD>
-__device__ __forceinline__ void splitValuesTile(float const* stage, uint4* vSplit)
-{
-    constexpr int32_t kRowS = kROW_QK_F32<kD>;
-    for (int32_t i = static_cast<int32_t>(threadIdx.x); i < kKEY_TILES * 4 * kD; i += kTHREADS)
-    {
-        int32_t const col = i % kD;
-        int32_t const kt = i / kD; // kk·4 + t
-        int32_t const key = (kt / 4) * 8 + 2 * (kt % 4);
-        uint4 quad;
-        splitTf32(stage[key * kRowS + col], quad.x, quad.z);
-        splitTf32(stage[(key + 1) * kRowS + col], quad.y, quad.w);
-        vSplit[kt * kV_SPLIT_ROW<kD> + col] = quad;
-    }
-}
-
-//! s[n] = Q·K_nᵀ from Q in registers (rows g, g + 8: per 16 columns m, the 4 of row g then the 4
-//! of row g + 8) and the split K planes (kHi, kLo at quad g·4 + t), in scoresTf32's order.
-template <int32_t kD, int32_t kVariant, bool kPARTIAL>
-__device__ __forceinline__ void scoresSplitTf32(float (&s)[kKEY_TILES][4], float const (&qRaw)[kD / 16][8],
-    uint4 const* kHi, uint4 const* kLo, int32_t liveTiles)
-{
-#pragma unroll
-    for (int32_t m = 0; m < kD / 16; ++m)
-    {
-        uint32_t aHi[2][4];
-        uint32_t aLo[2][4];
-        splitTf32(qRaw[m][0], aHi[0][0], aLo[0][0]);
-        splitTf32(qRaw[m][4], aHi[0][1], aLo[0][1]);
-        splitTf32(qRaw[m][1], aHi[0][2], aLo[0][2]);
-        splitTf32(qRaw[m][5], aHi[0][3], aLo[0][3]);
-        splitTf32(qRaw[m][2], aHi[1][0], aLo[1][0]);
-        splitTf32(qRaw[m][6], aHi[1][1], aLo[1][1]);
-        splitTf32(qRaw[m][3], aHi[1][2], aLo[1][2]);
-        splitTf32(qRaw[m][7], aHi[1][3], aLo[1][3]);
-#pragma unroll
-        for (int32_t n = 0; n < kKEY_TILES; ++n)
-        {
-            if (kPARTIAL && n >= liveTiles)
-            {
-                continue;
-            }
-            uint4 const h = kHi[(m * kBLOCK_KEYS + n * 8) * 4];
-            uint4 const l = kLo[(m * kBLOCK_KEYS + n * 8) * 4];
-            uint32_t const bHi[2][2]{{h.x, h.y}, {h.z, h.w}};
-            uint32_t const bLo[2][2]{{l.x, l.y}, {l.z, l.w}};
-            if constexpr ((kVariant & kMERGE_QK) != 0)
-            {
-                float step[4]{0.F, 0.F, 0.F, 0.F};
-                mma3xTf32Into(step, aHi[0], aLo[0], bHi[0], bLo[0]);
-                mma3xTf32Into(step, aHi[1], aLo[1], bHi[1], bLo[1]);
-                if (m == 0)
-                {
-                    s[n][0] = step[0]; // s starts at 0: no add (only the sign of a zero differs)
-                    s[n][1] = step[1];
-                    s[n][2] = step[2];
-                    s[n][3] = step[3];
-                }
-                else
-                {
-                    addStep(s[n], step);
-                }
-            }
-            else
-            {
-                mma3xTf32(s[n], aHi[0], aLo[0], bHi[0], bLo[0]);
-                mma3xTf32(s[n], aHi[1], aLo[1], bHi[1], bLo[1]);
-            }
-        }
-    }
-}
-
-//! o += P·V_j from the split V quads (vSplit at quad t·kV_SPLIT_ROW + g), in valuesTf32's order.
-template <int32_t kD, int32_t kVariant, bool kPARTIAL>
-__device__ __forceinline__ void valuesSplitTf32(
-    float (&o)[kD / 8][4], float const (&s)[kKEY_TILES][4], uint4 const* vSplit, int32_t liveTiles)
-{
-    constexpr int32_t kStep = 4 * kV_SPLIT_ROW<kD>; // quads per 8-key step
-    if constexpr ((kVariant & kMERGE_PV) != 0)
-    {
-#pragma unroll
-        for (int32_t kk = 0; kk < kKEY_TILES; kk += 2)
-        {
-            if (kPARTIAL && kk >= liveTiles)
-            {
-                continue;
-            }
-            bool const second = !kPARTIAL || kk + 1 < liveTiles;
-            uint32_t aHi[2][4];
-            uint32_t aLo[2][4];
-            probabilityFragment(s[kk], aHi[0], aLo[0]);
-            probabilityFragment(s[kk + 1], aHi[1], aLo[1]);
-#pragma unroll
-            for (int32_t n = 0; n < kD / 8; ++n)
-            {
-                float step[4]{0.F, 0.F, 0.F, 0.F};
-                uint4 const b0 = vSplit[kk * kStep + n * 8];
-                uint32_t const bHi0[2]{b0.x, b0.y};
-                uint32_t const bLo0[2]{b0.z, b0.w};
-                mma3xTf32Into(step, aHi[0], aLo[0], bHi0, bLo0);
-                if (second)
-                {
-                    uint4 const b1 = vSplit[(kk + 1) * kStep + n * 8];
-                    uint32_t const bHi1[2]{b1.x, b1.y};
-                    uint32_t const bLo1[2]{b1.z, b1.w};
-                    mma3xTf32Into(step, aHi[1], aLo[1], bHi1, bLo1);
-                }
-                addStep(o[n], step);
-            }
-        }
-    }
-    else
-    {
-#pragma unroll
-        for (int32_t kk = 0; kk < kKEY_TILES; ++kk)
-        {
-            if (kPARTIAL && kk >= liveTiles)
-            {
-                continue;
-            }
-            uint32_t aHi[4];
-            uint32_t aLo[4];
-            probabilityFragment(s[kk], aHi, aLo);
-#pragma unroll
-            for (int32_t n = 0; n < kD / 8; ++n)
-            {
-                uint4 const b = vSplit[kk * kStep + n * 8];
-                uint32_t const bHi[2]{b.x, b.y};
-                uint32_t const bLo[2]{b.z, b.w};
-                mma3xTf32(o[n], aHi, aLo, bHi, bLo);
-            }
-        }
-    }
-}
-
-//! flashTf32x3Kernel with K and V split into TF32 hi/lo once per tile by the whole block (not by
-//! each warp for each fragment) and Q held in registers: per tile, cp.async lands K_j in the
-//! staging tile, the block splits it, V_j is issued into the staging tile while the warps take
-//! Q·K_jᵀ and the softmax, the block splits V_j, K_j+1 is issued while the warps take P·V_j.
-template <int32_t kD, int32_t kVariant>
-__global__ void __launch_bounds__(kTHREADS, 2) flashTf32x3SplitKernel(float const* __restrict__ q,
-    float const* __restrict__ k, float const* __restrict__ v, AttentionMaskView const mask, float* __restrict__ out,
-    AttentionShape const shape, AttentionParams const params, int32_t const qTiles)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    constexpr int32_t kRowS = kROW_QK_F32<kD>;
-    constexpr int32_t kRows = kBLOCK_ROWS<1>;
-    static_assert(kRows == kBLOCK_KEYS, "the staging tile holds Q's rows and a key tile");
-    extern __shared__ __align__(16) unsigned char sharedRaw[];
-    float* const sStage = reinterpret_cast<float*>(sharedRaw);
-    uint4* const sKhi = reinterpret_cast<uint4*>(sStage + kBLOCK_KEYS * kRowS);
-    uint4* const sKlo = sKhi + kD / 16 * kBLOCK_KEYS * 4;
-    uint4* const sVs = sKlo + kD / 16 * kBLOCK_KEYS * 4;
-
-    BlockSetup<float> const block(q, k, v, out, mask, shape, params, kRows, qTiles);
-    int32_t const headDim = static_cast<int32_t>(shape.headDim);
-    int32_t const valueDim = static_cast<int32_t>(shape.valueDim);
-    int32_t const warp = static_cast<int32_t>(threadIdx.x / 32);
-    int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
-    int32_t const g = lane / 4;
-    int32_t const t = lane % 4;
-    int32_t const warpRow = warp * 16;
-
-    if (headDim < kD)
-    {
-        zeroPadding<float, kD, kRowS>(sStage, kRows, headDim);
-    }
-    // Q into the staging tile and K_0, in one round trip, into the split V tile's space (free
-    // until V_0's split; splitKeysTile zeroes what lies past headDim)
-    float* const sKey0 = reinterpret_cast<float*>(sVs);
-    static_assert(kBLOCK_KEYS * kRowS * 4 <= kKEY_TILES * 4 * kV_SPLIT_ROW<kD> * 16, "K_0 fits the V split tile");
-    int32_t const keyTiles = static_cast<int32_t>((block.keyEnd + kBLOCK_KEYS - 1) / kBLOCK_KEYS);
-    loadTileAsync<float, kD, kRowS, kRows>(sStage, block.qBase, block.q0, shape.seqQ, headDim);
-    if (keyTiles > 0)
-    {
-        loadTileAsync<float, kD, kRowS, kBLOCK_KEYS>(sKey0, block.kBase, 0, shape.seqK, headDim);
-    }
-    commitAsync();
-    waitAsync<0>();
-    __syncthreads();
-    float qRaw[kD / 16][8];
-#pragma unroll
-    for (int32_t m = 0; m < kD / 16; ++m)
-    {
-        float4 const a = *reinterpret_cast<float4 const*>(sStage + (warpRow + g) * kRowS + 16 * m + 4 * t);
-        float4 const b = *reinterpret_cast<float4 const*>(sStage + (warpRow + g + 8) * kRowS + 16 * m + 4 * t);
-        qRaw[m][0] = a.x;
-        qRaw[m][1] = a.y;
-        qRaw[m][2] = a.z;
-        qRaw[m][3] = a.w;
-        qRaw[m][4] = b.x;
-        qRaw[m][5] = b.y;
-        qRaw[m][6] = b.z;
-        qRaw[m][7] = b.w;
-    }
-    float o[kD / 8][4];
-#pragma unroll
-    for (int32_t n = 0; n < kD / 8; ++n)
-    {
-        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.F;
-    }
-    OnlineSoftmax softmax;
-    int64_t const warpRow0 = block.q0 + warpRow;
-    int64_t const warpKeyEnd = params.causal && warpRow0 + 16 < block.keyEnd ? warpRow0 + 16 : block.keyEnd;
-    uint4 const* const kHi = sKhi + g * 4 + t;
-    uint4 const* const kLo = sKlo + g * 4 + t;
-    uint4 const* const vSplit = sVs + t * kV_SPLIT_ROW<kD> + g;
-
-    for (int32_t j = 0; j < keyTiles; ++j)
-    {
-        int64_t const k0 = static_cast<int64_t>(j) * kBLOCK_KEYS;
-        if (j > 0)
-        {
-            waitAsync<0>(); // K_j staged
-            __syncthreads();
-        }
-        splitKeysTile<kD>(j > 0 ? sStage : sKey0, sKhi, sKlo, headDim);
-        __syncthreads(); // K_j split; the staging tile is free (every warp has its Q rows)
-        loadTileAsync<float, kD, kRowS, kBLOCK_KEYS>(sStage, block.vBase, k0, shape.seqK, valueDim);
-        commitAsync();
-
-        // 8-key tiles holding a key the warp can use (none for a warp past the last query row)
-        int64_t const live = warpRow0 < shape.seqQ ? (warpKeyEnd - k0 + 7) / 8 : 0;
-        int32_t const liveTiles = live < 0 ? 0 : (live > kKEY_TILES ? kKEY_TILES : static_cast<int32_t>(live));
-        float s[kKEY_TILES][4];
-#pragma unroll
-        for (int32_t n = 0; n < kKEY_TILES; ++n)
-        {
-            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.F;
-        }
-        if (liveTiles == kKEY_TILES)
-        {
-            scoresSplitTf32<kD, kVariant, false>(s, qRaw, kHi, kLo, liveTiles);
-        }
-        else
-        {
-            scoresSplitTf32<kD, kVariant, true>(s, qRaw, kHi, kLo, liveTiles);
-        }
-        bool const checkEach = k0 + kBLOCK_KEYS > shape.seqK || (params.causal && k0 + kBLOCK_KEYS - 1 > warpRow0);
-        float alpha[2];
-        softmax.template update<false>(s, alpha, warpRow0 + g, k0, mask, block.maskBase, shape, params, checkEach);
-        rescale(o, alpha);
-
-        waitAsync<0>(); // V_j staged
-        __syncthreads(); // (and every warp is done with K_j's split)
-        splitValuesTile<kD>(sStage, sVs);
-        __syncthreads(); // V_j split; the staging tile is free
-        if (j + 1 < keyTiles)
-        {
-            loadTileAsync<float, kD, kRowS, kBLOCK_KEYS>(sStage, block.kBase, k0 + kBLOCK_KEYS, shape.seqK, headDim);
-        }
-        commitAsync();
-        if (liveTiles == kKEY_TILES)
-        {
-            valuesSplitTf32<kD, kVariant, false>(o, s, vSplit, liveTiles);
-        }
-        else
-        {
-            valuesSplitTf32<kD, kVariant, true>(o, s, vSplit, liveTiles);
-        }
     }
     waitAsync<0>();
     softmax.finish();
@@ -1363,19 +983,12 @@ __global__ void __launch_bounds__(kTHREADS, 2) flashTf32x3SplitKernel(float cons
 
 // ---- dispatch ----------------------------------------------------------------------------------
 
-template <typename T, int32_t kD, int32_t kVariant = kF32_VARIANT>
+template <typename T, int32_t kD>
 constexpr auto kernelFor()
 {
     if constexpr (std::is_same_v<T, float>)
     {
-        if constexpr ((kVariant & kPRESPLIT) != 0 && splitKernelFor(kD, kVariant))
-        {
-            return flashTf32x3SplitKernel<kD, kVariant & (kMERGE_QK | kMERGE_PV)>;
-        }
-        else
-        {
-            return flashTf32x3Kernel<kD, kVariant & (kMERGE_QK | kMERGE_PV)>;
-        }
+        return flashTf32x3Kernel<kD>;
     }
     else
     {
@@ -1383,62 +996,25 @@ constexpr auto kernelFor()
     }
 }
 
-#ifdef GRAPHFIX_F32_EXPERIMENT
-//! Experiment builds only: the float32 variant from GRAPHFIX_F32_VARIANT (1, 4, 5 or 13; anything
-//! else: kF32_VARIANT). The kernel builds them all so that one build can time each.
-inline int32_t f32Variant()
-{
-    char const* value = std::getenv("GRAPHFIX_F32_VARIANT");
-    return value == nullptr ? kF32_VARIANT : std::atoi(value);
-}
-
-template <typename T, int32_t kD>
-auto experimentKernelFor()
-{
-    if constexpr (std::is_same_v<T, float>)
-    {
-        // one pointer type for every variant: the kernels share their signature
-        void (*kernel)(float const*, float const*, float const*, AttentionMaskView, float*, AttentionShape,
-            AttentionParams, int32_t) = kernelFor<T, kD, kF32_VARIANT>();
-        switch (f32Variant())
-        {
-        case 1: kernel = kernelFor<T, kD, 1>(); break;
-        case 4: kernel = kernelFor<T, kD, 4>(); break;
-        case 5: kernel = kernelFor<T, kD, 5>(); break;
-        case 13: kernel = kernelFor<T, kD, 13>(); break;
-        default: break;
-        }
-        return kernel;
-    }
-    else
-    {
-        return kernelFor<T, kD>();
-    }
-}
-#define GRAPHFIX_FLASH_KERNEL_FOR experimentKernelFor
-#else
-#define GRAPHFIX_FLASH_KERNEL_FOR kernelFor
-#endif
-
 //! Calls f with the kernel for plan.paddedDim, or returns cudaErrorInvalidConfiguration.
 template <typename T, typename F>
 cudaError_t withKernel(FlashPlan const& plan, F&& f)
 {
     switch (plan.paddedDim)
     {
-    case 32: return f(GRAPHFIX_FLASH_KERNEL_FOR<T, 32>());
-    case 64: return f(GRAPHFIX_FLASH_KERNEL_FOR<T, 64>());
-    case 80: return f(GRAPHFIX_FLASH_KERNEL_FOR<T, 80>());
-    case 96: return f(GRAPHFIX_FLASH_KERNEL_FOR<T, 96>());
+    case 32: return f(kernelFor<T, 32>());
+    case 64: return f(kernelFor<T, 64>());
+    case 80: return f(kernelFor<T, 80>());
+    case 96: return f(kernelFor<T, 96>());
     case 128:
-        if constexpr (std::is_same_v<T, float> && (kF32_VARIANT & kPRESPLIT) == 0)
+        if constexpr (std::is_same_v<T, float>)
         {
             if (plan.sharedBytes == compactSharedBytesF32(128))
             {
-                return f(flashTf32x3Kernel<128, kF32_VARIANT, 128 + 4>); // see planFlashAttention
+                return f(flashTf32x3Kernel<128, 128 + 4>); // see planFlashAttention
             }
         }
-        return f(GRAPHFIX_FLASH_KERNEL_FOR<T, 128>());
+        return f(kernelFor<T, 128>());
     default: return cudaErrorInvalidConfiguration;
     }
 }
@@ -1452,16 +1028,9 @@ constexpr int32_t sharedBytes(int32_t elementBytes, int32_t paddedDim)
 {
     if (elementBytes == 4)
     {
-        // float32: Q and K rows of kROW_QK_F32 floats, V rows of kROW_V_F32 (sharedBytesF32), or
-        // sharedBytesF32Split for the split kernel
+        // float32: Q and K rows of kROW_QK_F32 floats, V rows of kROW_V_F32 (sharedBytesF32)
         int32_t const rowQK = paddedDim + (48 - paddedDim % 32) % 32;
-        int32_t const plain = ((blockRowsFor(4, paddedDim) + kBLOCK_KEYS) * rowQK + kBLOCK_KEYS * (paddedDim + 4)) * 4;
-        int32_t const split = kBLOCK_KEYS * rowQK * 4 + kBLOCK_KEYS * paddedDim * 8 + kKEY_TILES * 4 * (paddedDim + 2) * 16;
-#ifdef GRAPHFIX_F32_EXPERIMENT
-        return paddedDim <= 80 && split > plain ? split : plain; // the largest any variant takes
-#else
-        return (kF32_VARIANT & kPRESPLIT) != 0 && splitKernelFor(paddedDim) ? split : plain;
-#endif
+        return ((blockRowsFor(4, paddedDim) + kBLOCK_KEYS) * rowQK + kBLOCK_KEYS * (paddedDim + 4)) * 4;
     }
     return (blockRowsFor(elementBytes, paddedDim) + 2 * kBLOCK_KEYS) * (paddedDim + 8) * elementBytes;
 }
@@ -1471,17 +1040,49 @@ static_assert(sharedBytes(2, 64) == sharedBytesFor<__half, 64>(), "one shared-me
 static_assert(sharedBytes(4, 128) == sharedBytesF32<128>(), "one shared-memory formula");
 static_assert(compactSharedBytesF32(128) == sharedBytesF32<128, 128 + 4>(), "one shared-memory formula");
 static_assert(compactSharedBytesF32(128) < sharedBytes(4, 128), "the compact layout is smaller");
-static_assert(sharedBytes(4, 64) == ((kF32_VARIANT & kPRESPLIT) != 0 ? sharedBytesF32Split<64>() : sharedBytesF32<64>())
-        || sharedBytes(4, 64) == std::max(sharedBytesF32Split<64>(), sharedBytesF32<64>()),
-    "one shared-memory formula");
-static_assert(sharedBytes(4, 80) == ((kF32_VARIANT & kPRESPLIT) != 0 ? sharedBytesF32Split<80>() : sharedBytesF32<80>())
-        || sharedBytes(4, 80) == std::max(sharedBytesF32Split<80>(), sharedBytesF32<80>()),
-    "one shared-memory formula");
+static_assert(sharedBytes(4, 64) == sharedBytesF32<64>(), "one shared-memory formula");
+static_assert(sharedBytes(4, 80) == sharedBytesF32<80>(), "one shared-memory formula");
 static_assert(sharedBytes(2, 80) == sharedBytesFor<__nv_bfloat16, 80>(), "one shared-memory formula");
 
 inline bool aligned16(void const* p)
 {
     return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+//! What launchFlashAttention and launchHopperAttention check of their arguments (the contract in
+//! graphfixAttentionFlash.h) and the grid they launch: qTiles tiles of blockRows query rows for
+//! each (batch, head), one block each. !launch: return status (an error, or cudaSuccess when there
+//! is nothing to compute).
+struct LaunchGrid
+{
+    cudaError_t status{cudaSuccess};
+    bool launch{false};
+    int64_t qTiles{0};
+    int64_t blocks{0};
+};
+
+inline LaunchGrid launchGridFor(void const* q, void const* k, void const* v, void const* out,
+    AttentionShape const& shape, AttentionParams const& params, int32_t blockRows)
+{
+    if (params.kTransposed || shape.headsKV <= 0 || shape.headsQ % shape.headsKV != 0)
+    {
+        return {cudaErrorInvalidValue};
+    }
+    if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out))
+    {
+        return {cudaErrorMisalignedAddress};
+    }
+    if (shape.batch == 0 || shape.headsQ == 0 || shape.seqQ == 0)
+    {
+        return {cudaSuccess};
+    }
+    int64_t const qTiles = (shape.seqQ + blockRows - 1) / blockRows;
+    int64_t const blocks = qTiles * shape.batch * shape.headsQ;
+    if (blocks > kMAX_GRID_BLOCKS)
+    {
+        return {cudaErrorInvalidConfiguration};
+    }
+    return {cudaSuccess, true, qTiles, blocks};
 }
 
 } // namespace
@@ -1499,39 +1100,19 @@ cudaError_t launchFlashAttention(T const* q, T const* k, T const* v, AttentionMa
     AttentionShape const& shape, AttentionParams const& params, FlashPlan const& plan, cudaStream_t stream) noexcept
 {
     FlashKernel const expected = std::is_same_v<T, float> ? FlashKernel::kTf32x3 : FlashKernel::kMma16;
-    if (plan.kernel != expected || params.kTransposed || shape.headsKV <= 0 || shape.headsQ % shape.headsKV != 0)
+    if (plan.kernel != expected)
     {
         return cudaErrorInvalidValue;
     }
-    if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out))
+    LaunchGrid const grid = launchGridFor(q, k, v, out, shape, params, plan.blockRows);
+    if (!grid.launch)
     {
-        return cudaErrorMisalignedAddress;
+        return grid.status;
     }
-    if (shape.batch == 0 || shape.headsQ == 0 || shape.seqQ == 0)
-    {
-        return cudaSuccess;
-    }
-    int64_t const qTiles = (shape.seqQ + plan.blockRows - 1) / plan.blockRows;
-    int64_t const blocks = qTiles * shape.batch * shape.headsQ;
-    if (blocks > kMAX_GRID_BLOCKS)
-    {
-        return cudaErrorInvalidConfiguration;
-    }
-    size_t sharedSize = static_cast<size_t>(plan.sharedBytes);
-#ifdef GRAPHFIX_F32_EXPERIMENT
-    if (std::is_same_v<T, float> && plan.sharedBytes != compactSharedBytesF32(plan.paddedDim))
-    {
-        // the selected variant's own size (plan.sharedBytes is the largest of them)
-        int32_t const d = plan.paddedDim;
-        int32_t const rowQK = d + (48 - d % 32) % 32;
-        sharedSize = static_cast<size_t>((f32Variant() & kPRESPLIT) != 0 && splitKernelFor(d, f32Variant())
-                ? kBLOCK_KEYS * rowQK * 4 + kBLOCK_KEYS * d * 8 + kKEY_TILES * 4 * (d + 2) * 16
-                : ((kBLOCK_ROWS<1> + kBLOCK_KEYS) * rowQK + kBLOCK_KEYS * (d + 4)) * 4);
-    }
-#endif
+    size_t const sharedSize = static_cast<size_t>(plan.sharedBytes);
     return withKernel<T>(plan, [&](auto kernel) {
-        kernel<<<static_cast<uint32_t>(blocks), kTHREADS, sharedSize, stream>>>(
-            q, k, v, mask, out, shape, params, static_cast<int32_t>(qTiles));
+        kernel<<<static_cast<uint32_t>(grid.blocks), kTHREADS, sharedSize, stream>>>(
+            q, k, v, mask, out, shape, params, static_cast<int32_t>(grid.qTiles));
         return cudaGetLastError();
     });
 }

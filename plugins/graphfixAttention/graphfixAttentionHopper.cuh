@@ -413,29 +413,20 @@ template <typename T>
 cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionMaskView const& mask, T* out,
     AttentionShape const& shape, AttentionParams const& params, HopperPlan const& plan, cudaStream_t stream) noexcept
 {
-    if (plan.keys == 0 || params.kTransposed || shape.headsKV <= 0 || shape.headsQ % shape.headsKV != 0)
+    if (plan.keys == 0)
     {
         return cudaErrorInvalidValue;
     }
-    if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out))
+    LaunchGrid const grid = launchGridFor(q, k, v, out, shape, params, plan.blockRows);
+    if (!grid.launch)
     {
-        return cudaErrorMisalignedAddress;
-    }
-    if (shape.batch == 0 || shape.headsQ == 0 || shape.seqQ == 0)
-    {
-        return cudaSuccess;
-    }
-    int64_t const qTiles = (shape.seqQ + plan.blockRows - 1) / plan.blockRows;
-    int64_t const blocks = qTiles * shape.batch * shape.headsQ;
-    if (blocks > kMAX_GRID_BLOCKS)
-    {
-        return cudaErrorInvalidConfiguration;
+        return grid.status;
     }
     uint32_t const threads = static_cast<uint32_t>(plan.blockRows / 64 * 128);
     bool const plain = mask.kind == AttentionMaskKind::kNone && params.softcap == 0.F;
     return withHopperKernel<T>(plan, plain, [&](auto kernel) {
-        kernel<<<static_cast<uint32_t>(blocks), threads, static_cast<size_t>(plan.sharedBytes), stream>>>(
-            q, k, v, mask, out, shape, params, static_cast<int32_t>(qTiles));
+        kernel<<<static_cast<uint32_t>(grid.blocks), threads, static_cast<size_t>(plan.sharedBytes), stream>>>(
+            q, k, v, mask, out, shape, params, static_cast<int32_t>(grid.qTiles));
         return cudaGetLastError();
     });
 }
