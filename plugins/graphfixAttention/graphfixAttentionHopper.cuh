@@ -137,7 +137,9 @@ template <typename T, int32_t kD, int32_t kN, int32_t kWG, bool kPLAIN>
 //! Two blocks per multiprocessor (128 registers a thread) for the plain kernels up to head dim
 //! 80: ptxas then spills 8 bytes (64) to 56 bytes (80, bfloat16), a few address reloads a tile;
 //! wider heads would spill hundreds of bytes and keep one block (up to 255 registers).
-constexpr int32_t kHOPPER_MIN_BLOCKS = kPLAIN && kD <= 80 && kN == 64 && kWG == 2 ? 2 : 1;
+//! bfloat16 (P split in two terms) fits 128 registers only up to head dim 64: at 80, ptxas serialises
+//! the wgmmas for want of registers (its C7512), so it keeps one block.
+constexpr int32_t kHOPPER_MIN_BLOCKS = kPLAIN && kD <= (kSPLIT_P<T> ? 64 : 80) && kN == 64 && kWG == 2 ? 2 : 1;
 
 template <typename T, int32_t kD, int32_t kN, int32_t kWG, bool kPLAIN>
 __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG, kPLAIN>)) hopperAttentionKernel(T const* __restrict__ q,
@@ -301,9 +303,20 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
         commitAsync();
         issueScores(s, j + 1); // S_j+1 on the tensor cores, then P_j V_j, while ...
         issueValues(j);
-        wgmmaWait<1>();
+        // bfloat16 waits for P_j V_j too: with the softmax of S_j+1 writing p and lo while P_j V_j
+        // still reads pv and lov, ptxas serialised every wgmma of the bfloat16 kernels (its
+        // C7513: all of them, each followed by a full wait); waiting here keeps S_j+1 and P_j V_j
+        // in flight together and the wgmmas of each batch pipelined.
+        if constexpr (kSPLIT_P<T>)
+        {
+            wgmmaWait<0>();
+        }
+        else
+        {
+            wgmmaWait<1>();
+        }
         fenceOperands(s);
-        probabilities(s, alpha, p, lo, j + 1); // ... the softmax of S_j+1 runs here
+        probabilities(s, alpha, p, lo, j + 1); // ... the softmax of S_j+1 runs here (float16)
         wgmmaWait<0>();
         fenceOperands(o);
         fenceOperands(pv);
