@@ -27,6 +27,11 @@ SOURCES = {
     "bfloat16": REPO / "plugins" / "graphfixAttention" / "graphfixAttentionHopperBFloat16.cu",
 }
 ELEMENT = {"float16": "__half", "bfloat16": "13__nv_bfloat16"}
+# Kernels left serialised on purpose, with the measurement that chose it: bfloat16's plain
+# head-dim-80 kernel keeps two blocks of 128 registers, where ptxas serialises it whether or not
+# it waits (kWAIT_PV in graphfixAttentionHopper.cuh); SigLIP-384 b32 on the H200: 0.487 ms
+# (two serialised blocks) against 0.585 ms (one pipelined block).
+SERIALISED_BY_CHOICE = {"bfloat16": ("13__nv_bfloat16Li80ELi64ELi2ELb1",)}
 
 
 @pytest.fixture(scope="module", params=sorted(SOURCES))
@@ -66,8 +71,13 @@ def test_ptxas_does_not_serialise_the_wgmma_chains(compiled):
     """ptxas serialises wgmma (correct, slower: every wgmma then waits for the one before) when
     an accumulator crosses a function boundary, registers run short (C7512) or an input register
     is written while a wgmma may still read it (C7513, which the bfloat16 kernels had)."""
-    _, log, _ = compiled
-    assert not re.search(r"C751\d|wgmma\.mma_async instructions are serialized", log), log
+    _, log, dtype = compiled
+    serialised = {
+        re.search(ELEMENT[dtype] + r"Li\d+ELi\d+ELi\d+ELb[01]", line).group(0)
+        for line in log.splitlines()
+        if re.search(r"C751\d|wgmma\.mma_async instructions are serialized", line)
+    }
+    assert serialised <= set(SERIALISED_BY_CHOICE.get(dtype, ())), log
 
 
 def test_the_machine_code_holds_hgmma(compiled):

@@ -137,9 +137,15 @@ template <typename T, int32_t kD, int32_t kN, int32_t kWG, bool kPLAIN>
 //! Two blocks per multiprocessor (128 registers a thread) for the plain kernels up to head dim
 //! 80: ptxas then spills 8 bytes (64) to 56 bytes (80, bfloat16), a few address reloads a tile;
 //! wider heads would spill hundreds of bytes and keep one block (up to 255 registers).
-//! bfloat16 (P split in two terms) fits 128 registers only up to head dim 64: at 80, ptxas serialises
-//! the wgmmas for want of registers (its C7512), so it keeps one block.
-constexpr int32_t kHOPPER_MIN_BLOCKS = kPLAIN && kD <= (kSPLIT_P<T> ? 64 : 80) && kN == 64 && kWG == 2 ? 2 : 1;
+constexpr int32_t kHOPPER_MIN_BLOCKS = kPLAIN && kD <= 80 && kN == 64 && kWG == 2 ? 2 : 1;
+
+//! bfloat16 waits for P_j V_j before the softmax of S_j+1 writes p and lo: overlapping them, ptxas
+//! serialised every wgmma of the bfloat16 kernels (C7513). Except the plain head-dim-80 kernel:
+//! at its two blocks' 128 registers ptxas serialises it either way (C7512 when it waits), and
+//! measured on the H200 (SigLIP-384 b32) two serialised blocks beat one pipelined block, 0.487
+//! against 0.585 ms, so it keeps the overlap and its two blocks.
+template <typename T, int32_t kD, int32_t kN, int32_t kWG, bool kPLAIN>
+constexpr bool kWAIT_PV = kSPLIT_P<T> && !(kHOPPER_MIN_BLOCKS<T, kD, kN, kWG, kPLAIN> == 2 && kD == 80);
 
 template <typename T, int32_t kD, int32_t kN, int32_t kWG, bool kPLAIN>
 __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG, kPLAIN>)) hopperAttentionKernel(T const* __restrict__ q,
@@ -303,11 +309,9 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
         commitAsync();
         issueScores(s, j + 1); // S_j+1 on the tensor cores, then P_j V_j, while ...
         issueValues(j);
-        // bfloat16 waits for P_j V_j too: with the softmax of S_j+1 writing p and lo while P_j V_j
-        // still reads pv and lov, ptxas serialised every wgmma of the bfloat16 kernels (its
-        // C7513: all of them, each followed by a full wait); waiting here keeps S_j+1 and P_j V_j
-        // in flight together and the wgmmas of each batch pipelined.
-        if constexpr (kSPLIT_P<T>)
+        // bfloat16 waits for P_j V_j too (kWAIT_PV): S_j+1 and P_j V_j stay in flight together
+        // and the wgmmas of each batch pipelined, where overlapping the softmax serialised them.
+        if constexpr (kWAIT_PV<T, kD, kN, kWG, kPLAIN>)
         {
             wgmmaWait<0>();
         }
@@ -316,7 +320,7 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
             wgmmaWait<1>();
         }
         fenceOperands(s);
-        probabilities(s, alpha, p, lo, j + 1); // ... the softmax of S_j+1 runs here (float16)
+        probabilities(s, alpha, p, lo, j + 1); // ... the softmax of S_j+1 runs here
         wgmmaWait<0>();
         fenceOperands(o);
         fenceOperands(pv);
