@@ -28,7 +28,11 @@ SOURCES = {
     "float32": REPO / "plugins" / "graphfixAttention" / "graphfixAttentionHopperFloat.cu",
 }
 # Each type's kernel entry (mangled name) and the template arguments that name one instance.
-KERNEL = {"float16": "hopperAttentionKernel", "bfloat16": "hopperAttentionKernel", "float32": "hopperTf32Kernel"}
+KERNEL = {
+    "float16": "hopperAttentionKernel",
+    "bfloat16": "hopperAttentionKernel",
+    "float32": "hopperTf32Kernel",
+}
 INSTANCE = {
     "float16": r"__halfLi(\d+)ELi\d+ELi\d+ELb[01]",
     "bfloat16": r"13__nv_bfloat16Li(\d+)ELi\d+ELi\d+ELb[01]",
