@@ -37,6 +37,8 @@
  */
 #include "graphfixAttentionHopper.cuh"
 
+#include <cstdlib>
+
 namespace graphfix
 {
 namespace plugin
@@ -161,7 +163,7 @@ __device__ __forceinline__ void transposedF32(
 }
 
 //! kPLAIN: no mask and no softcap (compiled without that per-score code).
-template <int32_t kD, bool kPLAIN>
+template <int32_t kD, bool kPLAIN, int32_t kV>
 __global__ void __launch_bounds__(kTF32_THREADS, 1) hopperTf32Kernel(float const* __restrict__ q,
     float const* __restrict__ k, float const* __restrict__ v, AttentionMaskView const givenMask,
     float* __restrict__ out, AttentionShape const shape, AttentionParams const givenParams, int32_t const qTiles)
@@ -253,45 +255,113 @@ __global__ void __launch_bounds__(kTF32_THREADS, 1) hopperTf32Kernel(float const
     OnlineSoftmax softmax;
     int64_t const warpRow0 = block.q0 + warp * 16;
 
-    // S = Q K_jᵀ (issued, not waited for): lo·hi + hi·lo + hi·hi per k8 step, one accumulator
-    // (64 terms of the head dimension). K (B, K-major, N = keys): LBO = kN rows of 16 bytes.
-    auto const issueScores = [&](float (&s)[kN / 8][4], int32_t j) {
+    // Variants (experiment): kV 0: S in one accumulator, P V_j in one, overlapped; 1: S in 2,
+    // P V_j in two halves one after the other, overlapped; 2: S in 4, P V_j in 2, not
+    // overlapped; 3: S in 2, P V_j in 2, overlapped.
+    constexpr bool kOVERLAP = kV != 2;
+    constexpr int32_t kNS = kV == 0 ? 1 : (kV == 2 ? 4 : 2);
+    constexpr int32_t kNP = kV >= 2 ? 2 : 1;
+    constexpr int32_t kSTEPS = kD / 8;
+    constexpr int32_t kPV_STEPS = kN / 8;
+
+    // S = Q K_jᵀ (issued and committed, not waited for) into kNS accumulators: the first takes the
+    // lo·hi and hi·lo products of every k8 step, then each takes the hi·hi products of its share
+    // of the steps. The tensor core truncates as it accumulates: each truncation costs at most an
+    // ulp of the running sum, so the large hi·hi products go last and into several sums.
+    // K (B, K-major, N = keys): LBO = kN rows of 16 bytes, SBO = 8 rows.
+    auto const issueScores = [&](float (&acc)[kNS][kN / 8][4], int32_t j) {
         uint32_t const stage = static_cast<uint32_t>((j % 2) * kTILE * 4);
         uint64_t const kHiDesc = descriptor(kHiAddress + stage, kN * 16, 128);
         uint64_t const kLoDesc = descriptor(kLoAddress + stage, kN * 16, 128);
-        fenceOperands(s);
+#pragma unroll
+        for (int32_t g = 0; g < kNS; ++g)
+        {
+            fenceOperands(acc[g]);
+        }
         wgmmaFence();
 #pragma unroll
-        for (int32_t kk = 0; kk < kD / 8; ++kk)
+        for (int32_t kk = 0; kk < kSTEPS; ++kk)
         {
             uint64_t const qStep = static_cast<uint64_t>(2 * kk * kRows);
             uint64_t const kStep = static_cast<uint64_t>(2 * kk * kN);
-            hp::Wgmma<float, kN>::ss(s, qLoDesc + qStep, kHiDesc + kStep, kk > 0);
-            hp::Wgmma<float, kN>::ss(s, qHiDesc + qStep, kLoDesc + kStep, true);
-            hp::Wgmma<float, kN>::ss(s, qHiDesc + qStep, kHiDesc + kStep, true);
+            hp::Wgmma<float, kN>::ss(acc[0], qLoDesc + qStep, kHiDesc + kStep, kk > 0);
+            hp::Wgmma<float, kN>::ss(acc[0], qHiDesc + qStep, kLoDesc + kStep, true);
+        }
+#pragma unroll
+        for (int32_t kk = 0; kk < kSTEPS; ++kk)
+        {
+            int32_t const g = kk * kNS / kSTEPS;
+            bool const first = g > 0 && (kk == 0 || (kk - 1) * kNS / kSTEPS != g);
+            uint64_t const qStep = static_cast<uint64_t>(2 * kk * kRows);
+            uint64_t const kStep = static_cast<uint64_t>(2 * kk * kN);
+            hp::Wgmma<float, kN>::ss(acc[g], qHiDesc + qStep, kHiDesc + kStep, !first);
         }
         wgmmaCommit();
     };
-    // T = P_j V_j into a zeroed accumulator. Vᵀ (B, K-major, N = value dim): LBO = the next 4
-    // keys (kD rows of 16 bytes), SBO = 8 value rows; a k8 step (8 keys) is 2 chunks.
-    auto const issueValues = [&](float (&t)[kD / 8][4], uint32_t (&pHi)[kN / 8][4], uint32_t (&pLo)[kN / 8][4],
-                                 int32_t j) {
+    // The sum of the kNS accumulators in float32, into acc[0].
+    auto const combineScores = [&](float (&acc)[kNS][kN / 8][4]) {
+#pragma unroll
+        for (int32_t g = 1; g < kNS; ++g)
+        {
+#pragma unroll
+            for (int32_t n = 0; n < kN / 8; ++n)
+            {
+#pragma unroll
+                for (int32_t e = 0; e < 4; ++e)
+                {
+                    acc[0][n][e] += acc[g][n][e];
+                }
+            }
+        }
+    };
+    // T = P V_j over the key steps [kB, kE) (8 keys each) into kNP zeroed accumulators, the same
+    // way: lo terms first into the first, then the hi·hi products shared out. Vᵀ (B, K-major,
+    // N = value dim): LBO = the next 4 keys (kD rows of 16 bytes), SBO = 8 value rows.
+    auto const issueValues = [&](float (&t)[kNP][kD / 8][4], uint32_t (&pHi)[kN / 8][4], uint32_t (&pLo)[kN / 8][4],
+                                 int32_t j, int32_t const kB, int32_t const kE) {
         uint32_t const stage = static_cast<uint32_t>((j % 2) * kTILE * 4);
         uint64_t const vHiDesc = descriptor(vHiAddress + stage, kD * 16, 128);
         uint64_t const vLoDesc = descriptor(vLoAddress + stage, kD * 16, 128);
-        fenceOperands(t);
+#pragma unroll
+        for (int32_t g = 0; g < kNP; ++g)
+        {
+            fenceOperands(t[g]);
+        }
         fenceOperands(pHi);
         fenceOperands(pLo);
         wgmmaFence();
 #pragma unroll
-        for (int32_t kk = 0; kk < kN / 8; ++kk)
+        for (int32_t kk = kB; kk < kE; ++kk)
         {
             uint64_t const vStep = static_cast<uint64_t>(2 * kk * kD);
-            hp::Wgmma<float, kD>::rs(t, pLo[kk], vHiDesc + vStep, kk > 0);
-            hp::Wgmma<float, kD>::rs(t, pHi[kk], vLoDesc + vStep, true);
-            hp::Wgmma<float, kD>::rs(t, pHi[kk], vHiDesc + vStep, true);
+            hp::Wgmma<float, kD>::rs(t[0], pLo[kk], vHiDesc + vStep, kk > kB);
+            hp::Wgmma<float, kD>::rs(t[0], pHi[kk], vLoDesc + vStep, true);
+        }
+#pragma unroll
+        for (int32_t kk = kB; kk < kE; ++kk)
+        {
+            int32_t const g = (kk - kB) * kNP / (kE - kB);
+            bool const first = g > 0 && (kk == kB || (kk - 1 - kB) * kNP / (kE - kB) != g);
+            uint64_t const vStep = static_cast<uint64_t>(2 * kk * kD);
+            hp::Wgmma<float, kD>::rs(t[g], pHi[kk], vHiDesc + vStep, !first);
         }
         wgmmaCommit();
+    };
+    // o += the kNP accumulators (then times alpha when given).
+    auto const addValues = [&](float (&t)[kNP][kD / 8][4]) {
+#pragma unroll
+        for (int32_t g = 0; g < kNP; ++g)
+        {
+#pragma unroll
+            for (int32_t n = 0; n < kD / 8; ++n)
+            {
+#pragma unroll
+                for (int32_t e = 0; e < 4; ++e)
+                {
+                    o[n][e] += t[g][n][e];
+                }
+            }
+        }
     };
     auto const softmaxOf = [&](float (&s)[kN / 8][4], float (&alpha)[2], int32_t j) {
         int64_t const k0 = static_cast<int64_t>(j) * kN;
@@ -306,9 +376,16 @@ __global__ void __launch_bounds__(kTF32_THREADS, 1) hopperTf32Kernel(float const
             probabilityFragment(s[kk], pHi[kk], pLo[kk]);
         }
     };
+    auto const fenceValues = [&](float (&t)[kNP][kD / 8][4]) {
+#pragma unroll
+        for (int32_t g = 0; g < kNP; ++g)
+        {
+            fenceOperands(t[g]);
+        }
+    };
 
-    float s[kN / 8][4];
-    float t[kD / 8][4];
+    float s[kNS][kN / 8][4];
+    float t[kNP][kD / 8][4];
     float alpha[2];
     uint32_t pHi[kN / 8][4];
     uint32_t pLo[kN / 8][4];
@@ -316,9 +393,14 @@ __global__ void __launch_bounds__(kTF32_THREADS, 1) hopperTf32Kernel(float const
     {
         issueScores(s, 0);
         wgmmaWait<0>();
-        fenceOperands(s);
-        softmaxOf(s, alpha, 0);
-        splitP(s, pHi, pLo);
+#pragma unroll
+        for (int32_t g = 0; g < kNS; ++g)
+        {
+            fenceOperands(s[g]);
+        }
+        combineScores(s);
+        softmaxOf(s[0], alpha, 0);
+        splitP(s[0], pHi, pLo);
         __syncthreads(); // every warpgroup done with S_0: K_0's stage takes K_2
         if (keyTiles > 2)
         {
@@ -334,30 +416,72 @@ __global__ void __launch_bounds__(kTF32_THREADS, 1) hopperTf32Kernel(float const
     {
         // Here: P_j split in pHi/pLo (O scaled to its maximum), K_j+1 and V_j split and visible,
         // K_j+2 and V_j+1 on their way into the hi buffers of stages j % 2 and (j + 1) % 2.
-        issueScores(s, j + 1);
-        issueValues(t, pHi, pLo, j);
-        wgmmaWait<1>();
-        fenceOperands(s);
-        softmaxOf(s, alpha, j + 1);
-        waitAsync<0>();
-        if (j + 2 < keyTiles)
+        if constexpr (kOVERLAP)
         {
-            splitK(j + 2);
-        }
-        splitV(j + 1);
-        wgmmaWait<0>();
-        fenceOperands(t);
-        fenceOperands(pHi);
-        fenceOperands(pLo);
+            issueScores(s, j + 1);
+            if constexpr (kV == 1)
+            {
+                issueValues(t, pHi, pLo, j, 0, kPV_STEPS / 2);
+            }
+            else
+            {
+                issueValues(t, pHi, pLo, j, 0, kPV_STEPS);
+            }
+            wgmmaWait<1>();
 #pragma unroll
-        for (int32_t n = 0; n < kD / 8; ++n)
-        {
-            o[n][0] = (o[n][0] + t[n][0]) * alpha[0];
-            o[n][1] = (o[n][1] + t[n][1]) * alpha[0];
-            o[n][2] = (o[n][2] + t[n][2]) * alpha[1];
-            o[n][3] = (o[n][3] + t[n][3]) * alpha[1];
+            for (int32_t g = 0; g < kNS; ++g)
+            {
+                fenceOperands(s[g]);
+            }
+            combineScores(s);
+            softmaxOf(s[0], alpha, j + 1);
+            if constexpr (kV == 1)
+            {
+                wgmmaWait<0>();
+                fenceValues(t);
+                addValues(t);
+                issueValues(t, pHi, pLo, j, kPV_STEPS / 2, kPV_STEPS);
+            }
+            waitAsync<0>();
+            if (j + 2 < keyTiles)
+            {
+                splitK(j + 2);
+            }
+            splitV(j + 1);
+            wgmmaWait<0>();
+            fenceValues(t);
+            fenceOperands(pHi);
+            fenceOperands(pLo);
+            addValues(t);
+            rescale(o, alpha);
+            splitP(s[0], pHi, pLo);
         }
-        splitP(s, pHi, pLo);
+        else
+        {
+            issueValues(t, pHi, pLo, j, 0, kPV_STEPS);
+            waitAsync<0>();
+            if (j + 2 < keyTiles)
+            {
+                splitK(j + 2);
+            }
+            splitV(j + 1);
+            wgmmaWait<0>();
+            fenceValues(t);
+            fenceOperands(pHi);
+            fenceOperands(pLo);
+            addValues(t);
+            issueScores(s, j + 1);
+            wgmmaWait<0>();
+#pragma unroll
+            for (int32_t g = 0; g < kNS; ++g)
+            {
+                fenceOperands(s[g]);
+            }
+            combineScores(s);
+            softmaxOf(s[0], alpha, j + 1);
+            rescale(o, alpha);
+            splitP(s[0], pHi, pLo);
+        }
         fenceProxyAsync();
         __syncthreads(); // every warpgroup done with S_j+1 and P_j V_j; the splits visible
         if (j + 3 < keyTiles)
@@ -372,17 +496,27 @@ __global__ void __launch_bounds__(kTF32_THREADS, 1) hopperTf32Kernel(float const
     }
     if (keyTiles > 0)
     {
-        issueValues(t, pHi, pLo, keyTiles - 1);
-        wgmmaWait<0>();
-        fenceOperands(t);
-#pragma unroll
-        for (int32_t n = 0; n < kD / 8; ++n)
+        if constexpr (kV == 1)
         {
-#pragma unroll
-            for (int32_t e = 0; e < 4; ++e)
+            // the last tile's second half only when it holds a key (SDXL's 77 keys: 64 + 13)
+            issueValues(t, pHi, pLo, keyTiles - 1, 0, kPV_STEPS / 2);
+            wgmmaWait<0>();
+            fenceValues(t);
+            addValues(t);
+            if (static_cast<int64_t>(keyTiles - 1) * kN + kN / 2 < block.keyEnd)
             {
-                o[n][e] += t[n][e];
+                issueValues(t, pHi, pLo, keyTiles - 1, kPV_STEPS / 2, kPV_STEPS);
+                wgmmaWait<0>();
+                fenceValues(t);
+                addValues(t);
             }
+        }
+        else
+        {
+            issueValues(t, pHi, pLo, keyTiles - 1, 0, kPV_STEPS);
+            wgmmaWait<0>();
+            fenceValues(t);
+            addValues(t);
         }
     }
     waitAsync<0>();
@@ -391,10 +525,29 @@ __global__ void __launch_bounds__(kTF32_THREADS, 1) hopperTf32Kernel(float const
 #endif
 }
 
+//! Experiment: GRAPHFIX_TF32_VARIANT picks the kernel variant (kV).
+inline int32_t tf32Variant()
+{
+    char const* const env = std::getenv("GRAPHFIX_TF32_VARIANT");
+    return env == nullptr ? 1 : std::atoi(env);
+}
+
+template <int32_t kD, bool kPLAIN, typename F>
+cudaError_t withTf32Variant(F&& f)
+{
+    switch (tf32Variant())
+    {
+    case 0: return f(hopperTf32Kernel<kD, kPLAIN, 0>);
+    case 2: return f(hopperTf32Kernel<kD, kPLAIN, 2>);
+    case 3: return f(hopperTf32Kernel<kD, kPLAIN, 3>);
+    default: return f(hopperTf32Kernel<kD, kPLAIN, 1>);
+    }
+}
+
 template <int32_t kD, typename F>
 cudaError_t withTf32Plain(bool plain, F&& f)
 {
-    return plain ? f(hopperTf32Kernel<kD, true>) : f(hopperTf32Kernel<kD, false>);
+    return plain ? withTf32Variant<kD, true>(f) : withTf32Variant<kD, false>(f);
 }
 
 //! Calls f with the kernel for the plan, or returns cudaErrorInvalidConfiguration.
