@@ -36,7 +36,7 @@ KERNEL = {
 INSTANCE = {
     "float16": r"__halfLi(\d+)ELi\d+ELi\d+ELb[01]",
     "bfloat16": r"13__nv_bfloat16Li(\d+)ELi\d+ELi\d+ELb[01]",
-    "float32": r"hopperTf32KernelILi(\d+)ELb[01]",
+    "float32": r"hopperTf32KernelILi(\d+)ELi\d+ELi\d+ELb[01]",
 }
 # Head dims each type's kernel is built for (72 is padded to 80 in 16 bits, exact in float32).
 DIMS = {"float16": {64, 80, 96, 128}, "bfloat16": {64, 80, 96, 128}, "float32": {32, 64, 72}}

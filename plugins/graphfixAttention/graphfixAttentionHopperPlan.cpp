@@ -10,8 +10,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 namespace graphfix
 {
@@ -24,8 +22,6 @@ constexpr int32_t kHOPPER_DIMS[]{32, 64, 80, 96, 128};
 //! The float32 kernel's head dims: tf32 steps are 8 wide, so 72 needs no padding; 80 and above
 //! would not fit its shared memory (graphfixAttentionHopperFloat.cu).
 constexpr int32_t kHOPPER_TF32_DIMS[]{32, 64, 72};
-//! Key sequences up to this long take the float32 kernel's short tiling.
-constexpr int64_t kHOPPER_TF32_SHORT_KEYS{128};
 
 } // namespace
 
@@ -74,16 +70,8 @@ HopperPlan planHopperAttention(AttentionShape const& shape, int32_t elementBytes
             plan.reason = "float32 head dimensions above 72";
             return plan;
         }
-        // Short key sequences (SDXL cross: 77): 64 rows x 32-key tiles, two blocks per SM; else
-        // 128 rows x 64-key tiles, one block.
-        bool shortTiles = shape.seqK <= kHOPPER_TF32_SHORT_KEYS;
-        char const* const tiles = std::getenv("GRAPHFIX_TF32_TILES"); // experiment only
-        if (tiles != nullptr)
-        {
-            shortTiles = std::string{tiles} == "short";
-        }
-        plan.keys = shortTiles ? 32 : kHOPPER_KEYS;
-        plan.blockRows = shortTiles ? 64 : kHOPPER_ROWS;
+        plan.keys = kHOPPER_KEYS;
+        plan.blockRows = kHOPPER_ROWS;
         plan.sharedBytes = (2 * plan.blockRows + 8 * plan.keys) * plan.paddedDim * elementBytes;
         if (plan.sharedBytes > maxSharedBytes)
         {
