@@ -22,13 +22,15 @@
  * between a load's arrival and its split. Per tile, in each warpgroup, with P_j split in
  * registers and K_j+1, V_j split in shared memory:
  *
- *   issue S_j+1 (wgmma) | issue T = P_j V_j (wgmma, into a zeroed accumulator)
- *   | wait S_j+1 | online softmax of S_j+1 | wait own loads of K_j+2, V_j+1 and split them
- *   | wait T | O = (O + T) alpha | split P_j+1 | fence.proxy.async | barrier | load K_j+3, V_j+2
+ *   issue S_j+1 and T = P_j V_j over keys 0-31 (wgmma) | wait S_j+1, online softmax of S_j+1
+ *   | wait T, O += T, issue T = P_j V_j over keys 32-63 | wait own loads of K_j+2, V_j+1, split
+ *   | wait T, O = (O + T) alpha, split P_j+1 | fence.proxy.async | barrier | load K_j+3, V_j+2
  *
- * P_j V_j goes into its own accumulator, then is added to O in float32: the tensor core truncates
- * as it accumulates (the mma.sync float32 kernel measured 8x the error when it summed a whole row
- * in the tensor core), so its error stays within one 64-key tile.
+ * The tensor core truncates as it accumulates (up to an ulp of its running sum per instruction,
+ * towards zero), so no sum runs long in it: S goes into two accumulators (lo terms first, the
+ * hi·hi products shared out), P V_j into a zeroed accumulator per 32 keys, each added in float32.
+ * In one accumulator each, the errors measured up to 2.2x the unfused float32 chain's; so, 0.27-
+ * 0.64x (notes/attention_plugin.md, "Fifth round").
  *
  * Shared memory: Q hi, Q lo (128 rows), K hi, K lo, V hi, V lo (64 keys, two stages each):
  * (2 x 128 + 8 x 64) x D x 4 bytes, 192 KB at D = 64, 216 KB at D = 72; one block per SM.
@@ -267,7 +269,7 @@ __global__ void __launch_bounds__(kWG * 128, kWG == 1 ? 2 : 1) hopperTf32Kernel(
     // (each instruction can lose an ulp of its running sum, always towards zero), so the large
     // hi·hi products come last and are shared between two sums, added in float32 afterwards
     // (one accumulator, each step's three products in turn, measured 1.8-2.2x the unfused
-    // chain's error on SDXL cross and SigLIP; this order, 0.64-0.74x).
+    // chain's error on SDXL cross and SigLIP; this order, 0.64x and 0.51x).
     // K (B, K-major, N = keys): LBO = kN rows of 16 bytes, SBO = 8 rows.
     auto const issueScores = [&](float (&acc)[2][kN / 8][4], int32_t j) {
         uint32_t const stage = static_cast<uint32_t>((j % 2) * kTILE * 4);
