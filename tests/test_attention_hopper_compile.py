@@ -2,7 +2,7 @@
 
 CI has nvcc but no GPU, and its host harness builds for sm_75, where the Hopper kernel (wgmma,
 sm_90a machine code only) is not built at all. This compiles its translation units for
-sm_90a (float16 and bfloat16) as CMake does and checks what only the compiler can tell without an H200: it compiles, every kernel instance
+sm_90a (float16, bfloat16 and the float32 3xTF32 kernel) as CMake does and checks what only the compiler can tell without an H200: it compiles, every kernel instance
 is there, ptxas did not serialise the wgmma chains (its C751x messages: still correct, every
 wgmma then waits for the one before; the bfloat16 kernels had C7513 until this test covered them) and, where cuobjdump is
 installed, the machine code holds HGMMA. Whether the kernel is *right* is checked on the GPU
@@ -25,8 +25,21 @@ REPO = Path(__file__).resolve().parents[1]
 SOURCES = {
     "float16": REPO / "plugins" / "graphfixAttention" / "graphfixAttentionHopperHalf.cu",
     "bfloat16": REPO / "plugins" / "graphfixAttention" / "graphfixAttentionHopperBFloat16.cu",
+    "float32": REPO / "plugins" / "graphfixAttention" / "graphfixAttentionHopperFloat.cu",
 }
-ELEMENT = {"float16": "__half", "bfloat16": "13__nv_bfloat16"}
+# Each type's kernel entry (mangled name) and the template arguments that name one instance.
+KERNEL = {
+    "float16": "hopperAttentionKernel",
+    "bfloat16": "hopperAttentionKernel",
+    "float32": "hopperTf32Kernel",
+}
+INSTANCE = {
+    "float16": r"__halfLi(\d+)ELi\d+ELi\d+ELb[01]",
+    "bfloat16": r"13__nv_bfloat16Li(\d+)ELi\d+ELi\d+ELb[01]",
+    "float32": r"hopperTf32KernelILi(\d+)ELi\d+ELi\d+ELb[01]",
+}
+# Head dims each type's kernel is built for (72 is padded to 80 in 16 bits, exact in float32).
+DIMS = {"float16": {64, 80, 96, 128}, "bfloat16": {64, 80, 96, 128}, "float32": {32, 64, 72}}
 # Kernels left serialised on purpose, with the measurement that chose it: bfloat16's plain
 # head-dim-80 kernel keeps two blocks of 128 registers, where ptxas serialises it whether or not
 # it waits (kWAIT_PV in graphfixAttentionHopper.cuh); SigLIP-384 b32 on the H200: 0.487 ms
@@ -57,14 +70,15 @@ def compiled(request, tmp_path_factory) -> tuple[Path, str, str]:
 
 
 def test_every_hopper_kernel_instance_compiles_for_sm_90a(compiled):
-    """Compile-only: head dims 64/80/96/128 (72 is padded to 80), plain and masked variants."""
+    """Compile-only: every head dim (16-bit: 64/80/96/128, 72 padded to 80; float32: 32/64/72),
+    plain and masked variants."""
     _, log, dtype = compiled
     entries = re.findall(
-        r"Compiling entry function '(\w*hopperAttentionKernel\w*)' for 'sm_90a'", log
+        r"Compiling entry function '(\w*" + KERNEL[dtype] + r"\w*)' for 'sm_90a'", log
     )
-    dims = {int(m) for e in entries for m in re.findall(ELEMENT[dtype] + r"Li(\d+)E", e)}
-    assert {64, 80, 96, 128} <= dims, entries
-    assert len(entries) >= 8  # each head dim with and without the mask/softcap code
+    dims = {int(m) for e in entries for m in re.findall(INSTANCE[dtype], e)}
+    assert DIMS[dtype] <= dims, entries
+    assert len(entries) >= 2 * len(DIMS[dtype])  # with and without the mask/softcap code
 
 
 def test_ptxas_does_not_serialise_the_wgmma_chains(compiled):
@@ -73,7 +87,7 @@ def test_ptxas_does_not_serialise_the_wgmma_chains(compiled):
     is written while a wgmma may still read it (C7513, which the bfloat16 kernels had)."""
     _, log, dtype = compiled
     serialised = {
-        re.search(ELEMENT[dtype] + r"Li\d+ELi\d+ELi\d+ELb[01]", line).group(0)
+        re.search(INSTANCE[dtype], line).group(0)
         for line in log.splitlines()
         if re.search(r"C751\d|wgmma\.mma_async instructions are serialized", line)
     }

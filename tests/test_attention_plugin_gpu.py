@@ -12,12 +12,13 @@ synchronisation) and the graph launched, and once captured after an onShapeChang
 shapes (enqueue then runs the own kernels from a host-side plan, building nothing). cuDNN is found through an installed
 `nvidia-cudnn-cu12/cu13` wheel (as PyTorch ships it) or the system.
 
-The own kernels: on an sm_90 GPU, the Hopper kernel (wgmma) for float16/bfloat16; the flash
-kernels on tensor cores (mma.sync m16n8k16 for float16/bfloat16; 3xTF32 mma.sync m16n8k8 for
-float32) for head dimensions up to 128 in multiples of 8 (4 for float32); the fallback kernel for
-the rest. Which one ran is read from the plugin's onShapeChange note and checked against that
-rule. A third backend, `portable_mma` (portable with GRAPHFIX_ATTENTION_HOPPER=0), keeps the
-mma.sync flash kernel running on an H100/H200 too, so that both 16-bit paths are checked there.
+The own kernels: on an sm_90 GPU, the Hopper kernels (wgmma) for float16/bfloat16 and, up to
+head dim 72, float32 (3xTF32 on tf32 wgmma); the flash kernels on tensor cores (mma.sync
+m16n8k16 for float16/bfloat16; 3xTF32 mma.sync m16n8k8 for float32) for head dimensions up to
+128 in multiples of 8 (4 for float32); the fallback kernel for the rest. Which one ran is read
+from the plugin's onShapeChange note and checked against that rule. A third backend,
+`portable_mma` (portable with GRAPHFIX_ATTENTION_HOPPER=0), keeps the mma.sync flash kernels
+running on an H100/H200 too, so that both paths of every type are checked there.
 
 Bounds, with inputs ~N(0, 1): the own kernels within half an ulp of the output format of the
 exact result plus float32 accumulation error (4e-5 absolute); the cuDNN path, which rounds the
@@ -154,6 +155,28 @@ CASES = (
         96,
         mask="rand_bool",
         mask_shape=(2, 1, 200, 333),
+    ),
+    # the same at head dim 64 (the float32 Hopper kernel's): several query and key tiles
+    Case(
+        "tiles_gqa_mask64",
+        (2, 4, 200, 64),
+        2,
+        333,
+        64,
+        mask="rand_bool",
+        mask_shape=(2, 1, 200, 333),
+    ),
+    # softcap and causal at head dim 72 (float32: the Hopper kernel's unpadded 72), several tiles
+    Case(
+        "softcap_causal72",
+        (1, 2, 150, 72),
+        2,
+        150,
+        72,
+        causal=True,
+        softcap=4.0,
+        magnitude=2.0,
+        cudnn_eligible=False,
     ),
     # softcap, causal and a padding mask together, on the fast paths
     Case(
@@ -307,12 +330,15 @@ def _sm90() -> bool:
 
 
 def expected_own_path(case: Case, dtype: str, backend: str = "portable") -> str:
-    """Which own kernel the plugin must take (sm_80+): the Hopper kernel's and the flash kernels'
-    limits (the Hopper kernel: float16/bfloat16 on sm_90, unless GRAPHFIX_ATTENTION_HOPPER=0)."""
+    """Which own kernel the plugin must take (sm_80+): the Hopper kernels' and the flash kernels'
+    limits (the Hopper kernels on sm_90, unless GRAPHFIX_ATTENTION_HOPPER=0: float16/bfloat16 up
+    to head dim 128, float32 up to 72)."""
     d, dv = case.q[-1], case.value_dim
     multiple = 4 if dtype == "float32" else 8
     fits = d % multiple == 0 and dv % multiple == 0 and max(d, dv) <= 128
-    if fits and dtype != "float32" and backend != "portable_mma" and _sm90():
+    # the float32 Hopper kernel (3xTF32 on wgmma) takes head dims up to 72
+    hopper_fits = fits and (dtype != "float32" or max(d, dv) <= 72)
+    if hopper_fits and backend != "portable_mma" and _sm90():
         return "hopper"
     return "flash" if fits else "fallback"
 

@@ -9,6 +9,9 @@ from pathlib import Path
 
 WIDTHS = (32, 64, 80, 96, 128)
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
+# float (tf32 operands, K = 8 per instruction, both operands K-major: no transpose flags): the
+# scores' 64 keys and the float32 kernel's value widths (graphfixAttentionHopperTf32.cuh).
+TF32_WIDTHS = (32, 64, 72)
 
 HEAD = """/*
  * SPDX-License-Identifier: Apache-2.0
@@ -21,6 +24,8 @@ HEAD = """/*
  *    K-major: N rows of 16 elements);
  *  - wgmmaRS<T, N>: D (+)= A (64 x 16, registers, the mma.sync m16n8k16 A fragment per warp)
  *    B (16 x N, shared memory, N-major).
+ * Wgmma<float, N> is tf32 (m64nNk8, K = 8): ss takes both operands K-major from shared memory, rs
+ * takes A as the mma.sync m16n8k8 TF32 A fragment per warp and B K-major (tf32 has no transpose).
  * `accumulate` false overwrites D (scale-d = 0).
  */
 #ifndef GRAPHFIX_ATTENTION_HOPPER_WGMMA_CUH
@@ -65,17 +70,21 @@ def _operands(n: int) -> str:
 def _one(ctype: str, ptx: str, n: int) -> str:
     count = n // 2
     acc = ", ".join(f"%{i}" for i in range(count))
+    tf32 = ptx == "tf32"
+    k = 8 if tf32 else 16
+    ss_tail = "p, 1, 1" if tf32 else "p, 1, 1, 0, 0"
+    rs_tail = "p, 1, 1" if tf32 else "p, 1, 1, 1"
     ss = (
         f'"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{count + 2}, 0;\\n"\n'
-        f'            "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "\n'
+        f'            "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx} "\n'
         f'            "{{{acc}}}, "\n'
-        f'            "%{count}, %{count + 1}, p, 1, 1, 0, 0;\\n}}\\n"'
+        f'            "%{count}, %{count + 1}, {ss_tail};\\n}}\\n"'
     )
     rs = (
         f'"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{count + 5}, 0;\\n"\n'
-        f'            "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "\n'
+        f'            "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx} "\n'
         f'            "{{{acc}}}, "\n'
-        f'            "{{%{count}, %{count + 1}, %{count + 2}, %{count + 3}}}, %{count + 4}, p, 1, 1, 1;\\n}}\\n"'
+        f'            "{{%{count}, %{count + 1}, %{count + 2}, %{count + 3}}}, %{count + 4}, {rs_tail};\\n}}\\n"'
     )
     ops = _operands(n)
     return f"""
@@ -107,6 +116,8 @@ def main() -> None:
     for ctype, ptx in TYPES:
         for n in WIDTHS:
             text += _one(ctype, ptx, n)
+    for n in TF32_WIDTHS:
+        text += _one("float", "tf32", n)
     text += TAIL
     out = (
         Path(__file__).resolve().parents[1]

@@ -1,8 +1,9 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * GraphfixAttention's Hopper kernel (sm_90a only): float16 / bfloat16 attention on wgmma, what runs
- * without cuDNN on an H100/H200. Nothing here knows TensorRT.
+ * GraphfixAttention's Hopper kernels (sm_90a only): float16 / bfloat16 attention on wgmma, what runs
+ * without cuDNN on an H100/H200, and float32 on tf32 wgmma with 3xTF32 products
+ * (graphfixAttentionHopperFloat.cu, head dims up to 72). Nothing here knows TensorRT.
  *
  * A block is 2 warpgroups, each owning 64 query rows of one (batch, head); Q, K and V tiles
  * of 64 keys live in shared memory in the wgmma "no swizzle" core-matrix layout (8 rows x 16
@@ -47,9 +48,9 @@ struct HopperPlan
 //! Whether this library holds the Hopper kernel (built for sm_90a).
 bool hopperAttentionBuilt() noexcept;
 
-//! The Hopper kernel's plan for `shape` with elements of `elementBytes` (2 only) on a device of
-//! compute capability `computeMajor`.`computeMinor` (9.0 only) with `maxSharedBytes` of opt-in
-//! shared memory per block. Pure host logic.
+//! The Hopper kernel's plan for `shape` with elements of `elementBytes` (2: the 16-bit kernel;
+//! 4: the float32 3xTF32 kernel) on a device of compute capability `computeMajor`.`computeMinor`
+//! (9.0 only) with `maxSharedBytes` of opt-in shared memory per block. Pure host logic.
 HopperPlan planHopperAttention(AttentionShape const& shape, int32_t elementBytes, int64_t maxSharedBytes,
     int32_t computeMajor, int32_t computeMinor) noexcept;
 
@@ -63,6 +64,13 @@ cudaError_t prepareHopperAttention(HopperPlan const& plan) noexcept;
 template <typename T>
 cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionMaskView const& mask, T* out,
     AttentionShape const& shape, AttentionParams const& params, HopperPlan const& plan, cudaStream_t stream) noexcept;
+
+//! The float32 kernel (3xTF32 on wgmma): prepareHopperAttention and launchHopperAttention for
+//! float, with the same contracts.
+cudaError_t prepareHopperTf32Attention(HopperPlan const& plan) noexcept;
+cudaError_t launchHopperTf32Attention(float const* q, float const* k, float const* v, AttentionMaskView const& mask,
+    float* out, AttentionShape const& shape, AttentionParams const& params, HopperPlan const& plan,
+    cudaStream_t stream) noexcept;
 
 } // namespace plugin
 } // namespace graphfix

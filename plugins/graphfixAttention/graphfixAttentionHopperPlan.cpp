@@ -19,6 +19,9 @@ namespace
 {
 
 constexpr int32_t kHOPPER_DIMS[]{32, 64, 80, 96, 128};
+//! The float32 kernel's head dims: tf32 steps are 8 wide, so 72 needs no padding; 80 and above
+//! would not fit its shared memory (graphfixAttentionHopperFloat.cu).
+constexpr int32_t kHOPPER_TF32_DIMS[]{32, 64, 72};
 
 } // namespace
 
@@ -45,9 +48,41 @@ HopperPlan planHopperAttention(AttentionShape const& shape, int32_t elementBytes
         plan.reason = "not an sm_90 GPU";
         return plan;
     }
+    int64_t const widest = std::max(shape.headDim, shape.valueDim);
+    if (elementBytes == 4)
+    {
+        // float32: 3xTF32; Q hi/lo (128 rows) and two stages of K and Vᵀ hi/lo (64 keys each)
+        if (shape.headDim % 4 != 0 || shape.valueDim % 4 != 0)
+        {
+            plan.reason = "head dimensions not multiples of 4";
+            return plan;
+        }
+        for (int32_t const padded : kHOPPER_TF32_DIMS)
+        {
+            if (widest <= padded)
+            {
+                plan.paddedDim = padded;
+                break;
+            }
+        }
+        if (plan.paddedDim == 0)
+        {
+            plan.reason = "float32 head dimensions above 72";
+            return plan;
+        }
+        plan.keys = kHOPPER_KEYS;
+        plan.blockRows = kHOPPER_ROWS;
+        plan.sharedBytes = (2 * plan.blockRows + 8 * plan.keys) * plan.paddedDim * elementBytes;
+        if (plan.sharedBytes > maxSharedBytes)
+        {
+            plan.keys = 0;
+            plan.reason = "the Hopper kernel's tiles need more shared memory than this GPU has";
+        }
+        return plan;
+    }
     if (elementBytes != 2)
     {
-        plan.reason = "float32";
+        plan.reason = "not a 16-bit or float32 type";
         return plan;
     }
     if (shape.headDim % 8 != 0 || shape.valueDim % 8 != 0)
@@ -55,7 +90,6 @@ HopperPlan planHopperAttention(AttentionShape const& shape, int32_t elementBytes
         plan.reason = "head dimensions not multiples of 8";
         return plan;
     }
-    int64_t const widest = std::max(shape.headDim, shape.valueDim);
     for (int32_t const padded : kHOPPER_DIMS)
     {
         if (widest <= padded)
@@ -91,6 +125,17 @@ cudaError_t prepareHopperAttention(HopperPlan const& /*plan*/) noexcept
 template <typename T>
 cudaError_t launchHopperAttention(T const*, T const*, T const*, AttentionMaskView const&, T*, AttentionShape const&,
     AttentionParams const&, HopperPlan const&, cudaStream_t) noexcept
+{
+    return cudaErrorNotSupported;
+}
+
+cudaError_t prepareHopperTf32Attention(HopperPlan const& /*plan*/) noexcept
+{
+    return cudaErrorNotSupported;
+}
+
+cudaError_t launchHopperTf32Attention(float const*, float const*, float const*, AttentionMaskView const&, float*,
+    AttentionShape const&, AttentionParams const&, HopperPlan const&, cudaStream_t) noexcept
 {
     return cudaErrorNotSupported;
 }

@@ -289,11 +289,6 @@ HopperPlan hopperPlanFor(AttentionProblem const& p)
         plan.reason = "GRAPHFIX_ATTENTION_HOPPER=0";
         return plan;
     }
-    if (p.type == DataType::kFLOAT)
-    {
-        plan.reason = "float32";
-        return plan;
-    }
     int32_t device = 0;
     int32_t major = 0;
     int32_t minor = 0;
@@ -310,8 +305,9 @@ HopperPlan hopperPlanFor(AttentionProblem const& p)
     plan = planHopperAttention(p.shape, static_cast<int32_t>(elementSize(p.type)), shared, major, minor);
     if (plan.keys != 0)
     {
-        cudaError_t const prepared = p.type == DataType::kHALF ? prepareHopperAttention<__half>(plan)
-                                                               : prepareHopperAttention<__nv_bfloat16>(plan);
+        cudaError_t const prepared = p.type == DataType::kFLOAT ? prepareHopperTf32Attention(plan)
+            : p.type == DataType::kHALF                          ? prepareHopperAttention<__half>(plan)
+                                                                 : prepareHopperAttention<__nv_bfloat16>(plan);
         if (prepared != cudaSuccess)
         {
             cudaGetLastError();
@@ -324,7 +320,10 @@ HopperPlan hopperPlanFor(AttentionProblem const& p)
 
 std::string hopperText(HopperPlan const& plan, DataType type)
 {
-    return std::string{"Hopper kernel wgmma "} + (type == DataType::kBF16 ? "bfloat16" : "float16")
+    char const* const kind = type == DataType::kFLOAT ? "3xTF32 float32"
+        : type == DataType::kBF16                     ? "bfloat16"
+                                                      : "float16";
+    return std::string{"Hopper kernel wgmma "} + kind
         + ", head dim padded to " + std::to_string(plan.paddedDim) + ", " + std::to_string(plan.blockRows) + "x"
         + std::to_string(plan.keys) + " tiles, " + std::to_string(plan.sharedBytes) + " bytes of shared memory";
 }
@@ -817,8 +816,8 @@ void GraphfixAttentionPlugin::plan(AttentionProblem const& p)
         ? flashText(mFlash, p.type)
         : std::string{"fallback kernel, no flash kernel: "} + mFlash.reason;
     std::string const own = mHopper.keys != 0 ? hopperText(mHopper, p.type) + " (else " + flash + ")"
-        : p.type == DataType::kFLOAT || !hopperAttentionBuilt() ? flash
-                                                               : flash + " (no Hopper kernel: " + mHopper.reason + ")";
+        : !hopperAttentionBuilt() ? flash
+                                  : flash + " (no Hopper kernel: " + mHopper.reason + ")";
     std::string const note = std::string{"GraphfixAttention "} + typeName(p.type) + " " + dimsText(s)
         + (mUseCudnn ? std::string{": cuDNN SDPA"} : ": portable kernel (" + reason + "); " + own);
     if (note != mPathNote)
@@ -923,13 +922,15 @@ void GraphfixAttentionPlugin::enqueueOwn(AttentionProblem const& p, HopperPlan c
             AttentionParams rows = params;
             rows.kTransposed = false;
             status = cudaErrorInvalidConfiguration;
-            if (hopper.keys != 0 && p.type != DataType::kFLOAT)
+            if (hopper.keys != 0)
             {
                 status = forType(p.type, [&](auto tag) {
                     using T = decltype(tag);
                     if constexpr (std::is_same_v<T, float>)
                     {
-                        return cudaErrorInvalidConfiguration;
+                        return launchHopperTf32Attention(static_cast<float const*>(inputs[0]),
+                            static_cast<float const*>(keys), static_cast<float const*>(inputs[2]), mask,
+                            static_cast<float*>(output), s, rows, hopper, stream);
                     }
                     else
                     {

@@ -1,0 +1,512 @@
+/*
+ * SPDX-License-Identifier: Apache-2.0
+ *
+ * The Hopper float32 attention kernel (sm_90a only; graphfixAttentionHopper.h): 3xTF32 on wgmma.
+ *
+ * Per block: 2 warpgroups x 64 query rows of one (batch, head), tiles of kN = 64 keys, as the
+ * 16-bit Hopper kernel (graphfixAttentionHopper.cuh), whose helpers and per-score code
+ * (OnlineSoftmax: masks, causal, softcap, mask_fill, nan_to_zero) it reuses. Every float32
+ * operand x is split once into TF32 hi + lo (splitTf32: both rounded to nearest, x - hi exact),
+ * and each product is hi·hi + hi·lo + lo·hi with float32 accumulation:
+ *
+ *   S = Q K_jᵀ:  wgmma m64n64k8 tf32, A = Q hi / lo and B = K_j hi / lo, all in shared memory;
+ *   O += P V_j:  wgmma m64nDk8 tf32, A = P hi / lo in registers (the scores' accumulators are
+ *                the TF32 A fragment once the 8 keys of a step are taken in the order
+ *                0,2,4,6,1,3,5,7), B = V_jᵀ hi / lo in shared memory.
+ *
+ * wgmma tf32 takes both operands K-major, so V is stored transposed (keys contiguous), its keys
+ * permuted the same way as P's: it is loaded with 4-byte cp.async straight into that layout. All
+ * tiles are in the no-swizzle core-matrix layout (16-byte chunks of 4 floats, chunk-major). Q is
+ * split once per block, K_j and V_j once per tile per block: each thread splits the elements its
+ * own cp.async brought (the hi in place, the lo into the tile's lo buffer), so no barrier sits
+ * between a load's arrival and its split. Per tile, in each warpgroup, with P_j split in
+ * registers and K_j+1, V_j split in shared memory:
+ *
+ *   issue S_j+1 and T = P_j V_j over keys 0-31 (wgmma) | wait S_j+1, online softmax of S_j+1
+ *   | wait T, O += T, issue T = P_j V_j over keys 32-63 | wait own loads of K_j+2, V_j+1, split
+ *   | wait T, O = (O + T) alpha, split P_j+1 | fence.proxy.async | barrier | load K_j+3, V_j+2
+ *
+ * The tensor core truncates as it accumulates (up to an ulp of its running sum per instruction,
+ * towards zero), so no sum runs long in it: S goes into two accumulators (lo terms first, the
+ * hi·hi products shared out), P V_j into a zeroed accumulator per 32 keys, each added in float32.
+ * In one accumulator each, the errors measured up to 2.2x the unfused float32 chain's; so, 0.27-
+ * 0.64x (notes/attention_plugin.md, "Fifth round").
+ *
+ * Shared memory: Q hi, Q lo (128 rows), K hi, K lo, V hi, V lo (64 keys, two stages each):
+ * (2 x 128 + 8 x 64) x D x 4 bytes, 192 KB at D = 64, 216 KB at D = 72; one block per SM.
+ * Head dims up to 72 (32, 64, 72 as built; 80 would need 240 KB): wider heads and other GPUs run
+ * the mma.sync flash kernel (flashTf32x3Kernel).
+ */
+#include "graphfixAttentionHopper.cuh"
+
+namespace graphfix
+{
+namespace plugin
+{
+namespace
+{
+
+//! The tiling built: 2 warpgroups (128 query rows) x 64-key tiles, one block per SM. The kernel
+//! also compiles for 1 warpgroup x 32-key tiles (96 KB at head dim 64, two blocks per SM, 77 keys
+//! padded to 96 instead of 128): measured on the H200 it was no faster on SDXL cross (0.066 against
+//! 0.062 ms) and 1.3-1.4x slower on the longer sequences, so it is not instantiated.
+constexpr int32_t kTF32_WG{2};
+constexpr int32_t kTF32_KEYS{64};
+
+//! x = hi + lo, each a TF32 value (see splitTf32), hi written over x in place.
+__device__ __forceinline__ void splitInPlace(float* hiAt, float* loAt)
+{
+    uint32_t hi;
+    uint32_t lo;
+    splitTf32(*hiAt, hi, lo);
+    *hiAt = __uint_as_float(hi);
+    *loAt = __uint_as_float(lo);
+}
+
+__device__ __forceinline__ void splitInPlace4(float* hiAt, float* loAt)
+{
+    float4 const x = *reinterpret_cast<float4 const*>(hiAt);
+    uint32_t hi[4];
+    uint32_t lo[4];
+    splitTf32(x.x, hi[0], lo[0]);
+    splitTf32(x.y, hi[1], lo[1]);
+    splitTf32(x.z, hi[2], lo[2]);
+    splitTf32(x.w, hi[3], lo[3]);
+    *reinterpret_cast<uint4*>(hiAt) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    *reinterpret_cast<uint4*>(loAt) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+}
+
+//! 4 bytes global -> shared, asynchronously; zero when !valid.
+__device__ __forceinline__ void copyAsync4(void* shared, void const* global, bool valid)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sharedAddress(shared)), "l"(global),
+        "r"(valid ? 4 : 0)
+                 : "memory");
+}
+
+//! Rows [row0, row0 + kRows) x [0, kD) of a [rows, cols] float matrix in the K-major chunk-major
+//! layout ([kD / 4][kRows] chunks of 16 bytes), zeros past `rows` and `cols`; with kSPLIT, split
+//! the same chunks (this thread's) into hi (in place) and lo (at lo, the same layout) instead.
+//! A warp takes 16 rows (row group warp % kRG) x 2 chunks (pair warp / kRG + i 8 / kRG): 32-byte
+//! pieces of global rows, 2 x 256 contiguous bytes of shared memory; each thread's offsets are a
+//! base plus compile-time steps (few live registers).
+template <int32_t kD, int32_t kRows, int32_t kThreads, bool kSPLIT>
+__device__ __forceinline__ void chunkMajorF32(
+    float* shared, float* lo, float const* global, int64_t row0, int64_t rows, int32_t cols)
+{
+    constexpr int32_t kPAIRS = kD / 8;
+    constexpr int32_t kRG = kRows / 16;
+    constexpr int32_t kSTEP = (kThreads / 32) / kRG; // pairs taken at once
+    static_assert(kD % 8 == 0 && kRows % 16 == 0 && (kThreads / 32) % kRG == 0, "whole units");
+    int32_t const warp = static_cast<int32_t>(threadIdx.x / 32);
+    int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
+    int32_t const r = (warp % kRG) * 16 + lane % 16;
+    int32_t const c0 = 2 * (warp / kRG) + lane / 16;
+    int32_t const at0 = (c0 * kRows + r) * 4;
+    int64_t const row = row0 + r;
+#pragma unroll
+    for (int32_t i = 0; i < (kPAIRS + kSTEP - 1) / kSTEP; ++i)
+    {
+        if (kPAIRS % kSTEP != 0 && warp / kRG + i * kSTEP >= kPAIRS)
+        {
+            break;
+        }
+        int32_t const at = at0 + i * 2 * kSTEP * kRows * 4;
+        if constexpr (kSPLIT)
+        {
+            splitInPlace4(shared + at, lo + at);
+        }
+        else
+        {
+            int32_t const c = c0 + 2 * kSTEP * i;
+            bool const valid = row < rows && c * 4 < cols;
+            copyAsync16(shared + at, valid ? global + row * cols + c * 4 : global, valid);
+        }
+    }
+}
+
+//! Keys [key0, key0 + kN) x [0, kD) of V ([keys, cols] floats) as Vᵀ, the K-major B operand of
+//! P·V (N = the value dimension, K = keys): chunk 2m + (key % 2) of 8-key group m holds keys
+//! 8m + {0, 2, 4, 6} (even) or {1, 3, 5, 7} (odd), position key % 8 / 2, for every value row:
+//! the order in which P's accumulator layout gives the keys (see the file comment). Zeros past
+//! `keys` and `cols`. Warp w takes chunks w and w + warps, 8 value rows at a time: four 32-byte
+//! pieces of global rows, 32 consecutive words of shared memory. kSPLIT: split this thread's
+//! elements instead.
+template <int32_t kD, int32_t kN, int32_t kThreads, bool kSPLIT>
+__device__ __forceinline__ void transposedF32(
+    float* shared, float* lo, float const* global, int64_t key0, int64_t keys, int32_t cols)
+{
+    constexpr int32_t kWARPS = kThreads / 32;
+    static_assert(kN / 4 == 2 * kWARPS && kD % 8 == 0, "two chunks per warp");
+    int32_t const warp = static_cast<int32_t>(threadIdx.x / 32);
+    int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
+    int32_t const position = lane / 8;
+    int32_t const at0 = (warp * kD + lane % 8) * 4 + position;
+    int64_t const keyOf0 = key0 + (warp / 2) * 8 + 2 * position + warp % 2;
+#pragma unroll
+    for (int32_t c2 = 0; c2 < 2; ++c2)
+    {
+#pragma unroll
+        for (int32_t db = 0; db < kD / 8; ++db)
+        {
+            int32_t const at = at0 + c2 * kWARPS * kD * 4 + db * 32;
+            if constexpr (kSPLIT)
+            {
+                splitInPlace(shared + at, lo + at);
+            }
+            else
+            {
+                int64_t const key = keyOf0 + 4 * kWARPS * c2;
+                int32_t const d = db * 8 + lane % 8;
+                bool const valid = key < keys && d < cols;
+                copyAsync4(shared + at, valid ? global + key * cols + d : global, valid);
+            }
+        }
+    }
+}
+
+//! kWG warpgroups x 64 query rows, kN-key tiles (2 x 64 as built); kPLAIN: no mask and no softcap
+//! (compiled without that per-score code). One block per SM at 2 warpgroups (its shared memory
+//! allows no more), two at one.
+template <int32_t kD, int32_t kWG, int32_t kN, bool kPLAIN>
+__global__ void __launch_bounds__(kWG * 128, kWG == 1 ? 2 : 1) hopperTf32Kernel(float const* __restrict__ q,
+    float const* __restrict__ k, float const* __restrict__ v, AttentionMaskView const givenMask,
+    float* __restrict__ out, AttentionShape const shape, AttentionParams const givenParams, int32_t const qTiles)
+{
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    AttentionMaskView const noMask{};
+    AttentionMaskView const& mask = kPLAIN ? noMask : givenMask;
+    AttentionParams params = givenParams;
+    if constexpr (kPLAIN)
+    {
+        params.softcap = 0.F;
+    }
+    constexpr int32_t kThreads = kWG * 128;
+    constexpr int32_t kRows = kWG * 64;
+    constexpr int32_t kTILE = kN * kD; // floats of one K or V tile
+    constexpr int32_t kSTEPS = kD / 8;  // k8 steps of S
+    constexpr int32_t kPV_STEPS = kN / 8;
+    constexpr int32_t kHALF = kPV_STEPS / 2;
+    extern __shared__ __align__(128) unsigned char sharedRaw[];
+    float* const sQ = reinterpret_cast<float*>(sharedRaw); // hi
+    float* const sQlo = sQ + kRows * kD;
+    float* const sK = sQlo + kRows * kD; // hi, two stages
+    float* const sKlo = sK + 2 * kTILE;  // two stages
+    float* const sV = sKlo + 2 * kTILE;  // Vᵀ hi, two stages
+    float* const sVlo = sV + 2 * kTILE;  // two stages
+
+    BlockSetup<float> const block(q, k, v, out, mask, shape, params, kRows, qTiles);
+    int32_t const headDim = static_cast<int32_t>(shape.headDim);
+    int32_t const valueDim = static_cast<int32_t>(shape.valueDim);
+    int32_t const warp = static_cast<int32_t>(threadIdx.x / 32);
+    int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
+    int32_t const group = warp / 4;
+    int32_t const keyTiles = static_cast<int32_t>((block.keyEnd + kN - 1) / kN);
+
+    auto const loadK = [&](int32_t j) {
+        chunkMajorF32<kD, kN, kThreads, false>(sK + (j % 2) * kTILE, nullptr, block.kBase,
+            static_cast<int64_t>(j) * kN, shape.seqK, headDim);
+    };
+    auto const splitK = [&](int32_t j) {
+        chunkMajorF32<kD, kN, kThreads, true>(sK + (j % 2) * kTILE, sKlo + (j % 2) * kTILE, nullptr, 0, 0, 0);
+    };
+    auto const loadV = [&](int32_t j) {
+        transposedF32<kD, kN, kThreads, false>(sV + (j % 2) * kTILE, nullptr, block.vBase,
+            static_cast<int64_t>(j) * kN, shape.seqK, valueDim);
+    };
+    auto const splitV = [&](int32_t j) {
+        transposedF32<kD, kN, kThreads, true>(sV + (j % 2) * kTILE, sVlo + (j % 2) * kTILE, nullptr, 0, 0, 0);
+    };
+
+    // Q, K_0, V_0 and K_1, each split by the thread that loaded it.
+    chunkMajorF32<kD, kRows, kThreads, false>(sQ, nullptr, block.qBase, block.q0, shape.seqQ, headDim);
+    if (keyTiles > 0)
+    {
+        loadK(0);
+        loadV(0);
+    }
+    if (keyTiles > 1)
+    {
+        loadK(1);
+    }
+    commitAsync();
+    waitAsync<0>();
+    chunkMajorF32<kD, kRows, kThreads, true>(sQ, sQlo, nullptr, 0, 0, 0);
+    if (keyTiles > 0)
+    {
+        splitK(0);
+        splitV(0);
+    }
+    if (keyTiles > 1)
+    {
+        splitK(1);
+    }
+    fenceProxyAsync();
+    __syncthreads();
+
+    // Q (A, K-major): LBO = the next 4 head-dim elements (kRows rows of 16 bytes), SBO = 8 rows;
+    // a k8 step is 2 chunks.
+    uint32_t const qOffset = static_cast<uint32_t>(group * 64 * 16);
+    uint64_t const qHiDesc = descriptor(sharedAddress(sQ) + qOffset, kRows * 16, 128);
+    uint64_t const qLoDesc = descriptor(sharedAddress(sQlo) + qOffset, kRows * 16, 128);
+    uint32_t const kHiAddress = sharedAddress(sK);
+    uint32_t const kLoAddress = sharedAddress(sKlo);
+    uint32_t const vHiAddress = sharedAddress(sV);
+    uint32_t const vLoAddress = sharedAddress(sVlo);
+
+    float o[kD / 8][4];
+#pragma unroll
+    for (int32_t n = 0; n < kD / 8; ++n)
+    {
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.F;
+    }
+    OnlineSoftmax softmax;
+    int64_t const warpRow0 = block.q0 + warp * 16;
+
+    // S = Q K_jᵀ (issued and committed, not waited for) into two accumulators: the first takes
+    // the lo·hi and hi·lo products of every k8 step, then the hi·hi products of the first half of
+    // the steps; the second those of the other half. The tensor core truncates as it accumulates
+    // (each instruction can lose an ulp of its running sum, always towards zero), so the large
+    // hi·hi products come last and are shared between two sums, added in float32 afterwards
+    // (one accumulator, each step's three products in turn, measured 1.8-2.2x the unfused
+    // chain's error on SDXL cross and SigLIP; this order, 0.64x and 0.51x).
+    // K (B, K-major, N = keys): LBO = kN rows of 16 bytes, SBO = 8 rows.
+    auto const issueScores = [&](float (&acc)[2][kN / 8][4], int32_t j) {
+        uint32_t const stage = static_cast<uint32_t>((j % 2) * kTILE * 4);
+        uint64_t const kHiDesc = descriptor(kHiAddress + stage, kN * 16, 128);
+        uint64_t const kLoDesc = descriptor(kLoAddress + stage, kN * 16, 128);
+        fenceOperands(acc[0]);
+        fenceOperands(acc[1]);
+        wgmmaFence();
+#pragma unroll
+        for (int32_t kk = 0; kk < kSTEPS; ++kk)
+        {
+            uint64_t const qStep = static_cast<uint64_t>(2 * kk * kRows);
+            uint64_t const kStep = static_cast<uint64_t>(2 * kk * kN);
+            hp::Wgmma<float, kN>::ss(acc[0], qLoDesc + qStep, kHiDesc + kStep, kk > 0);
+            hp::Wgmma<float, kN>::ss(acc[0], qHiDesc + qStep, kLoDesc + kStep, true);
+        }
+#pragma unroll
+        for (int32_t kk = 0; kk < kSTEPS; ++kk)
+        {
+            uint64_t const qStep = static_cast<uint64_t>(2 * kk * kRows);
+            uint64_t const kStep = static_cast<uint64_t>(2 * kk * kN);
+            if (kk < kSTEPS / 2)
+            {
+                hp::Wgmma<float, kN>::ss(acc[0], qHiDesc + qStep, kHiDesc + kStep, true);
+            }
+            else
+            {
+                hp::Wgmma<float, kN>::ss(acc[1], qHiDesc + qStep, kHiDesc + kStep, kk > kSTEPS / 2);
+            }
+        }
+        wgmmaCommit();
+    };
+    // T = P V_j over the key steps [from, to) (8 keys each) into a zeroed accumulator, the same
+    // order (lo terms, then hi·hi), issued and committed. A tile is taken in two halves, each
+    // added to O in float32 (the same argument: 32 keys' worth of truncation, not 64).
+    // Vᵀ (B, K-major, N = value dim): LBO = the next 4 keys (kD rows of 16 bytes), SBO = 8 rows.
+    auto const issueValues = [&](float (&t)[kD / 8][4], uint32_t (&pHi)[kN / 8][4], uint32_t (&pLo)[kN / 8][4],
+                                 int32_t j, int32_t const from, int32_t const to) {
+        uint32_t const stage = static_cast<uint32_t>((j % 2) * kTILE * 4);
+        uint64_t const vHiDesc = descriptor(vHiAddress + stage, kD * 16, 128);
+        uint64_t const vLoDesc = descriptor(vLoAddress + stage, kD * 16, 128);
+        fenceOperands(t);
+        fenceOperands(pHi);
+        fenceOperands(pLo);
+        wgmmaFence();
+#pragma unroll
+        for (int32_t kk = from; kk < to; ++kk)
+        {
+            uint64_t const vStep = static_cast<uint64_t>(2 * kk * kD);
+            hp::Wgmma<float, kD>::rs(t, pLo[kk], vHiDesc + vStep, kk > from);
+            hp::Wgmma<float, kD>::rs(t, pHi[kk], vLoDesc + vStep, true);
+        }
+#pragma unroll
+        for (int32_t kk = from; kk < to; ++kk)
+        {
+            hp::Wgmma<float, kD>::rs(t, pHi[kk], vHiDesc + static_cast<uint64_t>(2 * kk * kD), true);
+        }
+        wgmmaCommit();
+    };
+    // Waits for every wgmma of this warpgroup, then o += t.
+    auto const addValues = [&](float (&t)[kD / 8][4]) {
+        wgmmaWait<0>();
+        fenceOperands(t);
+#pragma unroll
+        for (int32_t n = 0; n < kD / 8; ++n)
+        {
+#pragma unroll
+            for (int32_t e = 0; e < 4; ++e)
+            {
+                o[n][e] += t[n][e];
+            }
+        }
+    };
+    // Waits for the scores (the group before the last), adds the two sums, runs the online softmax.
+    auto const softmaxOf = [&](float (&acc)[2][kN / 8][4], float (&alpha)[2], int32_t j, auto wait) {
+        wait();
+        fenceOperands(acc[0]);
+        fenceOperands(acc[1]);
+#pragma unroll
+        for (int32_t n = 0; n < kN / 8; ++n)
+        {
+#pragma unroll
+            for (int32_t e = 0; e < 4; ++e)
+            {
+                acc[0][n][e] += acc[1][n][e];
+            }
+        }
+        int64_t const k0 = static_cast<int64_t>(j) * kN;
+        bool const checkEach = k0 + kN > shape.seqK || (params.causal && k0 + kN - 1 > warpRow0);
+        softmax.template update<false>(acc[0], alpha, warpRow0 + lane / 4, k0, mask, block.maskBase, shape,
+            params, checkEach);
+    };
+    auto const splitP = [&](float const (&p)[kN / 8][4], uint32_t (&pHi)[kN / 8][4], uint32_t (&pLo)[kN / 8][4]) {
+#pragma unroll
+        for (int32_t kk = 0; kk < kN / 8; ++kk)
+        {
+            probabilityFragment(p[kk], pHi[kk], pLo[kk]);
+        }
+    };
+
+    float s[2][kN / 8][4];
+    float t[kD / 8][4];
+    float alpha[2];
+    uint32_t pHi[kN / 8][4];
+    uint32_t pLo[kN / 8][4];
+    if (keyTiles > 0)
+    {
+        issueScores(s, 0);
+        softmaxOf(s, alpha, 0, [] { wgmmaWait<0>(); });
+        splitP(s[0], pHi, pLo);
+        __syncthreads(); // every warpgroup done with S_0: K_0's stage takes K_2
+        if (keyTiles > 2)
+        {
+            loadK(2);
+        }
+        if (keyTiles > 1)
+        {
+            loadV(1);
+        }
+        commitAsync();
+    }
+    for (int32_t j = 0; j + 1 < keyTiles; ++j)
+    {
+        // Here: P_j split in pHi/pLo (O scaled to its maximum), K_j+1 and V_j split and visible,
+        // K_j+2 and V_j+1 on their way into the hi buffers of stages j % 2 and (j + 1) % 2.
+        issueScores(s, j + 1);
+        issueValues(t, pHi, pLo, j, 0, kHALF);
+        softmaxOf(s, alpha, j + 1, [] { wgmmaWait<1>(); }); // while the first half of P_j V_j runs
+        addValues(t);
+        issueValues(t, pHi, pLo, j, kHALF, kPV_STEPS);
+        waitAsync<0>(); // while the second half runs: split this thread's part of K_j+2 and V_j+1
+        if (j + 2 < keyTiles)
+        {
+            splitK(j + 2);
+        }
+        splitV(j + 1);
+        addValues(t);
+        fenceOperands(pHi);
+        fenceOperands(pLo);
+        rescale(o, alpha);
+        splitP(s[0], pHi, pLo);
+        fenceProxyAsync();
+        __syncthreads(); // every warpgroup done with S_j+1 and P_j V_j; the splits visible
+        if (j + 3 < keyTiles)
+        {
+            loadK(j + 3);
+        }
+        if (j + 2 < keyTiles)
+        {
+            loadV(j + 2);
+        }
+        commitAsync();
+    }
+    if (keyTiles > 0)
+    {
+        issueValues(t, pHi, pLo, keyTiles - 1, 0, kHALF);
+        addValues(t);
+        // the last tile's second half only when it holds a key (SDXL's 77 keys: 64 + 13)
+        if (static_cast<int64_t>(keyTiles - 1) * kN + kN / 2 < block.keyEnd)
+        {
+            issueValues(t, pHi, pLo, keyTiles - 1, kHALF, kPV_STEPS);
+            addValues(t);
+        }
+    }
+    waitAsync<0>();
+    softmax.finish();
+    storeOutput<float, kD>(o, softmax, block.outBase, warpRow0 + lane / 4, shape, params);
+#endif
+}
+
+template <int32_t kD, int32_t kWG, int32_t kN, typename F>
+cudaError_t withTf32Plain(bool plain, F&& f)
+{
+    return plain ? f(hopperTf32Kernel<kD, kWG, kN, true>, kWG) : f(hopperTf32Kernel<kD, kWG, kN, false>, kWG);
+}
+
+template <int32_t kD, typename F>
+cudaError_t withTf32Tiles(HopperPlan const& plan, bool plain, F&& f)
+{
+    if (plan.keys == kTF32_KEYS && plan.blockRows == kTF32_WG * 64)
+    {
+        return withTf32Plain<kD, kTF32_WG, kTF32_KEYS>(plain, f);
+    }
+    return cudaErrorInvalidConfiguration;
+}
+
+//! Calls f(kernel, warpgroups) with the kernel for the plan, or returns cudaErrorInvalidConfiguration.
+template <typename F>
+cudaError_t withHopperTf32Kernel(HopperPlan const& plan, bool plain, F&& f)
+{
+    switch (plan.paddedDim)
+    {
+    case 32: return withTf32Tiles<32>(plan, plain, f);
+    case 64: return withTf32Tiles<64>(plan, plain, f);
+    case 72: return withTf32Tiles<72>(plan, plain, f);
+    default: return cudaErrorInvalidConfiguration;
+    }
+}
+
+} // namespace
+
+cudaError_t prepareHopperTf32Attention(HopperPlan const& plan) noexcept
+{
+    auto const prepare = [&](auto kernel, int32_t) {
+        cudaFuncAttributes attributes{};
+        cudaError_t const status = cudaFuncGetAttributes(&attributes, kernel);
+        if (status != cudaSuccess)
+        {
+            return status;
+        }
+        return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.sharedBytes);
+    };
+    cudaError_t const status = withHopperTf32Kernel(plan, true, prepare);
+    return status != cudaSuccess ? status : withHopperTf32Kernel(plan, false, prepare);
+}
+
+cudaError_t launchHopperTf32Attention(float const* q, float const* k, float const* v, AttentionMaskView const& mask,
+    float* out, AttentionShape const& shape, AttentionParams const& params, HopperPlan const& plan,
+    cudaStream_t stream) noexcept
+{
+    if (plan.keys == 0)
+    {
+        return cudaErrorInvalidValue;
+    }
+    LaunchGrid const grid = launchGridFor(q, k, v, out, shape, params, plan.blockRows);
+    if (!grid.launch)
+    {
+        return grid.status;
+    }
+    bool const plain = mask.kind == AttentionMaskKind::kNone && params.softcap == 0.F;
+    return withHopperTf32Kernel(plan, plain, [&](auto kernel, int32_t warpgroups) {
+        kernel<<<static_cast<uint32_t>(grid.blocks), static_cast<uint32_t>(warpgroups * 128),
+            static_cast<size_t>(plan.sharedBytes), stream>>>(
+            q, k, v, mask, out, shape, params, static_cast<int32_t>(grid.qTiles));
+        return cudaGetLastError();
+    });
+}
+
+} // namespace plugin
+} // namespace graphfix
