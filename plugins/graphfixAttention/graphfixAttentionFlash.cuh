@@ -242,12 +242,22 @@ struct BlockSetup
     T* outBase;       //!< its output rows
     int64_t maskBase; //!< mask offset of (batch, head)
 
+    //! acrossHeads: the block order runs heavy-first over all (batch, head)s (tile-major), not
+    //! within each one.
     __device__ BlockSetup(T const* q, T const* k, T const* v, T* out, AttentionMaskView const& mask,
-        AttentionShape const& shape, AttentionParams const& params, int32_t blockRows, int32_t qTiles)
+        AttentionShape const& shape, AttentionParams const& params, int32_t blockRows, int32_t qTiles,
+        bool acrossHeads = false)
     {
-        // Heavy causal tiles (late rows) first, so the last wave is made of light ones.
-        int64_t const tile = qTiles - 1 - static_cast<int64_t>(blockIdx.x % static_cast<uint32_t>(qTiles));
-        int64_t const bh = blockIdx.x / static_cast<uint32_t>(qTiles);
+        // Heavy causal tiles (late rows) first, so the last wave is made of light ones. acrossHeads:
+        // block i is tile i / heads of (batch, head) i % heads, renumbered to the order within each.
+        uint32_t id = blockIdx.x;
+        if (acrossHeads)
+        {
+            uint32_t const heads = gridDim.x / static_cast<uint32_t>(qTiles);
+            id = (id % heads) * static_cast<uint32_t>(qTiles) + id / heads;
+        }
+        int64_t const tile = qTiles - 1 - static_cast<int64_t>(id % static_cast<uint32_t>(qTiles));
+        int64_t const bh = id / static_cast<uint32_t>(qTiles);
         int64_t const b = bh / shape.headsQ;
         int64_t const h = bh - b * shape.headsQ;
         int64_t const hkv = h / (shape.headsQ / shape.headsKV);

@@ -147,10 +147,21 @@ constexpr int32_t kHOPPER_MIN_BLOCKS = kPLAIN && kD <= 80 && kN == 64 && kWG == 
 template <typename T, int32_t kD, int32_t kN, int32_t kWG, bool kPLAIN>
 constexpr bool kWAIT_PV = kSPLIT_P<T> && !(kHOPPER_MIN_BLOCKS<T, kD, kN, kWG, kPLAIN> == 2 && kD == 80);
 
+//! Whether Q fits in registers without ptxas serialising the wgmmas: not in the two-block kernels
+//! (128 registers) of head dim 80 (C7512) or of bfloat16 (C7513 at head dim 64).
 template <typename T, int32_t kD, int32_t kN, int32_t kWG, bool kPLAIN>
+constexpr bool kQ_REGISTERS_FIT = !(kHOPPER_MIN_BLOCKS<T, kD, kN, kWG, kPLAIN> == 2 && (kD == 80 || kSPLIT_P<T>));
+
+//! kQREG: Q in registers (the A operand of S = Q K_jᵀ from registers, wgmma RS with K K-major), which
+//! halves the shared-memory reads of S; `variant` (kHOPPER_VARIANT_* bits) picks the run-time options.
+//! kKEYMASK (with kPLAIN): a mask that is the same for every query row ([.., 1, T], key padding)
+//! and no softcap; each key tile's mask values go through shared memory once (one load per key
+//! instead of one per score), and the kernel keeps the plain kernel's registers (two blocks per
+//! SM up to head dim 80) where the general masked kernel needs 255 and one block.
+template <typename T, int32_t kD, int32_t kN, int32_t kWG, bool kPLAIN, bool kQREG, bool kKEYMASK>
 __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG, kPLAIN>)) hopperAttentionKernel(T const* __restrict__ q,
     T const* __restrict__ k, T const* __restrict__ v, AttentionMaskView const givenMask, T* __restrict__ out,
-    AttentionShape const shape, AttentionParams const givenParams, int32_t const qTiles)
+    AttentionShape const shape, AttentionParams const givenParams, int32_t const qTiles, int32_t const variant)
 {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     AttentionMaskView const noMask{};
@@ -168,13 +179,40 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
     T* const sK = sQ + kRows * kD; // two stages
     T* const sV = sK + 2 * kTILE;  // two stages
 
-    BlockSetup<T> const block(q, k, v, out, mask, shape, params, kRows, qTiles);
+    // (not in the two-block kernels: ptxas spilled 44 bytes more in the head-dim-80 one)
+    BlockSetup<T> const block(q, k, v, out, mask, shape, params, kRows, qTiles,
+        kHOPPER_MIN_BLOCKS<T, kD, kN, kWG, kPLAIN> == 1 && params.causal
+            && (variant & kHOPPER_VARIANT_CAUSAL_ORDER) != 0);
     int32_t const headDim = static_cast<int32_t>(shape.headDim);
     int32_t const valueDim = static_cast<int32_t>(shape.valueDim);
     int32_t const warp = static_cast<int32_t>(threadIdx.x / 32);
     int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
     int32_t const group = warp / 4;
     int32_t const keyTiles = static_cast<int32_t>((block.keyEnd + kN - 1) / kN);
+    // kKEYMASK: the mask value of key j kN + i, 0 past the end (blocked there by the end-of-keys
+    // check); the row stride is 0, so it is row 0's. Each lane holds keys lane and lane + 32 of a
+    // tile, and the softmax takes its keys' values by shuffles (a shared-memory copy, stored while
+    // the loop's wgmmas were in flight, made ptxas serialise them: C7513).
+    auto const keyMaskValue = [&](int32_t j, int32_t i) -> float {
+        int64_t const kj = static_cast<int64_t>(j) * kN + i;
+        if (!kKEYMASK || kj >= shape.seqK)
+        {
+            return 0.F;
+        }
+        int64_t const at = block.maskBase + kj * givenMask.stride[3];
+        switch (givenMask.type)
+        {
+        case AttentionMaskType::kBool: return maskElement(static_cast<uint8_t const*>(givenMask.data)[at]);
+        case AttentionMaskType::kFloat: return static_cast<float const*>(givenMask.data)[at];
+        case AttentionMaskType::kHalf: return maskElement(static_cast<__half const*>(givenMask.data)[at]);
+        case AttentionMaskType::kBFloat16:
+            return maskElement(static_cast<__nv_bfloat16 const*>(givenMask.data)[at]);
+        }
+        return 0.F;
+    };
+    static_assert(!kKEYMASK || kN == 64, "two mask values per lane");
+    float maskLo = keyMaskValue(0, lane);
+    float maskHi = keyMaskValue(0, lane + 32);
 
     // Stages: K_j in sK[j % 2], V_j in sV[j % 2]. Tile j + 1's K is needed one iteration before
     // its V (S_j+1 is issued while P_j V_j runs), so K runs one tile ahead of V.
@@ -207,6 +245,7 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
 
     // S = Q K_jᵀ into s (issued, not waited for). K (B, K-major, N = keys): LBO = kN rows of 16
     // bytes, SBO = 8 rows; 2 chunks of 8 head-dim elements per step.
+    uint32_t qf[kQREG ? kD / 16 : 1][4];
     auto const issueScores = [&](float (&s)[kN / 8][4], int32_t j) {
         uint64_t const kDesc = descriptor(kAddress + static_cast<uint32_t>((j % 2) * kTILE * 2), kN * 16, 128);
         fenceOperands(s);
@@ -214,8 +253,15 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
 #pragma unroll
         for (int32_t kk = 0; kk < kD / 16; ++kk)
         {
-            hp::Wgmma<T, kN>::ss(s, qDesc + static_cast<uint64_t>(2 * kk * kRows),
-                kDesc + static_cast<uint64_t>(2 * kk * kN), kk > 0);
+            if constexpr (kQREG)
+            {
+                hp::Wgmma<T, kN>::rsk(s, qf[kk], kDesc + static_cast<uint64_t>(2 * kk * kN), kk > 0);
+            }
+            else
+            {
+                hp::Wgmma<T, kN>::ss(s, qDesc + static_cast<uint64_t>(2 * kk * kRows),
+                    kDesc + static_cast<uint64_t>(2 * kk * kN), kk > 0);
+            }
         }
         wgmmaCommit();
     };
@@ -225,7 +271,35 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
                                    uint32_t (&lo)[kN / 16][4], int32_t j) {
         int64_t const k0 = static_cast<int64_t>(j) * kN;
         bool const checkEach = k0 + kN > shape.seqK || (params.causal && k0 + kN - 1 > warpRow0);
-        softmax.template update<true>(s, alpha, warpRow0 + lane / 4, k0, mask, block.maskBase, shape, params, checkEach);
+        if constexpr (kKEYMASK)
+        {
+            // scale, then the mask as the general kernel applies it (bool: keep or mask_fill;
+            // additive: +), then the softmax of scores already scaled
+            bool const isBool = givenMask.kind == AttentionMaskKind::kBool;
+#pragma unroll
+            for (int32_t n = 0; n < kN / 8; ++n)
+            {
+                int32_t const from = (8 * n + 2 * (lane % 4)) % 32;
+                float const m[2]{__shfl_sync(kFULL_MASK, n < 4 ? maskLo : maskHi, from),
+                    __shfl_sync(kFULL_MASK, n < 4 ? maskLo : maskHi, from + 1)};
+#pragma unroll
+                for (int32_t e = 0; e < 4; ++e)
+                {
+                    float const me = m[e % 2];
+                    s[n][e] = isBool ? (me != 0.F ? s[n][e] * params.scale : params.maskFill)
+                                     : fmaf(s[n][e], params.scale, me);
+                }
+            }
+            AttentionParams scaled = params;
+            scaled.scale = 1.F;
+            softmax.template update<true>(
+                s, alpha, warpRow0 + lane / 4, k0, mask, block.maskBase, shape, scaled, checkEach);
+        }
+        else
+        {
+            softmax.template update<true>(
+                s, alpha, warpRow0 + lane / 4, k0, mask, block.maskBase, shape, params, checkEach);
+        }
 #pragma unroll
         for (int32_t kk = 0; kk < kN / 16; ++kk)
         {
@@ -245,6 +319,18 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
         waitAsync<0>();
         fenceProxyAsync();
         __syncthreads();
+        if constexpr (kQREG)
+        {
+            // The A fragments of this warp's 16 rows (ldmatrix x4: rows 0-7 / 8-15 of head-dim
+            // elements 16 kk .. +7, then of 16 kk + 8 .. +15), from the chunk-major Q tile.
+            int32_t const m = lane / 8;
+            int32_t const row = warp * 16 + (m % 2) * 8 + lane % 8;
+#pragma unroll
+            for (int32_t kk = 0; kk < kD / 16; ++kk)
+            {
+                loadMatrixX4(qf[kk], sQ + ((2 * kk + m / 2) * kRows + row) * 8);
+            }
+        }
         issueScores(s, 0);
         wgmmaWait<0>();
         fenceOperands(s);
@@ -299,6 +385,11 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
     {
         // Here: P_j in p (O already scaled to its maximum), K_j+1 and V_j loaded by this thread.
         tileBarrier(); // also: every warpgroup done with S_j and P_j-1 V_j-1
+        if constexpr (kKEYMASK)
+        {
+            maskLo = keyMaskValue(j + 1, lane); // for the softmax of S_j+1, loaded while it computes
+            maskHi = keyMaskValue(j + 1, lane + 32);
+        }
         if (j + 2 < keyTiles)
         {
             loadChunkMajor<T, kD, kN, kThreads>(
@@ -382,28 +473,55 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
 
 //! The kernel for the plan's tiles (64 keys, 128 rows: the only ones built; see
 //! notes/attention_plugin.md for the other tilings measured), plain or not.
+//! Which kernel: plain (no mask, no softcap), a key mask (kKEYMASK), or the general one.
+enum class HopperKind : int32_t
+{
+    kPlain,
+    kKeyMask,
+    kGeneral,
+};
+
 template <typename T, int32_t kD, typename F>
-cudaError_t withTile(HopperPlan const& plan, bool plain, F&& f)
+cudaError_t withTile(HopperPlan const& plan, HopperKind kind, F&& f)
 {
     if (plan.keys != kHOPPER_KEYS || plan.blockRows != kHOPPER_ROWS)
     {
         return cudaErrorInvalidConfiguration;
     }
-    return plain ? f(hopperAttentionKernel<T, kD, kHOPPER_KEYS, kHOPPER_ROWS / 64, true>)
-                 : f(hopperAttentionKernel<T, kD, kHOPPER_KEYS, kHOPPER_ROWS / 64, false>);
+    constexpr int32_t kWG = kHOPPER_ROWS / 64;
+    constexpr int32_t kN = kHOPPER_KEYS;
+    if ((plan.variant & kHOPPER_VARIANT_Q_REGISTERS) != 0)
+    {
+        if (kind == HopperKind::kGeneral)
+        {
+            return f(hopperAttentionKernel<T, kD, kN, kWG, false, true, false>);
+        }
+        if constexpr (kQ_REGISTERS_FIT<T, kD, kN, kWG, true>)
+        {
+            return kind == HopperKind::kPlain ? f(hopperAttentionKernel<T, kD, kN, kWG, true, true, false>)
+                                              : f(hopperAttentionKernel<T, kD, kN, kWG, true, true, true>);
+        }
+    }
+    switch (kind)
+    {
+    case HopperKind::kPlain: return f(hopperAttentionKernel<T, kD, kN, kWG, true, false, false>);
+    case HopperKind::kKeyMask: return f(hopperAttentionKernel<T, kD, kN, kWG, true, false, true>);
+    case HopperKind::kGeneral: break;
+    }
+    return f(hopperAttentionKernel<T, kD, kN, kWG, false, false, false>);
 }
 
 //! Calls f with the kernel for the plan, or returns cudaErrorInvalidConfiguration.
 template <typename T, typename F>
-cudaError_t withHopperKernel(HopperPlan const& plan, bool plain, F&& f)
+cudaError_t withHopperKernel(HopperPlan const& plan, HopperKind kind, F&& f)
 {
     switch (plan.paddedDim)
     {
-    case 32: return withTile<T, 32>(plan, plain, f);
-    case 64: return withTile<T, 64>(plan, plain, f);
-    case 80: return withTile<T, 80>(plan, plain, f);
-    case 96: return withTile<T, 96>(plan, plain, f);
-    case 128: return withTile<T, 128>(plan, plain, f);
+    case 32: return withTile<T, 32>(plan, kind, f);
+    case 64: return withTile<T, 64>(plan, kind, f);
+    case 80: return withTile<T, 80>(plan, kind, f);
+    case 96: return withTile<T, 96>(plan, kind, f);
+    case 128: return withTile<T, 128>(plan, kind, f);
     default: return cudaErrorInvalidConfiguration;
     }
 }
@@ -422,8 +540,15 @@ cudaError_t prepareHopperAttention(HopperPlan const& plan) noexcept
         }
         return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.sharedBytes);
     };
-    cudaError_t const status = withHopperKernel<T>(plan, true, prepare);
-    return status != cudaSuccess ? status : withHopperKernel<T>(plan, false, prepare);
+    for (HopperKind const kind : {HopperKind::kPlain, HopperKind::kKeyMask, HopperKind::kGeneral})
+    {
+        cudaError_t const status = withHopperKernel<T>(plan, kind, prepare);
+        if (status != cudaSuccess)
+        {
+            return status;
+        }
+    }
+    return cudaSuccess;
 }
 
 template <typename T>
@@ -440,10 +565,13 @@ cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionM
         return grid.status;
     }
     uint32_t const threads = static_cast<uint32_t>(plan.blockRows / 64 * 128);
-    bool const plain = mask.kind == AttentionMaskKind::kNone && params.softcap == 0.F;
-    return withHopperKernel<T>(plan, plain, [&](auto kernel) {
+    HopperKind const kind = params.softcap != 0.F ? HopperKind::kGeneral
+        : mask.kind == AttentionMaskKind::kNone   ? HopperKind::kPlain
+        : mask.stride[2] == 0 && (plan.variant & kHOPPER_VARIANT_KEY_MASK) != 0 ? HopperKind::kKeyMask
+                                                                                : HopperKind::kGeneral;
+    return withHopperKernel<T>(plan, kind, [&](auto kernel) {
         kernel<<<static_cast<uint32_t>(grid.blocks), threads, static_cast<size_t>(plan.sharedBytes), stream>>>(
-            q, k, v, mask, out, shape, params, static_cast<int32_t>(grid.qTiles));
+            q, k, v, mask, out, shape, params, static_cast<int32_t>(grid.qTiles), plan.variant);
         return cudaGetLastError();
     });
 }

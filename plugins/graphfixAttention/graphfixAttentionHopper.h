@@ -34,6 +34,16 @@ namespace plugin
 constexpr int32_t kHOPPER_KEYS{64};
 constexpr int32_t kHOPPER_ROWS{128};
 
+//! Options of the Hopper kernel (bits of HopperPlan::variant): Q in registers (wgmma RS for
+//! S = Q K_jᵀ); causal blocks ordered heavy-first over all (batch, head)s, not within each; masks
+//! the same for every query row (key padding) on the plain kernel with the mask values of each key
+//! tile in shared memory.
+constexpr int32_t kHOPPER_VARIANT_Q_REGISTERS{1};
+constexpr int32_t kHOPPER_VARIANT_CAUSAL_ORDER{2};
+constexpr int32_t kHOPPER_VARIANT_KEY_MASK{4};
+//! The options the plan takes unless GRAPHFIX_ATTENTION_HOPPER_VARIANT says otherwise.
+constexpr int32_t kHOPPER_DEFAULT_VARIANT{0};
+
 //! What planHopperAttention chose; `keys` 0 means the Hopper kernel does not run (see reason).
 struct HopperPlan
 {
@@ -41,6 +51,7 @@ struct HopperPlan
     int32_t blockRows{0};   //!< query rows per block (64 per warpgroup)
     int32_t keys{0};        //!< keys per tile
     int32_t sharedBytes{0}; //!< dynamic shared memory per block
+    int32_t variant{kHOPPER_DEFAULT_VARIANT}; //!< kHOPPER_VARIANT_* bits
     char const* reason{""}; //!< why not, when keys is 0
 };
 
