@@ -73,6 +73,7 @@ def _one(ctype: str, ptx: str, n: int) -> str:
         f'            "{{{acc}}}, "\n'
         f'            "%{count}, %{count + 1}, p, 1, 1, 0, 0;\\n}}\\n"'
     )
+
     def rs(transpose: int) -> str:
         return (
             f'"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{count + 5}, 0;\\n"\n'
@@ -80,6 +81,7 @@ def _one(ctype: str, ptx: str, n: int) -> str:
             f'            "{{{acc}}}, "\n'
             f'            "{{%{count}, %{count + 1}, %{count + 2}, %{count + 3}}}, %{count + 4}, p, 1, 1, {transpose};\\n}}\\n"'
         )
+
     ops = _operands(n)
     return f"""
 template <>
