@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The Hopper kernel's options (GRAPHFIX_ATTENTION_HOPPER_VARIANT) on an H100/H200 in one go: build
-# (as run_attention_on_gpu.sh), the 16-bit GPU tests once per variant in TEST_VARIANTS, then
+# (as run_attention_on_gpu.sh), the GPU tests (TEST_K: a -k filter) once per variant in TEST_VARIANTS, then
 # benchmarks/attention_variants.py (VARIANT_ARGS) with optional Nsight Compute profiles. Logs to $OUT.
 #
-#   TEST_VARIANTS="7 6" VARIANT_ARGS="--variants 0,1,2,3,4,5" bash benchmarks/run_hopper_variants_on_gpu.sh
+#   TEST_VARIANTS="6 14" VARIANT_ARGS="--variants 0,6,14" bash benchmarks/run_hopper_variants_on_gpu.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/out}
@@ -34,8 +34,8 @@ grep -h "graphfix plugins" "$BUILD/graphfix-plugin-build.log" | tee -a "$OUT/bui
 echo "build: ${SECONDS}s"
 for variant in ${TEST_VARIANTS:-}; do
   SECONDS=0
-  GRAPHFIX_ATTENTION_HOPPER_VARIANT=$variant $PY -m pytest tests/test_attention_plugin_gpu.py -q -rs \
-    -p no:cacheprovider -k "${TEST_K:-not float32}" 2>&1 | tail -n 30 | tee "$OUT/tests_v$variant.log"
+  GRAPHFIX_ATTENTION_HOPPER_VARIANT=$variant $PY -m pytest tests/test_attention_plugin_gpu.py -q -rfEs \
+    -p no:cacheprovider ${TEST_K:+-k "$TEST_K"} 2>&1 | tail -n 80 | tee "$OUT/tests_v$variant.log"
   [[ ${PIPESTATUS[0]} == 0 ]] || status=1
   echo "tests, variant $variant: ${SECONDS}s"
 done

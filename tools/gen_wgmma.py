@@ -20,9 +20,7 @@ HEAD = """/*
  *  - wgmmaSS<T, N>: D (64 x N) (+)= A (64 x 16, shared memory, K-major) B (16 x N, shared memory,
  *    K-major: N rows of 16 elements);
  *  - wgmmaRS<T, N>: D (+)= A (64 x 16, registers, the mma.sync m16n8k16 A fragment per warp)
- *    B (16 x N, shared memory, N-major);
- *  - wgmmaRSK<T, N>: the same with B K-major (N rows of 16 elements), as for Q K^T with Q in
- *    registers.
+ *    B (16 x N, shared memory, N-major).
  * `accumulate` false overwrites D (scale-d = 0).
  */
 #ifndef GRAPHFIX_ATTENTION_HOPPER_WGMMA_CUH
@@ -73,15 +71,12 @@ def _one(ctype: str, ptx: str, n: int) -> str:
         f'            "{{{acc}}}, "\n'
         f'            "%{count}, %{count + 1}, p, 1, 1, 0, 0;\\n}}\\n"'
     )
-
-    def rs(transpose: int) -> str:
-        return (
-            f'"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{count + 5}, 0;\\n"\n'
-            f'            "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "\n'
-            f'            "{{{acc}}}, "\n'
-            f'            "{{%{count}, %{count + 1}, %{count + 2}, %{count + 3}}}, %{count + 4}, p, 1, 1, {transpose};\\n}}\\n"'
-        )
-
+    rs = (
+        f'"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{count + 5}, 0;\\n"\n'
+        f'            "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "\n'
+        f'            "{{{acc}}}, "\n'
+        f'            "{{%{count}, %{count + 1}, %{count + 2}, %{count + 3}}}, %{count + 4}, p, 1, 1, 1;\\n}}\\n"'
+    )
     ops = _operands(n)
     return f"""
 template <>
@@ -98,16 +93,7 @@ struct Wgmma<{ctype}, {n}>
     static __device__ __forceinline__ void rs(
         float (&d)[{n // 8}][4], uint32_t const (&a)[4], uint64_t b, bool accumulate)
     {{
-        asm volatile({rs(1)}
-            :
-{ops}
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int32_t>(accumulate)));
-    }}
-
-    static __device__ __forceinline__ void rsk(
-        float (&d)[{n // 8}][4], uint32_t const (&a)[4], uint64_t b, bool accumulate)
-    {{
-        asm volatile({rs(0)}
+        asm volatile({rs}
             :
 {ops}
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int32_t>(accumulate)));

@@ -12,6 +12,7 @@
  *   wait own loads | fence.proxy.async | barrier | issue K_j+2, V_j+1 (cp.async)
  *   | issue S_j+1 = Q K_j+1ᵀ (wgmma, A and B in shared memory)
  *   | issue O += P_j V_j (wgmma, A = P_j in registers, B = V_j N-major in shared memory)
+ *   (kLATE_LOADS: the cp.async loads after the two wgmma issues instead)
  *   | wait S_j+1 | online softmax of S_j+1 in registers -> P_j+1 (overlaps P_j V_j)
  *   | wait P_j V_j | rescale O
  *
@@ -104,7 +105,10 @@ __device__ __forceinline__ uint64_t descriptor(uint32_t address, uint32_t leadin
 }
 
 //! Copies rows [row0, row0 + kRows) x [0, kD) of a [rows, cols] matrix into the chunk-major
-//! layout ([kD / 8][kRows] chunks of 16 bytes), zeros past `rows` and past `cols`.
+//! layout ([kD / 8][kRows] chunks of 16 bytes), zeros past `rows` and past `cols` (row0 < rows).
+//! The tile's first row is addressed once (64-bit); each chunk adds a 32-bit offset that depends on
+//! the thread and on how many rows the tile has, clamped to the last row and to column 0 where
+//! the chunk is zero-filled (so the address is always inside the matrix).
 template <typename T, int32_t kD, int32_t kRows, int32_t kThreads>
 __device__ __forceinline__ void loadChunkMajor(T* shared, T const* global, int64_t row0, int64_t rows, int32_t cols)
 {
@@ -112,6 +116,9 @@ __device__ __forceinline__ void loadChunkMajor(T* shared, T const* global, int64
     constexpr int32_t kPAIRS = kCHUNKS / 2;
     constexpr int32_t kUNITS = kRows * kCHUNKS;
     static_assert(kCHUNKS % 2 == 0 && kRows % 16 == 0, "whole 16-row, 2-chunk units");
+    T const* const tile = global + row0 * cols;
+    int64_t const left = rows - row0;
+    int32_t const last = left < kRows ? static_cast<int32_t>(left) - 1 : kRows - 1; // last row present
 #pragma unroll
     for (int32_t i = 0; i < (kUNITS + kThreads - 1) / kThreads; ++i)
     {
@@ -125,9 +132,10 @@ __device__ __forceinline__ void loadChunkMajor(T* shared, T const* global, int64
         int32_t const rest = u / 32;
         int32_t const r = (rest / kPAIRS) * 16 + u % 16;
         int32_t const c = (rest % kPAIRS) * 2 + (u / 16) % 2;
-        int64_t const row = row0 + r;
-        bool const valid = row < rows && c * 8 < cols;
-        copyAsync16(shared + (c * kRows + r) * 8, valid ? global + row * cols + c * 8 : global, valid);
+        bool const columnPresent = c * 8 < cols;
+        bool const valid = r <= last && columnPresent;
+        int32_t const offset = (r < last ? r : last) * cols + (columnPresent ? c * 8 : 0);
+        copyAsync16(shared + (c * kRows + r) * 8, tile + offset, valid);
     }
 }
 
@@ -147,18 +155,15 @@ constexpr int32_t kHOPPER_MIN_BLOCKS = kPLAIN && kD <= 80 && kN == 64 && kWG == 
 template <typename T, int32_t kD, int32_t kN, int32_t kWG, bool kPLAIN>
 constexpr bool kWAIT_PV = kSPLIT_P<T> && !(kHOPPER_MIN_BLOCKS<T, kD, kN, kWG, kPLAIN> == 2 && kD == 80);
 
-//! Whether Q fits in registers without ptxas serialising the wgmmas: not in the two-block kernels
-//! (128 registers) of head dim 80 (C7512) or of bfloat16 (C7513 at head dim 64).
-template <typename T, int32_t kD, int32_t kN, int32_t kWG, bool kPLAIN>
-constexpr bool kQ_REGISTERS_FIT = !(kHOPPER_MIN_BLOCKS<T, kD, kN, kWG, kPLAIN> == 2 && (kD == 80 || kSPLIT_P<T>));
-
-//! kQREG: Q in registers (the A operand of S = Q K_jᵀ from registers, wgmma RS with K K-major), which
-//! halves the shared-memory reads of S; `variant` (kHOPPER_VARIANT_* bits) picks the run-time options.
+//! `variant`: the kHOPPER_VARIANT_* bits the kernel reads at run time (the causal order).
+//! kLATE_LOADS: each tile's cp.async loads are issued after its wgmmas, not before them, so the
+//! tensor cores start right after the barrier and the loads' address arithmetic overlaps them.
 //! kKEYMASK (with kPLAIN): a mask that is the same for every query row ([.., 1, T], key padding)
-//! and no softcap; each key tile's mask values go through shared memory once (one load per key
-//! instead of one per score), and the kernel keeps the plain kernel's registers (two blocks per
-//! SM up to head dim 80) where the general masked kernel needs 255 and one block.
-template <typename T, int32_t kD, int32_t kN, int32_t kWG, bool kPLAIN, bool kQREG, bool kKEYMASK>
+//! and no softcap; each lane loads two mask values per key tile (one load per key and warp instead
+//! of one per score) and the softmax takes its keys' values by shuffles, so the kernel keeps the
+//! plain kernel's registers (two blocks per SM up to head dim 80) where the general masked kernel
+//! needs up to 255 and one block.
+template <typename T, int32_t kD, int32_t kN, int32_t kWG, bool kPLAIN, bool kLATE_LOADS, bool kKEYMASK>
 __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG, kPLAIN>)) hopperAttentionKernel(T const* __restrict__ q,
     T const* __restrict__ k, T const* __restrict__ v, AttentionMaskView const givenMask, T* __restrict__ out,
     AttentionShape const shape, AttentionParams const givenParams, int32_t const qTiles, int32_t const variant)
@@ -180,7 +185,7 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
     T* const sV = sK + 2 * kTILE;  // two stages
 
     // (not in the two-block kernels: ptxas spilled 44 bytes more in the head-dim-80 one)
-    BlockSetup<T> const block(q, k, v, out, mask, shape, params, kRows, qTiles,
+    BlockSetup<T> const block(q, k, v, out, kKEYMASK ? givenMask : mask, shape, params, kRows, qTiles,
         kHOPPER_MIN_BLOCKS<T, kD, kN, kWG, kPLAIN> == 1 && params.causal
             && (variant & kHOPPER_VARIANT_CAUSAL_ORDER) != 0);
     int32_t const headDim = static_cast<int32_t>(shape.headDim);
@@ -245,7 +250,6 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
 
     // S = Q K_jᵀ into s (issued, not waited for). K (B, K-major, N = keys): LBO = kN rows of 16
     // bytes, SBO = 8 rows; 2 chunks of 8 head-dim elements per step.
-    uint32_t qf[kQREG ? kD / 16 : 1][4];
     auto const issueScores = [&](float (&s)[kN / 8][4], int32_t j) {
         uint64_t const kDesc = descriptor(kAddress + static_cast<uint32_t>((j % 2) * kTILE * 2), kN * 16, 128);
         fenceOperands(s);
@@ -253,15 +257,8 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
 #pragma unroll
         for (int32_t kk = 0; kk < kD / 16; ++kk)
         {
-            if constexpr (kQREG)
-            {
-                hp::Wgmma<T, kN>::rsk(s, qf[kk], kDesc + static_cast<uint64_t>(2 * kk * kN), kk > 0);
-            }
-            else
-            {
-                hp::Wgmma<T, kN>::ss(s, qDesc + static_cast<uint64_t>(2 * kk * kRows),
-                    kDesc + static_cast<uint64_t>(2 * kk * kN), kk > 0);
-            }
+            hp::Wgmma<T, kN>::ss(s, qDesc + static_cast<uint64_t>(2 * kk * kRows),
+                kDesc + static_cast<uint64_t>(2 * kk * kN), kk > 0);
         }
         wgmmaCommit();
     };
@@ -319,18 +316,6 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
         waitAsync<0>();
         fenceProxyAsync();
         __syncthreads();
-        if constexpr (kQREG)
-        {
-            // The A fragments of this warp's 16 rows (ldmatrix x4: rows 0-7 / 8-15 of head-dim
-            // elements 16 kk .. +7, then of 16 kk + 8 .. +15), from the chunk-major Q tile.
-            int32_t const m = lane / 8;
-            int32_t const row = warp * 16 + (m % 2) * 8 + lane % 8;
-#pragma unroll
-            for (int32_t kk = 0; kk < kD / 16; ++kk)
-            {
-                loadMatrixX4(qf[kk], sQ + ((2 * kk + m / 2) * kRows + row) * 8);
-            }
-        }
         issueScores(s, 0);
         wgmmaWait<0>();
         fenceOperands(s);
@@ -381,6 +366,17 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
         fenceProxyAsync();
         __syncthreads();
     };
+    // K_j+2 and V_j+1 (cp.async, committed as one group)
+    auto const issueLoads = [&](int32_t j) {
+        if (j + 2 < keyTiles)
+        {
+            loadChunkMajor<T, kD, kN, kThreads>(
+                sK + (j % 2) * kTILE, block.kBase, static_cast<int64_t>(j + 2) * kN, shape.seqK, headDim);
+        }
+        loadChunkMajor<T, kD, kN, kThreads>(
+            sV + ((j + 1) % 2) * kTILE, block.vBase, static_cast<int64_t>(j + 1) * kN, shape.seqK, valueDim);
+        commitAsync();
+    };
     for (int32_t j = 0; j + 1 < keyTiles; ++j)
     {
         // Here: P_j in p (O already scaled to its maximum), K_j+1 and V_j loaded by this thread.
@@ -390,16 +386,16 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
             maskLo = keyMaskValue(j + 1, lane); // for the softmax of S_j+1, loaded while it computes
             maskHi = keyMaskValue(j + 1, lane + 32);
         }
-        if (j + 2 < keyTiles)
+        if constexpr (!kLATE_LOADS)
         {
-            loadChunkMajor<T, kD, kN, kThreads>(
-                sK + (j % 2) * kTILE, block.kBase, static_cast<int64_t>(j + 2) * kN, shape.seqK, headDim);
+            issueLoads(j);
         }
-        loadChunkMajor<T, kD, kN, kThreads>(
-            sV + ((j + 1) % 2) * kTILE, block.vBase, static_cast<int64_t>(j + 1) * kN, shape.seqK, valueDim);
-        commitAsync();
         issueScores(s, j + 1); // S_j+1 on the tensor cores, then P_j V_j, while ...
         issueValues(j);
+        if constexpr (kLATE_LOADS)
+        {
+            issueLoads(j); // (K_j+2 and V_j+1 go where S_j and P_j-1 V_j-1 read, done at the barrier)
+        }
         // bfloat16 waits for P_j V_j too (kWAIT_PV): S_j+1 and P_j V_j stay in flight together
         // and the wgmmas of each batch pipelined, where overlapping the softmax serialised them.
         if constexpr (kWAIT_PV<T, kD, kN, kWG, kPLAIN>)
@@ -471,8 +467,6 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
 #endif
 }
 
-//! The kernel for the plan's tiles (64 keys, 128 rows: the only ones built; see
-//! notes/attention_plugin.md for the other tilings measured), plain or not.
 //! Which kernel: plain (no mask, no softcap), a key mask (kKEYMASK), or the general one.
 enum class HopperKind : int32_t
 {
@@ -481,6 +475,22 @@ enum class HopperKind : int32_t
     kGeneral,
 };
 
+template <typename T, int32_t kD, bool kLATE, typename F>
+cudaError_t withKind(HopperKind kind, F&& f)
+{
+    constexpr int32_t kWG = kHOPPER_ROWS / 64;
+    constexpr int32_t kN = kHOPPER_KEYS;
+    switch (kind)
+    {
+    case HopperKind::kPlain: return f(hopperAttentionKernel<T, kD, kN, kWG, true, kLATE, false>);
+    case HopperKind::kKeyMask: return f(hopperAttentionKernel<T, kD, kN, kWG, true, kLATE, true>);
+    case HopperKind::kGeneral: break;
+    }
+    return f(hopperAttentionKernel<T, kD, kN, kWG, false, kLATE, false>);
+}
+
+//! The kernel for the plan's tiles (64 keys, 128 rows: the only ones built; see
+//! notes/attention_plugin.md for the other tilings measured), its kind and load order.
 template <typename T, int32_t kD, typename F>
 cudaError_t withTile(HopperPlan const& plan, HopperKind kind, F&& f)
 {
@@ -488,27 +498,8 @@ cudaError_t withTile(HopperPlan const& plan, HopperKind kind, F&& f)
     {
         return cudaErrorInvalidConfiguration;
     }
-    constexpr int32_t kWG = kHOPPER_ROWS / 64;
-    constexpr int32_t kN = kHOPPER_KEYS;
-    if ((plan.variant & kHOPPER_VARIANT_Q_REGISTERS) != 0)
-    {
-        if (kind == HopperKind::kGeneral)
-        {
-            return f(hopperAttentionKernel<T, kD, kN, kWG, false, true, false>);
-        }
-        if constexpr (kQ_REGISTERS_FIT<T, kD, kN, kWG, true>)
-        {
-            return kind == HopperKind::kPlain ? f(hopperAttentionKernel<T, kD, kN, kWG, true, true, false>)
-                                              : f(hopperAttentionKernel<T, kD, kN, kWG, true, true, true>);
-        }
-    }
-    switch (kind)
-    {
-    case HopperKind::kPlain: return f(hopperAttentionKernel<T, kD, kN, kWG, true, false, false>);
-    case HopperKind::kKeyMask: return f(hopperAttentionKernel<T, kD, kN, kWG, true, false, true>);
-    case HopperKind::kGeneral: break;
-    }
-    return f(hopperAttentionKernel<T, kD, kN, kWG, false, false, false>);
+    return (plan.variant & kHOPPER_VARIANT_LATE_LOADS) != 0 ? withKind<T, kD, true>(kind, f)
+                                                            : withKind<T, kD, false>(kind, f);
 }
 
 //! Calls f with the kernel for the plan, or returns cudaErrorInvalidConfiguration.

@@ -34,15 +34,16 @@ namespace plugin
 constexpr int32_t kHOPPER_KEYS{64};
 constexpr int32_t kHOPPER_ROWS{128};
 
-//! Options of the Hopper kernel (bits of HopperPlan::variant): Q in registers (wgmma RS for
-//! S = Q K_jᵀ); causal blocks ordered heavy-first over all (batch, head)s, not within each; masks
-//! the same for every query row (key padding) on the plain kernel with the mask values of each key
-//! tile in shared memory.
-constexpr int32_t kHOPPER_VARIANT_Q_REGISTERS{1};
+//! Options of the Hopper kernel (bits of HopperPlan::variant; notes/attention_plugin.md, "Fifth
+//! round", has what each measured): causal blocks ordered heavy-first over all (batch, head)s, not
+//! within each (in the one-block kernels); masks the same for every query row (key padding) on the
+//! plain kernel, two blocks per SM up to head dim 80; each tile's loads issued after its wgmmas.
+//! (Bit 1, Q in registers, was measured slower and removed.)
 constexpr int32_t kHOPPER_VARIANT_CAUSAL_ORDER{2};
 constexpr int32_t kHOPPER_VARIANT_KEY_MASK{4};
+constexpr int32_t kHOPPER_VARIANT_LATE_LOADS{8};
 //! The options the plan takes unless GRAPHFIX_ATTENTION_HOPPER_VARIANT says otherwise.
-constexpr int32_t kHOPPER_DEFAULT_VARIANT{0};
+constexpr int32_t kHOPPER_DEFAULT_VARIANT{kHOPPER_VARIANT_CAUSAL_ORDER | kHOPPER_VARIANT_KEY_MASK};
 
 //! What planHopperAttention chose; `keys` 0 means the Hopper kernel does not run (see reason).
 struct HopperPlan
