@@ -374,8 +374,10 @@ struct OnlineSoftmax
     {
         int32_t const t = static_cast<int32_t>(threadIdx.x % 4);
         bool const masked = mask.kind != AttentionMaskKind::kNone;
-        bool const common = !masked && !checkEach && params.softcap == 0.F;
-        bool const folded = kFOLD && common && params.scale > 0.F;
+        // (with kFOLD a scale <= 0 takes the general path, so that the common one folds at compile
+        // time: a run-time choice there compiled to a multiply and a select per score)
+        bool const common = !masked && !checkEach && params.softcap == 0.F && (!kFOLD || params.scale > 0.F);
+        bool const folded = kFOLD && common;
         float tileMax[2]{kNEGATIVE_INFINITY, kNEGATIVE_INFINITY};
         if (common)
         {
@@ -386,14 +388,14 @@ struct OnlineSoftmax
 #pragma unroll
                 for (int32_t e = 0; e < 4; ++e)
                 {
-                    if (!folded)
+                    if constexpr (!kFOLD)
                     {
                         s[n][e] *= params.scale;
                     }
                     tileMax[e / 2] = fmaxf(tileMax[e / 2], s[n][e]);
                 }
             }
-            if (folded)
+            if constexpr (kFOLD)
             {
                 // scale > 0 and rounding are monotonic: max(s)·scale == max(s·scale) exactly
                 tileMax[0] *= params.scale;
