@@ -34,7 +34,9 @@ grep -h "graphfix plugins" "$BUILD/graphfix-plugin-build.log" | tee -a "$OUT/bui
 echo "build: ${SECONDS}s"
 for variant in ${TEST_VARIANTS:-}; do
   SECONDS=0
-  GRAPHFIX_ATTENTION_HOPPER_VARIANT=$variant $PY -m pytest tests/test_attention_plugin_gpu.py -q -rfEs \
+  # "default": the plugin's own choice (the variable unset)
+  env $([[ $variant == default ]] && echo -u GRAPHFIX_ATTENTION_HOPPER_VARIANT || echo GRAPHFIX_ATTENTION_HOPPER_VARIANT=$variant) \
+    $PY -m pytest tests/test_attention_plugin_gpu.py -q -rfEs \
     -p no:cacheprovider ${TEST_K:+-k "$TEST_K"} 2>&1 | tail -n 80 | tee "$OUT/tests_v$variant.log"
   [[ ${PIPESTATUS[0]} == 0 ]] || status=1
   echo "tests, variant $variant: ${SECONDS}s"
