@@ -43,7 +43,7 @@ constexpr int32_t kHOPPER_VARIANT_CAUSAL_ORDER{2};
 constexpr int32_t kHOPPER_VARIANT_KEY_MASK{4};
 constexpr int32_t kHOPPER_VARIANT_LATE_LOADS{8};
 //! The options the plan takes unless GRAPHFIX_ATTENTION_HOPPER_VARIANT says otherwise; bfloat16 adds
-//! kHOPPER_VARIANT_LATE_LOADS (hopperPlanFor in graphfixAttentionPlugin.cpp).
+//! kHOPPER_VARIANT_LATE_LOADS except at head dim 80 (hopperPlanFor in graphfixAttentionPlugin.cpp).
 constexpr int32_t kHOPPER_DEFAULT_VARIANT{kHOPPER_VARIANT_CAUSAL_ORDER | kHOPPER_VARIANT_KEY_MASK};
 
 //! What planHopperAttention chose; `keys` 0 means the Hopper kernel does not run (see reason).
