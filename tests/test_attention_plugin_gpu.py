@@ -203,6 +203,29 @@ CASES = (
         nan_to_zero=True,
         cudnn_eligible=False,
     ),
+    # masks the same for every query row (the Hopper kernel's key-mask kernel) over several key
+    # tiles: a bool key padding with a finite mask_fill, and a per-head additive float32 one
+    Case(
+        "pad_fill_tiles",
+        (2, 3, 150, 64),
+        3,
+        200,
+        64,
+        mask="pad_bool",
+        mask_shape=(2, 1, 1, 200),
+        mask_fill=-3.0,
+        cudnn_eligible=False,
+    ),
+    Case(
+        "add_keys_d128",
+        (1, 4, 100, 128),
+        2,
+        300,
+        128,
+        mask="add_f32",
+        mask_shape=(4, 1, 300),
+        cudnn_eligible=False,
+    ),
     Case(
         "d2048_refused",
         (1, 1, 8, 2048),

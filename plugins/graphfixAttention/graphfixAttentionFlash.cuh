@@ -242,12 +242,22 @@ struct BlockSetup
     T* outBase;       //!< its output rows
     int64_t maskBase; //!< mask offset of (batch, head)
 
+    //! acrossHeads: the block order runs heavy-first over all (batch, head)s (tile-major), not
+    //! within each one.
     __device__ BlockSetup(T const* q, T const* k, T const* v, T* out, AttentionMaskView const& mask,
-        AttentionShape const& shape, AttentionParams const& params, int32_t blockRows, int32_t qTiles)
+        AttentionShape const& shape, AttentionParams const& params, int32_t blockRows, int32_t qTiles,
+        bool acrossHeads = false)
     {
-        // Heavy causal tiles (late rows) first, so the last wave is made of light ones.
-        int64_t const tile = qTiles - 1 - static_cast<int64_t>(blockIdx.x % static_cast<uint32_t>(qTiles));
-        int64_t const bh = blockIdx.x / static_cast<uint32_t>(qTiles);
+        // Heavy causal tiles (late rows) first, so the last wave is made of light ones. acrossHeads:
+        // block i is tile i / heads of (batch, head) i % heads, renumbered to the order within each.
+        uint32_t id = blockIdx.x;
+        if (acrossHeads)
+        {
+            uint32_t const heads = gridDim.x / static_cast<uint32_t>(qTiles);
+            id = (id % heads) * static_cast<uint32_t>(qTiles) + id / heads;
+        }
+        int64_t const tile = qTiles - 1 - static_cast<int64_t>(id % static_cast<uint32_t>(qTiles));
+        int64_t const bh = id / static_cast<uint32_t>(qTiles);
         int64_t const b = bh / shape.headsQ;
         int64_t const h = bh - b * shape.headsQ;
         int64_t const hkv = h / (shape.headsQ / shape.headsKV);
@@ -364,8 +374,10 @@ struct OnlineSoftmax
     {
         int32_t const t = static_cast<int32_t>(threadIdx.x % 4);
         bool const masked = mask.kind != AttentionMaskKind::kNone;
-        bool const common = !masked && !checkEach && params.softcap == 0.F;
-        bool const folded = kFOLD && common && params.scale > 0.F;
+        // (with kFOLD a scale <= 0 takes the general path, so that the common one folds at compile
+        // time: a run-time choice there compiled to a multiply and a select per score)
+        bool const common = !masked && !checkEach && params.softcap == 0.F && (!kFOLD || params.scale > 0.F);
+        bool const folded = kFOLD && common;
         float tileMax[2]{kNEGATIVE_INFINITY, kNEGATIVE_INFINITY};
         if (common)
         {
@@ -376,14 +388,14 @@ struct OnlineSoftmax
 #pragma unroll
                 for (int32_t e = 0; e < 4; ++e)
                 {
-                    if (!folded)
+                    if constexpr (!kFOLD)
                     {
                         s[n][e] *= params.scale;
                     }
                     tileMax[e / 2] = fmaxf(tileMax[e / 2], s[n][e]);
                 }
             }
-            if (folded)
+            if constexpr (kFOLD)
             {
                 // scale > 0 and rounding are monotonic: max(s)·scale == max(s·scale) exactly
                 tileMax[0] *= params.scale;

@@ -12,6 +12,7 @@
  *   wait own loads | fence.proxy.async | barrier | issue K_j+2, V_j+1 (cp.async)
  *   | issue S_j+1 = Q K_j+1ᵀ (wgmma, A and B in shared memory)
  *   | issue O += P_j V_j (wgmma, A = P_j in registers, B = V_j N-major in shared memory)
+ *   (kLATE_LOADS: the cp.async loads after the two wgmma issues instead)
  *   | wait S_j+1 | online softmax of S_j+1 in registers -> P_j+1 (overlaps P_j V_j)
  *   | wait P_j V_j | rescale O
  *
@@ -104,7 +105,10 @@ __device__ __forceinline__ uint64_t descriptor(uint32_t address, uint32_t leadin
 }
 
 //! Copies rows [row0, row0 + kRows) x [0, kD) of a [rows, cols] matrix into the chunk-major
-//! layout ([kD / 8][kRows] chunks of 16 bytes), zeros past `rows` and past `cols`.
+//! layout ([kD / 8][kRows] chunks of 16 bytes), zeros past `rows` and past `cols` (row0 < rows).
+//! The tile's first row is addressed once (64-bit); each chunk adds a 32-bit offset that depends on
+//! the thread and on how many rows the tile has, clamped to the last row and to column 0 where
+//! the chunk is zero-filled (so the address is always inside the matrix).
 template <typename T, int32_t kD, int32_t kRows, int32_t kThreads>
 __device__ __forceinline__ void loadChunkMajor(T* shared, T const* global, int64_t row0, int64_t rows, int32_t cols)
 {
@@ -112,6 +116,9 @@ __device__ __forceinline__ void loadChunkMajor(T* shared, T const* global, int64
     constexpr int32_t kPAIRS = kCHUNKS / 2;
     constexpr int32_t kUNITS = kRows * kCHUNKS;
     static_assert(kCHUNKS % 2 == 0 && kRows % 16 == 0, "whole 16-row, 2-chunk units");
+    T const* const tile = global + row0 * cols;
+    int64_t const left = rows - row0;
+    int32_t const last = left < kRows ? static_cast<int32_t>(left) - 1 : kRows - 1; // last row present
 #pragma unroll
     for (int32_t i = 0; i < (kUNITS + kThreads - 1) / kThreads; ++i)
     {
@@ -125,9 +132,10 @@ __device__ __forceinline__ void loadChunkMajor(T* shared, T const* global, int64
         int32_t const rest = u / 32;
         int32_t const r = (rest / kPAIRS) * 16 + u % 16;
         int32_t const c = (rest % kPAIRS) * 2 + (u / 16) % 2;
-        int64_t const row = row0 + r;
-        bool const valid = row < rows && c * 8 < cols;
-        copyAsync16(shared + (c * kRows + r) * 8, valid ? global + row * cols + c * 8 : global, valid);
+        bool const columnPresent = c * 8 < cols;
+        bool const valid = r <= last && columnPresent;
+        int32_t const offset = (r < last ? r : last) * cols + (columnPresent ? c * 8 : 0);
+        copyAsync16(shared + (c * kRows + r) * 8, tile + offset, valid);
     }
 }
 
@@ -147,10 +155,18 @@ constexpr int32_t kHOPPER_MIN_BLOCKS = kPLAIN && kD <= 80 && kN == 64 && kWG == 
 template <typename T, int32_t kD, int32_t kN, int32_t kWG, bool kPLAIN>
 constexpr bool kWAIT_PV = kSPLIT_P<T> && !(kHOPPER_MIN_BLOCKS<T, kD, kN, kWG, kPLAIN> == 2 && kD == 80);
 
-template <typename T, int32_t kD, int32_t kN, int32_t kWG, bool kPLAIN>
+//! `variant`: the kHOPPER_VARIANT_* bits the kernel reads at run time (the causal order).
+//! kLATE_LOADS: each tile's cp.async loads are issued after its wgmmas, not before them, so the
+//! tensor cores start right after the barrier and the loads' address arithmetic overlaps them.
+//! kKEYMASK (with kPLAIN): a mask that is the same for every query row ([.., 1, T], key padding)
+//! and no softcap; each lane loads two mask values per key tile (one load per key and warp instead
+//! of one per score) and the softmax takes its keys' values by shuffles, so the kernel keeps the
+//! plain kernel's registers (two blocks per SM up to head dim 80) where the general masked kernel
+//! needs up to 255 and one block.
+template <typename T, int32_t kD, int32_t kN, int32_t kWG, bool kPLAIN, bool kLATE_LOADS, bool kKEYMASK>
 __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG, kPLAIN>)) hopperAttentionKernel(T const* __restrict__ q,
     T const* __restrict__ k, T const* __restrict__ v, AttentionMaskView const givenMask, T* __restrict__ out,
-    AttentionShape const shape, AttentionParams const givenParams, int32_t const qTiles)
+    AttentionShape const shape, AttentionParams const givenParams, int32_t const qTiles, int32_t const variant)
 {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     AttentionMaskView const noMask{};
@@ -168,13 +184,40 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
     T* const sK = sQ + kRows * kD; // two stages
     T* const sV = sK + 2 * kTILE;  // two stages
 
-    BlockSetup<T> const block(q, k, v, out, mask, shape, params, kRows, qTiles);
+    // (not in the two-block kernels: ptxas spilled 44 bytes more in the head-dim-80 one)
+    BlockSetup<T> const block(q, k, v, out, kKEYMASK ? givenMask : mask, shape, params, kRows, qTiles,
+        kHOPPER_MIN_BLOCKS<T, kD, kN, kWG, kPLAIN> == 1 && params.causal
+            && (variant & kHOPPER_VARIANT_CAUSAL_ORDER) != 0);
     int32_t const headDim = static_cast<int32_t>(shape.headDim);
     int32_t const valueDim = static_cast<int32_t>(shape.valueDim);
     int32_t const warp = static_cast<int32_t>(threadIdx.x / 32);
     int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
     int32_t const group = warp / 4;
     int32_t const keyTiles = static_cast<int32_t>((block.keyEnd + kN - 1) / kN);
+    // kKEYMASK: the mask value of key j kN + i, 0 past the end (blocked there by the end-of-keys
+    // check); the row stride is 0, so it is row 0's. Each lane holds keys lane and lane + 32 of a
+    // tile, and the softmax takes its keys' values by shuffles (a shared-memory copy, stored while
+    // the loop's wgmmas were in flight, made ptxas serialise them: C7513).
+    auto const keyMaskValue = [&](int32_t j, int32_t i) -> float {
+        int64_t const kj = static_cast<int64_t>(j) * kN + i;
+        if (!kKEYMASK || kj >= shape.seqK)
+        {
+            return 0.F;
+        }
+        int64_t const at = block.maskBase + kj * givenMask.stride[3];
+        switch (givenMask.type)
+        {
+        case AttentionMaskType::kBool: return maskElement(static_cast<uint8_t const*>(givenMask.data)[at]);
+        case AttentionMaskType::kFloat: return static_cast<float const*>(givenMask.data)[at];
+        case AttentionMaskType::kHalf: return maskElement(static_cast<__half const*>(givenMask.data)[at]);
+        case AttentionMaskType::kBFloat16:
+            return maskElement(static_cast<__nv_bfloat16 const*>(givenMask.data)[at]);
+        }
+        return 0.F;
+    };
+    static_assert(!kKEYMASK || kN == 64, "two mask values per lane");
+    float maskLo = keyMaskValue(0, lane);
+    float maskHi = keyMaskValue(0, lane + 32);
 
     // Stages: K_j in sK[j % 2], V_j in sV[j % 2]. Tile j + 1's K is needed one iteration before
     // its V (S_j+1 is issued while P_j V_j runs), so K runs one tile ahead of V.
@@ -225,7 +268,35 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
                                    uint32_t (&lo)[kN / 16][4], int32_t j) {
         int64_t const k0 = static_cast<int64_t>(j) * kN;
         bool const checkEach = k0 + kN > shape.seqK || (params.causal && k0 + kN - 1 > warpRow0);
-        softmax.template update<true>(s, alpha, warpRow0 + lane / 4, k0, mask, block.maskBase, shape, params, checkEach);
+        if constexpr (kKEYMASK)
+        {
+            // scale, then the mask as the general kernel applies it (bool: keep or mask_fill;
+            // additive: +), then the softmax of scores already scaled
+            bool const isBool = givenMask.kind == AttentionMaskKind::kBool;
+#pragma unroll
+            for (int32_t n = 0; n < kN / 8; ++n)
+            {
+                int32_t const from = (8 * n + 2 * (lane % 4)) % 32;
+                float const m[2]{__shfl_sync(kFULL_MASK, n < 4 ? maskLo : maskHi, from),
+                    __shfl_sync(kFULL_MASK, n < 4 ? maskLo : maskHi, from + 1)};
+#pragma unroll
+                for (int32_t e = 0; e < 4; ++e)
+                {
+                    float const me = m[e % 2];
+                    s[n][e] = isBool ? (me != 0.F ? s[n][e] * params.scale : params.maskFill)
+                                     : fmaf(s[n][e], params.scale, me);
+                }
+            }
+            AttentionParams scaled = params;
+            scaled.scale = 1.F;
+            softmax.template update<true>(
+                s, alpha, warpRow0 + lane / 4, k0, mask, block.maskBase, shape, scaled, checkEach);
+        }
+        else
+        {
+            softmax.template update<true>(
+                s, alpha, warpRow0 + lane / 4, k0, mask, block.maskBase, shape, params, checkEach);
+        }
 #pragma unroll
         for (int32_t kk = 0; kk < kN / 16; ++kk)
         {
@@ -295,10 +366,8 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
         fenceProxyAsync();
         __syncthreads();
     };
-    for (int32_t j = 0; j + 1 < keyTiles; ++j)
-    {
-        // Here: P_j in p (O already scaled to its maximum), K_j+1 and V_j loaded by this thread.
-        tileBarrier(); // also: every warpgroup done with S_j and P_j-1 V_j-1
+    // K_j+2 and V_j+1 (cp.async, committed as one group)
+    auto const issueLoads = [&](int32_t j) {
         if (j + 2 < keyTiles)
         {
             loadChunkMajor<T, kD, kN, kThreads>(
@@ -307,8 +376,26 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
         loadChunkMajor<T, kD, kN, kThreads>(
             sV + ((j + 1) % 2) * kTILE, block.vBase, static_cast<int64_t>(j + 1) * kN, shape.seqK, valueDim);
         commitAsync();
+    };
+    for (int32_t j = 0; j + 1 < keyTiles; ++j)
+    {
+        // Here: P_j in p (O already scaled to its maximum), K_j+1 and V_j loaded by this thread.
+        tileBarrier(); // also: every warpgroup done with S_j and P_j-1 V_j-1
+        if constexpr (kKEYMASK)
+        {
+            maskLo = keyMaskValue(j + 1, lane); // for the softmax of S_j+1, loaded while it computes
+            maskHi = keyMaskValue(j + 1, lane + 32);
+        }
+        if constexpr (!kLATE_LOADS)
+        {
+            issueLoads(j);
+        }
         issueScores(s, j + 1); // S_j+1 on the tensor cores, then P_j V_j, while ...
         issueValues(j);
+        if constexpr (kLATE_LOADS)
+        {
+            issueLoads(j); // (K_j+2 and V_j+1 go where S_j and P_j-1 V_j-1 read, done at the barrier)
+        }
         // bfloat16 waits for P_j V_j too (kWAIT_PV): S_j+1 and P_j V_j stay in flight together
         // and the wgmmas of each batch pipelined, where overlapping the softmax serialised them.
         if constexpr (kWAIT_PV<T, kD, kN, kWG, kPLAIN>)
@@ -380,30 +467,52 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
 #endif
 }
 
+//! Which kernel: plain (no mask, no softcap), a key mask (kKEYMASK), or the general one.
+enum class HopperKind : int32_t
+{
+    kPlain,
+    kKeyMask,
+    kGeneral,
+};
+
+template <typename T, int32_t kD, bool kLATE, typename F>
+cudaError_t withKind(HopperKind kind, F&& f)
+{
+    constexpr int32_t kWG = kHOPPER_ROWS / 64;
+    constexpr int32_t kN = kHOPPER_KEYS;
+    switch (kind)
+    {
+    case HopperKind::kPlain: return f(hopperAttentionKernel<T, kD, kN, kWG, true, kLATE, false>);
+    case HopperKind::kKeyMask: return f(hopperAttentionKernel<T, kD, kN, kWG, true, kLATE, true>);
+    case HopperKind::kGeneral: break;
+    }
+    return f(hopperAttentionKernel<T, kD, kN, kWG, false, kLATE, false>);
+}
+
 //! The kernel for the plan's tiles (64 keys, 128 rows: the only ones built; see
-//! notes/attention_plugin.md for the other tilings measured), plain or not.
+//! notes/attention_plugin.md for the other tilings measured), its kind and load order.
 template <typename T, int32_t kD, typename F>
-cudaError_t withTile(HopperPlan const& plan, bool plain, F&& f)
+cudaError_t withTile(HopperPlan const& plan, HopperKind kind, F&& f)
 {
     if (plan.keys != kHOPPER_KEYS || plan.blockRows != kHOPPER_ROWS)
     {
         return cudaErrorInvalidConfiguration;
     }
-    return plain ? f(hopperAttentionKernel<T, kD, kHOPPER_KEYS, kHOPPER_ROWS / 64, true>)
-                 : f(hopperAttentionKernel<T, kD, kHOPPER_KEYS, kHOPPER_ROWS / 64, false>);
+    return (plan.variant & kHOPPER_VARIANT_LATE_LOADS) != 0 ? withKind<T, kD, true>(kind, f)
+                                                            : withKind<T, kD, false>(kind, f);
 }
 
 //! Calls f with the kernel for the plan, or returns cudaErrorInvalidConfiguration.
 template <typename T, typename F>
-cudaError_t withHopperKernel(HopperPlan const& plan, bool plain, F&& f)
+cudaError_t withHopperKernel(HopperPlan const& plan, HopperKind kind, F&& f)
 {
     switch (plan.paddedDim)
     {
-    case 32: return withTile<T, 32>(plan, plain, f);
-    case 64: return withTile<T, 64>(plan, plain, f);
-    case 80: return withTile<T, 80>(plan, plain, f);
-    case 96: return withTile<T, 96>(plan, plain, f);
-    case 128: return withTile<T, 128>(plan, plain, f);
+    case 32: return withTile<T, 32>(plan, kind, f);
+    case 64: return withTile<T, 64>(plan, kind, f);
+    case 80: return withTile<T, 80>(plan, kind, f);
+    case 96: return withTile<T, 96>(plan, kind, f);
+    case 128: return withTile<T, 128>(plan, kind, f);
     default: return cudaErrorInvalidConfiguration;
     }
 }
@@ -422,8 +531,15 @@ cudaError_t prepareHopperAttention(HopperPlan const& plan) noexcept
         }
         return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.sharedBytes);
     };
-    cudaError_t const status = withHopperKernel<T>(plan, true, prepare);
-    return status != cudaSuccess ? status : withHopperKernel<T>(plan, false, prepare);
+    for (HopperKind const kind : {HopperKind::kPlain, HopperKind::kKeyMask, HopperKind::kGeneral})
+    {
+        cudaError_t const status = withHopperKernel<T>(plan, kind, prepare);
+        if (status != cudaSuccess)
+        {
+            return status;
+        }
+    }
+    return cudaSuccess;
 }
 
 template <typename T>
@@ -440,10 +556,13 @@ cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionM
         return grid.status;
     }
     uint32_t const threads = static_cast<uint32_t>(plan.blockRows / 64 * 128);
-    bool const plain = mask.kind == AttentionMaskKind::kNone && params.softcap == 0.F;
-    return withHopperKernel<T>(plan, plain, [&](auto kernel) {
+    HopperKind const kind = params.softcap != 0.F ? HopperKind::kGeneral
+        : mask.kind == AttentionMaskKind::kNone   ? HopperKind::kPlain
+        : mask.stride[2] == 0 && (plan.variant & kHOPPER_VARIANT_KEY_MASK) != 0 ? HopperKind::kKeyMask
+                                                                                : HopperKind::kGeneral;
+    return withHopperKernel<T>(plan, kind, [&](auto kernel) {
         kernel<<<static_cast<uint32_t>(grid.blocks), threads, static_cast<size_t>(plan.sharedBytes), stream>>>(
-            q, k, v, mask, out, shape, params, static_cast<int32_t>(grid.qTiles));
+            q, k, v, mask, out, shape, params, static_cast<int32_t>(grid.qTiles), plan.variant);
         return cudaGetLastError();
     });
 }

@@ -35,6 +35,18 @@ namespace plugin
 constexpr int32_t kHOPPER_KEYS{64};
 constexpr int32_t kHOPPER_ROWS{128};
 
+//! Options of the Hopper kernel (bits of HopperPlan::variant; notes/attention_plugin.md, "Fifth
+//! round", has what each measured): causal blocks ordered heavy-first over all (batch, head)s, not
+//! within each (in the one-block kernels); masks the same for every query row (key padding) on the
+//! plain kernel, two blocks per SM up to head dim 80; each tile's loads issued after its wgmmas.
+//! (Bit 1, Q in registers, was measured slower and removed.)
+constexpr int32_t kHOPPER_VARIANT_CAUSAL_ORDER{2};
+constexpr int32_t kHOPPER_VARIANT_KEY_MASK{4};
+constexpr int32_t kHOPPER_VARIANT_LATE_LOADS{8};
+//! The options the plan takes unless GRAPHFIX_ATTENTION_HOPPER_VARIANT says otherwise; bfloat16 adds
+//! kHOPPER_VARIANT_LATE_LOADS except at head dim 80 (hopperPlanFor in graphfixAttentionPlugin.cpp).
+constexpr int32_t kHOPPER_DEFAULT_VARIANT{kHOPPER_VARIANT_CAUSAL_ORDER | kHOPPER_VARIANT_KEY_MASK};
+
 //! What planHopperAttention chose; `keys` 0 means the Hopper kernel does not run (see reason).
 struct HopperPlan
 {
@@ -42,6 +54,7 @@ struct HopperPlan
     int32_t blockRows{0};   //!< query rows per block (64 per warpgroup)
     int32_t keys{0};        //!< keys per tile
     int32_t sharedBytes{0}; //!< dynamic shared memory per block
+    int32_t variant{kHOPPER_DEFAULT_VARIANT}; //!< kHOPPER_VARIANT_* bits
     char const* reason{""}; //!< why not, when keys is 0
 };
 
