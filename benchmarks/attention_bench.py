@@ -263,6 +263,8 @@ def _plugin(
     path = (
         "cudnn"
         if note.endswith("cuDNN SDPA")
+        else "hopper-tma"
+        if "; Hopper kernel" in note and ", TMA loads" in note
         else "hopper"
         if "; Hopper kernel" in note
         else "flash"

@@ -6,7 +6,10 @@
  * (-gencode=arch=compute_90a,code=sm_90a): wgmma exists nowhere else.
  *
  * Per block: kWG warpgroups x 64 query rows (2 x 64 as built), tiles of kN = 64 keys. All
- * threads load with cp.async, K one tile ahead of V (two stages each). In every warpgroup, with
+ * threads load with cp.async, K one tile ahead of V (two stages each); or (kTMA, the default
+ * where the tensor maps can be encoded) thread 0 issues TMA box loads of the same tiles right
+ * after the barrier and every thread waits on the stage's mbarrier instead of its own cp.async
+ * group (kTMA in hopperAttentionKernel; encodeHopperMaps). In every warpgroup, with
  * P_j (the probabilities of tile j, O already rescaled to their maximum) in registers:
  *
  *   wait own loads | fence.proxy.async | barrier | issue K_j+2, V_j+1 (cp.async)
@@ -28,7 +31,10 @@
  * operand of P·V, N = the value dimension): 8 keys of one 8-element chunk are one core matrix,
  * the next 8 keys 128 bytes on (LBO), the next chunk keys*16 bytes on (SBO). Writes of 16 rows x 2
  * chunks per warp are conflict-free; any head dimension that is a multiple of 16 works (72 is
- * padded to 80, zero-filled by cp.async).
+ * padded to 80, zero-filled by cp.async). TMA writes the same layout without swizzle: each matrix
+ * is the 4-d tensor {8 elements, rows, D/8 chunks, batch*heads} (byte strides 2D, 16, 2TD) read in
+ * boxes {8, tile rows, kD/8, 1}, which land innermost-first as [chunk][row][8], zero-filled past
+ * the sequence and past D.
  */
 #ifndef GRAPHFIX_ATTENTION_HOPPER_CUH
 #define GRAPHFIX_ATTENTION_HOPPER_CUH

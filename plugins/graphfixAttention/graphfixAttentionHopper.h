@@ -7,7 +7,8 @@
  *
  * A block is 2 warpgroups, each owning 64 query rows of one (batch, head); Q, K and V tiles
  * of 64 keys live in shared memory in the wgmma "no swizzle" core-matrix layout (8 rows x 16
- * bytes contiguous), loaded by all threads with cp.async, two stages of K and V, K one tile ahead.
+ * bytes contiguous), loaded by TMA (one thread, an mbarrier per stage; kHOPPER_VARIANT_TMA) or by
+ * all threads with cp.async, two stages of K and V, K one tile ahead.
  * S = Q K_jᵀ is one chain of wgmma m64n64k16 with both operands in shared memory; S_j+1 and
  * O += P_j V_j are issued together, and the softmax of S_j+1 runs while P_j V_j is on the tensor
  * cores.
@@ -50,8 +51,10 @@ constexpr int32_t kHOPPER_VARIANT_LATE_LOADS{8};
 //! Falls back to cp.async where the tensor maps cannot be encoded (encodeHopperMaps).
 constexpr int32_t kHOPPER_VARIANT_TMA{16};
 //! The options the plan takes unless GRAPHFIX_ATTENTION_HOPPER_VARIANT says otherwise; bfloat16 adds
-//! kHOPPER_VARIANT_LATE_LOADS except at head dim 80 (hopperPlanFor in graphfixAttentionPlugin.cpp).
-constexpr int32_t kHOPPER_DEFAULT_VARIANT{kHOPPER_VARIANT_CAUSAL_ORDER | kHOPPER_VARIANT_KEY_MASK};
+//! kHOPPER_VARIANT_LATE_LOADS except at head dim 80 (hopperPlanFor in graphfixAttentionPlugin.cpp;
+//! moot while TMA loads are on); the float32 kernel and shapes whose maps the driver rejects drop
+//! kHOPPER_VARIANT_TMA there.
+constexpr int32_t kHOPPER_DEFAULT_VARIANT{kHOPPER_VARIANT_CAUSAL_ORDER | kHOPPER_VARIANT_KEY_MASK | kHOPPER_VARIANT_TMA};
 
 //! What planHopperAttention chose; `keys` 0 means the Hopper kernel does not run (see reason).
 struct HopperPlan
