@@ -100,7 +100,9 @@ def test_ptxas_does_not_serialise_the_wgmma_chains(compiled):
 
 
 def test_the_machine_code_holds_hgmma(compiled):
-    cubin, _, _ = compiled
+    """HGMMA (wgmma) in every type's kernels; UTMALDG (TMA box loads, cp.async.bulk.tensor) in
+    the 16-bit ones (the H200 build of the eighth round held 180)."""
+    cubin, _, dtype = compiled
     cuobjdump = shutil.which("cuobjdump") or shutil.which(
         "cuobjdump", path=str(plugin_build.find_nvcc().parent)
     )
@@ -110,3 +112,4 @@ def test_the_machine_code_holds_hgmma(compiled):
         [cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True
     ).stdout
     assert "HGMMA" in sass
+    assert ("UTMALDG" in sass) == (dtype != "float32")
