@@ -236,8 +236,8 @@ def _write(torch, tensor, path: Path) -> str:
 def _plugin(
     torch, harness: Path, library: Path, manifest: Path, out_path: Path, env, q, dtype, reference
 ):
-    """The plugin's times, error and path (cudnn, hopper, flash or fallback) for the case in
-    `manifest`."""
+    """The plugin's times, error and path (cudnn, hopper, hopper-s: float32's short-key Hopper
+    kernel, flash or fallback) for the case in `manifest`."""
     done = subprocess.run(
         [str(harness), "run", "--library", str(library), "--loading", "dynamic"]
         + ["--manifest", str(manifest)],
@@ -263,7 +263,7 @@ def _plugin(
     path = (
         "cudnn"
         if note.endswith("cuDNN SDPA")
-        else "hopper"
+        else ("hopper-s" if "persistent over query tiles" in note else "hopper")
         if "; Hopper kernel" in note
         else "flash"
         if "; flash kernel" in note

@@ -73,12 +73,41 @@ def test_sixteen_bit_heads_take_the_next_built_dim(probe, d: int, dv: int, padde
     assert got["shared_bytes"] == sixteen_bit_bytes(padded)
 
 
+def float32_short_bytes(padded: int) -> int:
+    """The short-key kernel: a third Q buffer (the next query tile) and both tiles of K hi, K lo,
+    Vᵀ hi, Vᵀ lo (graphfixAttentionHopperFloat.cu, hopperTf32ShortKernel)."""
+    return (3 * ROWS + 8 * KEYS) * padded * 4
+
+
 @pytest.mark.parametrize(("d", "padded"), [(20, 32), (32, 32), (64, 64), (72, 72)])
 def test_float32_heads_up_to_72_run_the_tf32_kernel_unpadded_at_72(probe, d, padded) -> None:
     got = plan(probe, 4, d)
     assert got["reason"] == ""
     assert (got["padded_dim"], got["keys"]) == (padded, KEYS)
     assert got["shared_bytes"] == float32_bytes(padded) <= H100_SHARED
+    assert got["short_keys"] is False
+
+
+@pytest.mark.parametrize(
+    ("d", "t", "short", "padded"),
+    [(64, 77, True, 64), (64, 128, True, 64), (20, 1, True, 32), (64, 129, False, 64),
+     (72, 77, False, 72), (64, 4096, False, 64)],
+)  # fmt: skip
+def test_float32_keys_in_two_tiles_take_the_short_key_kernel_up_to_64(probe, d, t, short, padded):
+    """Every key in at most two 64-key tiles at head dims up to 64: the persistent short-key
+    kernel (SDXL cross-attention's 77 keys); at 72 its third Q buffer would not fit (252 KB)."""
+    got = plan(probe, 4, d, t=t)
+    assert got["reason"] == ""
+    assert (got["padded_dim"], got["keys"], got["short_keys"]) == (padded, KEYS, short)
+    expected = float32_short_bytes(padded) if short else float32_bytes(padded)
+    assert got["shared_bytes"] == expected <= H100_SHARED
+
+
+def test_float32_short_keys_need_the_room_for_the_third_q_buffer(probe) -> None:
+    """A device with room for the long kernel's 192 KB but not 224 KB keeps the long kernel."""
+    got = plan(probe, 4, 64, t=77, shared=float32_short_bytes(64) - 1)
+    assert (got["keys"], got["short_keys"]) == (KEYS, False)
+    assert got["shared_bytes"] == float32_bytes(64)
 
 
 @pytest.mark.parametrize(

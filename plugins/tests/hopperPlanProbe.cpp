@@ -27,7 +27,8 @@ int main(int argc, char** argv)
     graphfix::plugin::HopperPlan const plan = graphfix::plugin::planHopperAttention(shape,
         static_cast<int32_t>(arg(1)), arg(4), static_cast<int32_t>(arg(2)), static_cast<int32_t>(arg(3)));
     std::printf("{\"padded_dim\": %d, \"block_rows\": %d, \"keys\": %d, \"shared_bytes\": %d, \"variant\": %d, "
-                "\"reason\": \"%s\"}\n",
-        plan.paddedDim, plan.blockRows, plan.keys, plan.sharedBytes, plan.variant, plan.reason);
+                "\"short_keys\": %s, \"reason\": \"%s\"}\n",
+        plan.paddedDim, plan.blockRows, plan.keys, plan.sharedBytes, plan.variant, plan.shortKeys ? "true" : "false",
+        plan.reason);
     return 0;
 }
