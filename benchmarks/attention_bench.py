@@ -236,8 +236,8 @@ def _write(torch, tensor, path: Path) -> str:
 def _plugin(
     torch, harness: Path, library: Path, manifest: Path, out_path: Path, env, q, dtype, reference
 ):
-    """The plugin's times, error and path (cudnn, hopper, flash or fallback) for the case in
-    `manifest`."""
+    """The plugin's times, error and path (cudnn, hopper, hopper-s: float32's short-key Hopper
+    kernel, flash or fallback) for the case in `manifest`."""
     done = subprocess.run(
         [str(harness), "run", "--library", str(library), "--loading", "dynamic"]
         + ["--manifest", str(manifest)],
@@ -263,6 +263,8 @@ def _plugin(
     path = (
         "cudnn"
         if note.endswith("cuDNN SDPA")
+        else "hopper-s"
+        if "; Hopper kernel" in note and "persistent over query tiles" in note
         else "hopper-tma"
         if "; Hopper kernel" in note and ", TMA loads" in note
         else "hopper"

@@ -31,18 +31,21 @@ SOURCES = {
 KERNEL = {
     "float16": "hopperAttentionKernel",
     "bfloat16": "hopperAttentionKernel",
-    "float32": "hopperTf32Kernel",
+    "float32": "hopperTf32(?:Short)?Kernel",
 }
 INSTANCE = {
     "float16": r"__halfLi(\d+)ELi\d+ELi\d+ELb[01]",
     "bfloat16": r"13__nv_bfloat16Li(\d+)ELi\d+ELi\d+ELb[01]",
-    "float32": r"hopperTf32KernelILi(\d+)ELi\d+ELi\d+ELb[01]",
+    "float32": r"hopperTf32(?:Short)?KernelILi(\d+)E(?:Li\d+ELi\d+E)?Lb[01]",
 }
 # Head dims each type's kernel is built for (72 is padded to 80 in 16 bits, exact in float32).
 DIMS = {"float16": {64, 80, 96, 128}, "bfloat16": {64, 80, 96, 128}, "float32": {32, 64, 72}}
 # 16-bit: the 5 padded head dims x plain, key-mask and general x loads by cp.async early or late,
-# or by TMA (45); float32: its 3 head dims x plain and masked (6).
-ENTRIES = {"float16": 45, "bfloat16": 45, "float32": 6}
+# or by TMA (45); float32: its 3 head dims x plain and masked (6), and the persistent short-key
+# kernel (keys in at most two tiles) at head dims 32 and 64 x plain and masked (4).
+ENTRIES = {"float16": 45, "bfloat16": 45, "float32": 10}
+# The float32 short-key kernel's head dims (its third Q buffer does not fit at 72).
+SHORT_DIMS = {32, 64}
 # Kernels left serialised on purpose, with the measurement that chose it: bfloat16's plain
 # head-dim-80 kernels keep two blocks of 128 registers, where ptxas serialises them whether or not
 # they wait (kWAIT_PV in graphfixAttentionHopper.cuh); SigLIP-384 b32 on the H200: 0.487 ms
@@ -76,7 +79,8 @@ def compiled(request, tmp_path_factory) -> tuple[Path, str, str]:
 
 def test_every_hopper_kernel_instance_compiles_for_sm_90a(compiled):
     """Compile-only: every head dim (16-bit: 32/64/80/96/128, 72 padded to 80, plain, key-mask
-    and general kernels, cp.async loads early or late or TMA loads; float32: 32/64/72, plain and masked)."""
+    and general kernels, cp.async loads early or late or TMA loads; float32: 32/64/72, plain and
+    masked, and the short-key kernel at 32/64)."""
     _, log, dtype = compiled
     entries = re.findall(
         r"Compiling entry function '(\w*" + KERNEL[dtype] + r"\w*)' for 'sm_90a'", log
@@ -84,6 +88,11 @@ def test_every_hopper_kernel_instance_compiles_for_sm_90a(compiled):
     dims = {int(m) for e in entries for m in re.findall(INSTANCE[dtype], e)}
     assert DIMS[dtype] <= dims, entries
     assert len(entries) == ENTRIES[dtype], entries
+    if dtype == "float32":
+        short = {
+            int(m) for e in entries for m in re.findall(r"hopperTf32ShortKernelILi(\d+)ELb[01]", e)
+        }
+        assert short == SHORT_DIMS, entries
 
 
 def test_ptxas_does_not_serialise_the_wgmma_chains(compiled):

@@ -227,6 +227,32 @@ CASES = (
         mask_shape=(4, 1, 300),
         cudnn_eligible=False,
     ),
+    # float32's persistent short-key Hopper kernel (keys in <= 2 tiles, head dims <= 64): on a
+    # 132-SM H200, 2 x 10 x 7 query tiles are 140 work items, 2 per block, and block 3's run
+    # (items 6, 7) crosses from (0, 0) to (0, 1); pairs of heads share K and V (GQA, kept loaded
+    # across the head change) under a per-head, per-query bool mask; 800 rows: a partial last tile
+    Case(
+        "short_runs_gqa_mask",
+        (2, 10, 800, 64),
+        5,
+        77,
+        64,
+        mask="rand_bool",
+        mask_shape=(2, 10, 800, 77),
+    ),
+    # causal and softcap on short keys, several items per block (2 x 12 x 6 = 144 items), 100
+    # keys: rows below 64 see no key of the second tile
+    Case(
+        "short_causal_softcap",
+        (2, 12, 700, 64),
+        4,
+        100,
+        64,
+        causal=True,
+        softcap=4.0,
+        magnitude=2.0,
+        cudnn_eligible=False,
+    ),
     Case(
         "d2048_refused",
         (1, 1, 8, 2048),
@@ -329,12 +355,14 @@ class Outcome:
 
     @property
     def path(self) -> str:
-        """cudnn, hopper, flash or fallback, from the plugin's onShapeChange note."""
+        """cudnn, hopper, hopper_short (float32's short-key kernel), flash or fallback, from the
+        plugin's onShapeChange note."""
         notes = [m["text"] for m in self.result.get("messages", []) if "onShapeChange" in m["text"]]
         if notes and notes[-1].endswith("cuDNN SDPA"):
             return "cudnn"
         if notes and "; Hopper kernel" in notes[-1]:
-            return "hopper"
+            short = "persistent over query tiles" in notes[-1].split(" (else ")[0]
+            return "hopper_short" if short else "hopper"
         return "flash" if notes and "; flash kernel" in notes[-1] else "fallback"
 
 
@@ -356,13 +384,17 @@ def _sm90() -> bool:
 def expected_own_path(case: Case, dtype: str, backend: str = "portable") -> str:
     """Which own kernel the plugin must take (sm_80+): the Hopper kernels' and the flash kernels'
     limits (the Hopper kernels on sm_90, unless GRAPHFIX_ATTENTION_HOPPER=0: float16/bfloat16 up
-    to head dim 128, float32 up to 72)."""
+    to head dim 128, float32 up to 72; float32 up to 64 with at most 128 keys: hopper_short)."""
     d, dv = case.q[-1], case.value_dim
     multiple = 4 if dtype == "float32" else 8
     fits = d % multiple == 0 and dv % multiple == 0 and max(d, dv) <= 128
     # the float32 Hopper kernel (3xTF32 on wgmma) takes head dims up to 72
     hopper_fits = fits and (dtype != "float32" or max(d, dv) <= 72)
     if hopper_fits and backend != "portable_mma" and _sm90():
+        # float32 with every key in at most two 64-key tiles, head dims up to 64: the persistent
+        # short-key kernel (a third query-tile buffer does not fit at 72)
+        if dtype == "float32" and case.seq_k <= 128 and max(d, dv) <= 64:
+            return "hopper_short"
         return "hopper"
     return "flash" if fits else "fallback"
 

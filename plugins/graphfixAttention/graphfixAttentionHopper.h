@@ -64,6 +64,9 @@ struct HopperPlan
     int32_t keys{0};        //!< keys per tile
     int32_t sharedBytes{0}; //!< dynamic shared memory per block
     int32_t variant{kHOPPER_DEFAULT_VARIANT}; //!< kHOPPER_VARIANT_* bits
+    //! float32 only: every key in at most two tiles (T <= 128) at head dims up to 64: the
+    //! persistent short-key kernel (hopperTf32ShortKernel) runs, sharedBytes is its 3 Q buffers'
+    bool shortKeys{false};
     char const* reason{""}; //!< why not, when keys is 0
 };
 

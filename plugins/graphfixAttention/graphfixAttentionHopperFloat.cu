@@ -36,6 +36,13 @@
  * (2 x 128 + 8 x 64) x D x 4 bytes, 192 KB at D = 64, 216 KB at D = 72; one block per SM.
  * Head dims up to 72 (32, 64, 72 as built; 80 would need 240 KB): wider heads and other GPUs run
  * the mma.sync flash kernel (flashTf32x3Kernel).
+ *
+ * Short key sequences (every key in at most two tiles, T <= 128; head dims 32 and 64): the
+ * persistent hopperTf32ShortKernel (below) runs instead. One block per SM walks a contiguous run
+ * of (batch, head, query tile) items, loads and splits K and V once per (batch, kv head) it meets
+ * and loads the next item's Q while the current one computes (224 KB at D = 64). SDXL cross
+ * (2x10x4096x77x64) on the H200 by CUDA graphs: 0.045 ms against 0.063 for this kernel, 0.42x the
+ * unfused chain (notes/attention_plugin.md, "Seventh round").
  */
 #include "graphfixAttentionHopper.cuh"
 
@@ -63,9 +70,9 @@ __device__ __forceinline__ void splitInPlace(float* hiAt, float* loAt)
     *loAt = __uint_as_float(lo);
 }
 
-__device__ __forceinline__ void splitInPlace4(float* hiAt, float* loAt)
+__device__ __forceinline__ void splitInPlace4(float const* at, float* hiAt, float* loAt)
 {
-    float4 const x = *reinterpret_cast<float4 const*>(hiAt);
+    float4 const x = *reinterpret_cast<float4 const*>(at);
     uint32_t hi[4];
     uint32_t lo[4];
     splitTf32(x.x, hi[0], lo[0]);
@@ -86,13 +93,14 @@ __device__ __forceinline__ void copyAsync4(void* shared, void const* global, boo
 
 //! Rows [row0, row0 + kRows) x [0, kD) of a [rows, cols] float matrix in the K-major chunk-major
 //! layout ([kD / 4][kRows] chunks of 16 bytes), zeros past `rows` and `cols`; with kSPLIT, split
-//! the same chunks (this thread's) into hi (in place) and lo (at lo, the same layout) instead.
+//! the same chunks (this thread's) into hi (in place, or at hi when given) and lo (at lo, the same
+//! layout) instead.
 //! A warp takes 16 rows (row group warp % kRG) x 2 chunks (pair warp / kRG + i 8 / kRG): 32-byte
 //! pieces of global rows, 2 x 256 contiguous bytes of shared memory; each thread's offsets are a
 //! base plus compile-time steps (few live registers).
 template <int32_t kD, int32_t kRows, int32_t kThreads, bool kSPLIT>
 __device__ __forceinline__ void chunkMajorF32(
-    float* shared, float* lo, float const* global, int64_t row0, int64_t rows, int32_t cols)
+    float* shared, float* lo, float const* global, int64_t row0, int64_t rows, int32_t cols, float* hi = nullptr)
 {
     constexpr int32_t kPAIRS = kD / 8;
     constexpr int32_t kRG = kRows / 16;
@@ -114,7 +122,7 @@ __device__ __forceinline__ void chunkMajorF32(
         int32_t const at = at0 + i * 2 * kSTEP * kRows * 4;
         if constexpr (kSPLIT)
         {
-            splitInPlace4(shared + at, lo + at);
+            splitInPlace4(shared + at, (hi != nullptr ? hi : shared) + at, lo + at);
         }
         else
         {
@@ -440,6 +448,305 @@ __global__ void __launch_bounds__(kWG * 128, kWG == 1 ? 2 : 1) hopperTf32Kernel(
 #endif
 }
 
+//! Where one work item of the short-key kernel (query tile `tile` of (batch, head) `bh`) reads and
+//! writes: BlockSetup's fields for an item number instead of blockIdx (tiles in order, no
+//! heavy-first order: with all keys in at most two tiles, causal items differ little).
+struct ShortItem
+{
+    int64_t q0;
+    int64_t keyEnd;
+    int64_t kv; //!< b * headsKV + hkv: K and V are reloaded only when this changes
+    float const* qBase;
+    float* outBase;
+    int64_t maskBase;
+
+    __device__ ShortItem(int64_t id, float const* q, float* out, AttentionMaskView const& mask,
+        AttentionShape const& shape, AttentionParams const& params, int32_t blockRows, int32_t qTiles)
+    {
+        int64_t const bh = id / qTiles;
+        int64_t const tile = id - bh * qTiles;
+        int64_t const b = bh / shape.headsQ;
+        int64_t const h = bh - b * shape.headsQ;
+        kv = b * shape.headsKV + h / (shape.headsQ / shape.headsKV);
+        q0 = tile * blockRows;
+        keyEnd = params.causal && q0 + blockRows < shape.seqK ? q0 + blockRows : shape.seqK;
+        qBase = q + bh * shape.seqQ * shape.headDim;
+        outBase = out + bh * shape.seqQ * shape.valueDim;
+        maskBase = b * mask.stride[0] + h * mask.stride[1];
+    }
+};
+
+//! bar.sync on a named barrier for the 128 threads of this warpgroup (barrier 0 is __syncthreads).
+__device__ __forceinline__ void warpgroupBarrier(int32_t group)
+{
+    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + group) : "memory");
+}
+
+//! The short-key kernel: every key of a (batch, head) in at most kSHORT_TILES = 2 tiles of 64
+//! (SDXL's cross-attention, 77 keys). A block is persistent over a contiguous run of work items
+//! (query tiles of 128 rows, (batch, head)-major): K and V are loaded and split once for each
+//! (batch, kv head) the run meets, and the next item's Q is loaded into a third Q buffer while the
+//! current one computes; at the next item each thread splits its own chunks of it into Q hi / lo
+//! (the rows of its own warpgroup), so the two warpgroups meet at a block barrier only when K and V
+//! change. Per item and warpgroup the tile steps are the long kernel's (hopperTf32Kernel) with
+//! no loads: S_0, softmax; S_1 with P_0 V_0 (two halves); P_1 V_1. Shared memory: 3 x 128 rows of
+//! Q and 2 tiles of K hi/lo and Vᵀ hi/lo, (3 x 128 + 8 x 64) x D x 4 bytes = 224 KB at D = 64.
+constexpr int32_t kSHORT_TILES{2};
+
+template <int32_t kD, bool kPLAIN>
+__global__ void __launch_bounds__(kTF32_WG * 128, 1) hopperTf32ShortKernel(float const* __restrict__ q,
+    float const* __restrict__ k, float const* __restrict__ v, AttentionMaskView const givenMask,
+    float* __restrict__ out, AttentionShape const shape, AttentionParams const givenParams, int32_t const qTiles,
+    int64_t const items, int32_t const perBlock)
+{
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    AttentionMaskView const noMask{};
+    AttentionMaskView const& mask = kPLAIN ? noMask : givenMask;
+    AttentionParams params = givenParams;
+    if constexpr (kPLAIN)
+    {
+        params.softcap = 0.F;
+    }
+    constexpr int32_t kWG = kTF32_WG;
+    constexpr int32_t kN = kTF32_KEYS;
+    constexpr int32_t kThreads = kWG * 128;
+    constexpr int32_t kRows = kWG * 64;
+    constexpr int32_t kTILE = kN * kD;
+    constexpr int32_t kSTEPS = kD / 8;
+    constexpr int32_t kPV_STEPS = kN / 8;
+    constexpr int32_t kHALF = kPV_STEPS / 2;
+    extern __shared__ __align__(128) unsigned char sharedRaw[];
+    float* const sQ = reinterpret_cast<float*>(sharedRaw); // hi
+    float* const sQlo = sQ + kRows * kD;
+    float* const sQnext = sQlo + kRows * kD; // the next item's Q as loaded
+    float* const sK = sQnext + kRows * kD;   // hi, tiles 0 and 1
+    float* const sKlo = sK + kSHORT_TILES * kTILE;
+    float* const sV = sKlo + kSHORT_TILES * kTILE; // Vᵀ hi
+    float* const sVlo = sV + kSHORT_TILES * kTILE;
+
+    int32_t const headDim = static_cast<int32_t>(shape.headDim);
+    int32_t const valueDim = static_cast<int32_t>(shape.valueDim);
+    int32_t const warp = static_cast<int32_t>(threadIdx.x / 32);
+    int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
+    int32_t const group = warp / 4;
+    int32_t const kvTiles = static_cast<int32_t>((shape.seqK + kN - 1) / kN); // <= 2 (the plan's choice)
+    int64_t const first = static_cast<int64_t>(blockIdx.x) * perBlock;
+    int64_t const last = first + perBlock < items ? first + perBlock : items;
+
+    uint32_t const qOffset = static_cast<uint32_t>(group * 64 * 16);
+    uint64_t const qHiDesc = descriptor(sharedAddress(sQ) + qOffset, kRows * 16, 128);
+    uint64_t const qLoDesc = descriptor(sharedAddress(sQlo) + qOffset, kRows * 16, 128);
+    uint32_t const kHiAddress = sharedAddress(sK);
+    uint32_t const kLoAddress = sharedAddress(sKlo);
+    uint32_t const vHiAddress = sharedAddress(sV);
+    uint32_t const vLoAddress = sharedAddress(sVlo);
+
+    // The same products, orders and accumulator splits as hopperTf32Kernel (see there).
+    auto const issueScores = [&](float (&acc)[2][kN / 8][4], int32_t j) {
+        uint32_t const stage = static_cast<uint32_t>(j * kTILE * 4);
+        uint64_t const kHiDesc = descriptor(kHiAddress + stage, kN * 16, 128);
+        uint64_t const kLoDesc = descriptor(kLoAddress + stage, kN * 16, 128);
+        fenceOperands(acc[0]);
+        fenceOperands(acc[1]);
+        wgmmaFence();
+#pragma unroll
+        for (int32_t kk = 0; kk < kSTEPS; ++kk)
+        {
+            uint64_t const qStep = static_cast<uint64_t>(2 * kk * kRows);
+            uint64_t const kStep = static_cast<uint64_t>(2 * kk * kN);
+            hp::Wgmma<float, kN>::ss(acc[0], qLoDesc + qStep, kHiDesc + kStep, kk > 0);
+            hp::Wgmma<float, kN>::ss(acc[0], qHiDesc + qStep, kLoDesc + kStep, true);
+        }
+#pragma unroll
+        for (int32_t kk = 0; kk < kSTEPS; ++kk)
+        {
+            uint64_t const qStep = static_cast<uint64_t>(2 * kk * kRows);
+            uint64_t const kStep = static_cast<uint64_t>(2 * kk * kN);
+            if (kk < kSTEPS / 2)
+            {
+                hp::Wgmma<float, kN>::ss(acc[0], qHiDesc + qStep, kHiDesc + kStep, true);
+            }
+            else
+            {
+                hp::Wgmma<float, kN>::ss(acc[1], qHiDesc + qStep, kHiDesc + kStep, kk > kSTEPS / 2);
+            }
+        }
+        wgmmaCommit();
+    };
+    auto const issueValues = [&](float (&t)[kD / 8][4], uint32_t (&pHi)[kN / 8][4], uint32_t (&pLo)[kN / 8][4],
+                                 int32_t j, int32_t const from, int32_t const to) {
+        uint32_t const stage = static_cast<uint32_t>(j * kTILE * 4);
+        uint64_t const vHiDesc = descriptor(vHiAddress + stage, kD * 16, 128);
+        uint64_t const vLoDesc = descriptor(vLoAddress + stage, kD * 16, 128);
+        fenceOperands(t);
+        fenceOperands(pHi);
+        fenceOperands(pLo);
+        wgmmaFence();
+#pragma unroll
+        for (int32_t kk = from; kk < to; ++kk)
+        {
+            uint64_t const vStep = static_cast<uint64_t>(2 * kk * kD);
+            hp::Wgmma<float, kD>::rs(t, pLo[kk], vHiDesc + vStep, kk > from);
+            hp::Wgmma<float, kD>::rs(t, pHi[kk], vLoDesc + vStep, true);
+        }
+#pragma unroll
+        for (int32_t kk = from; kk < to; ++kk)
+        {
+            hp::Wgmma<float, kD>::rs(t, pHi[kk], vHiDesc + static_cast<uint64_t>(2 * kk * kD), true);
+        }
+        wgmmaCommit();
+    };
+    auto const splitP = [&](float const (&p)[kN / 8][4], uint32_t (&pHi)[kN / 8][4], uint32_t (&pLo)[kN / 8][4]) {
+#pragma unroll
+        for (int32_t kk = 0; kk < kN / 8; ++kk)
+        {
+            probabilityFragment(p[kk], pHi[kk], pLo[kk]);
+        }
+    };
+
+    if (first < last)
+    {
+        ShortItem const item(first, q, out, mask, shape, params, kRows, qTiles);
+        chunkMajorF32<kD, kRows, kThreads, false>(sQnext, nullptr, item.qBase, item.q0, shape.seqQ, headDim);
+        commitAsync();
+    }
+    int64_t loadedKv = -1;
+    for (int64_t id = first; id < last; ++id)
+    {
+        ShortItem const item(id, q, out, mask, shape, params, kRows, qTiles);
+        bool const reload = item.kv != loadedKv;
+        if (reload)
+        {
+            // every warpgroup done with the last K and V (each waited for all its wgmmas)
+            __syncthreads();
+            float const* const kBase = k + item.kv * shape.seqK * shape.headDim;
+            float const* const vBase = v + item.kv * shape.seqK * shape.valueDim;
+#pragma unroll
+            for (int32_t j = 0; j < kSHORT_TILES; ++j)
+            {
+                if (j < kvTiles)
+                {
+                    chunkMajorF32<kD, kN, kThreads, false>(
+                        sK + j * kTILE, nullptr, kBase, static_cast<int64_t>(j) * kN, shape.seqK, headDim);
+                    transposedF32<kD, kN, kThreads, false>(
+                        sV + j * kTILE, nullptr, vBase, static_cast<int64_t>(j) * kN, shape.seqK, valueDim);
+                }
+            }
+            commitAsync();
+            loadedKv = item.kv;
+        }
+        waitAsync<0>(); // this thread's chunks of this item's Q (and of K and V)
+        // Q hi / lo from this thread's chunks of sQnext: the rows of its own warpgroup, whose
+        // wgmmas on the last item's Q are all done
+        chunkMajorF32<kD, kRows, kThreads, true>(sQnext, sQlo, nullptr, 0, 0, 0, sQ);
+        if (reload)
+        {
+#pragma unroll
+            for (int32_t j = 0; j < kSHORT_TILES; ++j)
+            {
+                if (j < kvTiles)
+                {
+                    chunkMajorF32<kD, kN, kThreads, true>(sK + j * kTILE, sKlo + j * kTILE, nullptr, 0, 0, 0);
+                    transposedF32<kD, kN, kThreads, true>(sV + j * kTILE, sVlo + j * kTILE, nullptr, 0, 0, 0);
+                }
+            }
+        }
+        fenceProxyAsync();
+        if (reload)
+        {
+            __syncthreads();
+        }
+        else
+        {
+            warpgroupBarrier(group);
+        }
+        if (id + 1 < last)
+        {
+            // the next item's Q, into this thread's own chunks of sQnext (split above)
+            ShortItem const next(id + 1, q, out, mask, shape, params, kRows, qTiles);
+            chunkMajorF32<kD, kRows, kThreads, false>(sQnext, nullptr, next.qBase, next.q0, shape.seqQ, headDim);
+            commitAsync();
+        }
+
+        int32_t const keyTiles = static_cast<int32_t>((item.keyEnd + kN - 1) / kN);
+        int64_t const warpRow0 = item.q0 + warp * 16;
+        float o[kD / 8][4];
+#pragma unroll
+        for (int32_t n = 0; n < kD / 8; ++n)
+        {
+            o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.F;
+        }
+        OnlineSoftmax softmax;
+        auto const addValues = [&](float (&t)[kD / 8][4]) {
+            wgmmaWait<0>();
+            fenceOperands(t);
+#pragma unroll
+            for (int32_t n = 0; n < kD / 8; ++n)
+            {
+#pragma unroll
+                for (int32_t e = 0; e < 4; ++e)
+                {
+                    o[n][e] += t[n][e];
+                }
+            }
+        };
+        auto const softmaxOf = [&](float (&acc)[2][kN / 8][4], float (&alpha)[2], int32_t j, auto wait) {
+            wait();
+            fenceOperands(acc[0]);
+            fenceOperands(acc[1]);
+#pragma unroll
+            for (int32_t n = 0; n < kN / 8; ++n)
+            {
+#pragma unroll
+                for (int32_t e = 0; e < 4; ++e)
+                {
+                    acc[0][n][e] += acc[1][n][e];
+                }
+            }
+            int64_t const k0 = static_cast<int64_t>(j) * kN;
+            bool const checkEach = k0 + kN > shape.seqK || (params.causal && k0 + kN - 1 > warpRow0);
+            softmax.template update<false>(acc[0], alpha, warpRow0 + lane / 4, k0, mask, item.maskBase, shape,
+                params, checkEach);
+        };
+        float s[2][kN / 8][4];
+        float t[kD / 8][4];
+        float alpha[2];
+        uint32_t pHi[kN / 8][4];
+        uint32_t pLo[kN / 8][4];
+        if (keyTiles > 0)
+        {
+            issueScores(s, 0);
+            softmaxOf(s, alpha, 0, [] { wgmmaWait<0>(); });
+            splitP(s[0], pHi, pLo);
+            if (keyTiles > 1)
+            {
+                issueScores(s, 1);
+                issueValues(t, pHi, pLo, 0, 0, kHALF);
+                softmaxOf(s, alpha, 1, [] { wgmmaWait<1>(); }); // while the first half of P_0 V_0 runs
+                addValues(t);
+                issueValues(t, pHi, pLo, 0, kHALF, kPV_STEPS);
+                addValues(t);
+                fenceOperands(pHi);
+                fenceOperands(pLo);
+                rescale(o, alpha);
+                splitP(s[0], pHi, pLo);
+            }
+            issueValues(t, pHi, pLo, keyTiles - 1, 0, kHALF);
+            addValues(t);
+            // the last tile's second half only when it holds a key (SDXL's 77 keys: 64 + 13)
+            if (static_cast<int64_t>(keyTiles - 1) * kN + kN / 2 < item.keyEnd)
+            {
+                issueValues(t, pHi, pLo, keyTiles - 1, kHALF, kPV_STEPS);
+                addValues(t);
+            }
+        }
+        softmax.finish();
+        storeOutput<float, kD>(o, softmax, item.outBase, warpRow0 + lane / 4, shape, params);
+    }
+    waitAsync<0>();
+#endif
+}
+
 template <int32_t kD, int32_t kWG, int32_t kN, typename F>
 cudaError_t withTf32Plain(bool plain, F&& f)
 {
@@ -469,6 +776,23 @@ cudaError_t withHopperTf32Kernel(HopperPlan const& plan, bool plain, F&& f)
     }
 }
 
+//! Calls f(kernel) with the short-key kernel for the plan (head dims 32 and 64), or returns
+//! cudaErrorInvalidConfiguration.
+template <typename F>
+cudaError_t withHopperTf32ShortKernel(HopperPlan const& plan, bool plain, F&& f)
+{
+    if (plan.keys != kTF32_KEYS || plan.blockRows != kTF32_WG * 64)
+    {
+        return cudaErrorInvalidConfiguration;
+    }
+    switch (plan.paddedDim)
+    {
+    case 32: return plain ? f(hopperTf32ShortKernel<32, true>) : f(hopperTf32ShortKernel<32, false>);
+    case 64: return plain ? f(hopperTf32ShortKernel<64, true>) : f(hopperTf32ShortKernel<64, false>);
+    default: return cudaErrorInvalidConfiguration;
+    }
+}
+
 } // namespace
 
 cudaError_t prepareHopperTf32Attention(HopperPlan const& plan) noexcept
@@ -482,8 +806,15 @@ cudaError_t prepareHopperTf32Attention(HopperPlan const& plan) noexcept
         }
         return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.sharedBytes);
     };
-    cudaError_t const status = withHopperTf32Kernel(plan, true, prepare);
-    return status != cudaSuccess ? status : withHopperTf32Kernel(plan, false, prepare);
+    cudaError_t status = withHopperTf32Kernel(plan, true, prepare);
+    status = status != cudaSuccess ? status : withHopperTf32Kernel(plan, false, prepare);
+    if (status == cudaSuccess && plan.shortKeys)
+    {
+        auto const prepareShort = [&](auto kernel) { return prepare(kernel, kTF32_WG); };
+        status = withHopperTf32ShortKernel(plan, true, prepareShort);
+        status = status != cudaSuccess ? status : withHopperTf32ShortKernel(plan, false, prepareShort);
+    }
+    return status;
 }
 
 cudaError_t launchHopperTf32Attention(float const* q, float const* k, float const* v, AttentionMaskView const& mask,
@@ -500,6 +831,29 @@ cudaError_t launchHopperTf32Attention(float const* q, float const* k, float cons
         return grid.status;
     }
     bool const plain = mask.kind == AttentionMaskKind::kNone && params.softcap == 0.F;
+    if (plan.shortKeys && shape.seqK <= kSHORT_TILES * kTF32_KEYS)
+    {
+        // persistent blocks over contiguous runs of the qTiles x B x H work items: as many items
+        // per block as a full wave needs (640 items on 132 SMs: 5 each, 128 blocks), so that a
+        // block reloads K and V only where its run crosses to another (batch, kv head)
+        int32_t device = 0;
+        int32_t processors = 0;
+        if (cudaGetDevice(&device) != cudaSuccess
+            || cudaDeviceGetAttribute(&processors, cudaDevAttrMultiProcessorCount, device) != cudaSuccess
+            || processors <= 0)
+        {
+            return cudaErrorInvalidDevice;
+        }
+        int64_t const items = grid.blocks;
+        int64_t const perBlock = (items + processors - 1) / processors;
+        int64_t const blocks = (items + perBlock - 1) / perBlock;
+        return withHopperTf32ShortKernel(plan, plain, [&](auto kernel) {
+            kernel<<<static_cast<uint32_t>(blocks), static_cast<uint32_t>(kTF32_WG * 128),
+                static_cast<size_t>(plan.sharedBytes), stream>>>(q, k, v, mask, out, shape, params,
+                static_cast<int32_t>(grid.qTiles), items, static_cast<int32_t>(perBlock));
+            return cudaGetLastError();
+        });
+    }
     return withHopperTf32Kernel(plan, plain, [&](auto kernel, int32_t warpgroups) {
         kernel<<<static_cast<uint32_t>(grid.blocks), static_cast<uint32_t>(warpgroups * 128),
             static_cast<size_t>(plan.sharedBytes), stream>>>(

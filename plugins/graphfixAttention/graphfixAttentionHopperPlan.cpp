@@ -145,6 +145,15 @@ HopperPlan planHopperAttention(AttentionShape const& shape, int32_t elementBytes
         {
             plan.keys = 0;
             plan.reason = "the Hopper kernel's tiles need more shared memory than this GPU has";
+            return plan;
+        }
+        // every key in at most two tiles (SDXL's cross-attention, 77 keys): the persistent
+        // short-key kernel, with a third Q buffer for the next query tile (224 KB at D = 64)
+        int32_t const shortBytes = (3 * plan.blockRows + 8 * plan.keys) * plan.paddedDim * elementBytes;
+        if (shape.seqK <= 2 * plan.keys && plan.paddedDim <= 64 && shortBytes <= maxSharedBytes)
+        {
+            plan.shortKeys = true;
+            plan.sharedBytes = shortBytes;
         }
         return plan;
     }

@@ -279,6 +279,8 @@ FlashPlan flashPlanFor(AttentionProblem const& p)
 constexpr char const* kGRAPHFIX_ATTENTION_HOPPER_ENV{"GRAPHFIX_ATTENTION_HOPPER"};
 //! GRAPHFIX_ATTENTION_HOPPER_VARIANT=<bits> overrides the Hopper kernel's options (kHOPPER_VARIANT_*).
 constexpr char const* kGRAPHFIX_ATTENTION_HOPPER_VARIANT_ENV{"GRAPHFIX_ATTENTION_HOPPER_VARIANT"};
+//! GRAPHFIX_ATTENTION_TF32_SHORT=0 keeps float32's persistent short-key kernel off (for measuring it).
+constexpr char const* kGRAPHFIX_ATTENTION_TF32_SHORT_ENV{"GRAPHFIX_ATTENTION_TF32_SHORT"};
 
 //! The Hopper kernel's plan for `p` on the current device, with its shared-memory attribute set;
 //! keys 0 when it does not run (reason says why).
@@ -318,6 +320,13 @@ HopperPlan hopperPlanFor(AttentionProblem const& p)
     {
         plan.variant = static_cast<int32_t>(std::strtol(variant, nullptr, 10));
     }
+    // GRAPHFIX_ATTENTION_TF32_SHORT=0: float32 runs its long kernel on short key sequences too
+    char const* const shortKeys = std::getenv(kGRAPHFIX_ATTENTION_TF32_SHORT_ENV);
+    if (plan.shortKeys && shortKeys != nullptr && std::string{shortKeys} == "0")
+    {
+        plan.shortKeys = false;
+        plan.sharedBytes = (2 * plan.blockRows + 8 * plan.keys) * plan.paddedDim * 4;
+    }
     if (plan.keys != 0 && (plan.variant & kHOPPER_VARIANT_TMA) != 0)
     {
         // TMA loads only in the 16-bit kernels, and only where the driver encodes this shape's
@@ -353,6 +362,7 @@ std::string hopperText(HopperPlan const& plan, DataType type)
     return std::string{"Hopper kernel wgmma "} + kind
         + ", head dim padded to " + std::to_string(plan.paddedDim) + ", " + std::to_string(plan.blockRows) + "x"
         + std::to_string(plan.keys) + " tiles, " + std::to_string(plan.sharedBytes) + " bytes of shared memory"
+        + (plan.shortKeys ? ", persistent over query tiles (keys in <= 2 tiles)" : "")
         + ((plan.variant & kHOPPER_VARIANT_TMA) != 0 ? ", TMA loads" : "");
 }
 

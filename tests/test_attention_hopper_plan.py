@@ -1,0 +1,129 @@
+"""GraphfixAttention's Hopper plan (planHopperAttention) on a machine without a GPU.
+
+Which Hopper kernel runs a shape, at what tiling and shared memory, or why none does, is host
+logic; on a GPU it is reached only on an sm_90 device of a build for sm_90a, which CI has neither
+of. plugins/tests/hopperPlanProbe.cpp compiles the plan's translation unit as such a build does
+(GRAPHFIX_WITH_HOPPER, no kernels) and prints its plan for any device and shape. The expected
+shared memory is computed here from the kernels' documented layouts (graphfixAttentionHopper.cuh,
+graphfixAttentionHopperFloat.cu), not read back from the plan. That the kernels then run the
+plan correctly is checked on the GPU (tests/test_attention_plugin_gpu.py, path-choice test).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from graphfix.errors import PluginBuildError
+from graphfix.plugins import build as plugin_build
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCE = REPO / "plugins" / "graphfixAttention"
+H100_SHARED = 232448  # cudaDevAttrMaxSharedMemoryPerBlockOptin on H100/H200 (227 KB)
+ROWS, KEYS = 128, 64  # 2 warpgroups x 64 query rows, 64-key tiles
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory) -> Path:
+    try:
+        nvcc = plugin_build.find_nvcc()
+    except PluginBuildError as exc:
+        pytest.skip(f"the Hopper plan probe is built with nvcc's host compiler: {exc}")
+    binary = tmp_path_factory.mktemp("plan") / "hopperPlanProbe"
+    command = [
+        str(nvcc), "-std=c++17", "-DGRAPHFIX_WITH_HOPPER", f"-I{SOURCE}",
+        str(REPO / "plugins" / "tests" / "hopperPlanProbe.cpp"),
+        str(SOURCE / "graphfixAttentionHopperPlan.cpp"), "-o", str(binary),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return binary
+
+
+def plan(probe: Path, element_bytes: int, d: int, dv: int | None = None, *, t: int = 4096,
+         cc: tuple[int, int] = (9, 0), shared: int = H100_SHARED) -> dict:  # fmt: skip
+    dims = [2, 10, 10, 4096, t, d, d if dv is None else dv]
+    args = [element_bytes, *cc, shared, *dims]
+    done = subprocess.run([str(probe), *map(str, args)], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def sixteen_bit_bytes(padded: int) -> int:
+    """Q (128 rows) and two stages each of K and V (64 keys), 2 bytes an element."""
+    return (ROWS + 4 * KEYS) * padded * 2
+
+
+def float32_bytes(padded: int) -> int:
+    """Q hi and lo (128 rows) and two stages each of K hi, K lo, Vᵀ hi, Vᵀ lo (64 keys)."""
+    return (2 * ROWS + 8 * KEYS) * padded * 4
+
+
+@pytest.mark.parametrize(
+    ("d", "dv", "padded"),
+    [(32, 32, 32), (40, 40, 64), (64, 64, 64), (72, 72, 80), (64, 72, 80), (96, 96, 96),
+     (104, 104, 128), (128, 64, 128)],
+)  # fmt: skip
+def test_sixteen_bit_heads_take_the_next_built_dim(probe, d: int, dv: int, padded: int) -> None:
+    got = plan(probe, 2, d, dv)
+    assert got["reason"] == ""
+    assert (got["padded_dim"], got["block_rows"], got["keys"]) == (padded, ROWS, KEYS)
+    assert got["shared_bytes"] == sixteen_bit_bytes(padded)
+
+
+def float32_short_bytes(padded: int) -> int:
+    """The short-key kernel: a third Q buffer (the next query tile) and both tiles of K hi, K lo,
+    Vᵀ hi, Vᵀ lo (graphfixAttentionHopperFloat.cu, hopperTf32ShortKernel)."""
+    return (3 * ROWS + 8 * KEYS) * padded * 4
+
+
+@pytest.mark.parametrize(("d", "padded"), [(20, 32), (32, 32), (64, 64), (72, 72)])
+def test_float32_heads_up_to_72_run_the_tf32_kernel_unpadded_at_72(probe, d, padded) -> None:
+    got = plan(probe, 4, d)
+    assert got["reason"] == ""
+    assert (got["padded_dim"], got["keys"]) == (padded, KEYS)
+    assert got["shared_bytes"] == float32_bytes(padded) <= H100_SHARED
+    assert got["short_keys"] is False
+
+
+@pytest.mark.parametrize(
+    ("d", "t", "short", "padded"),
+    [(64, 77, True, 64), (64, 128, True, 64), (20, 1, True, 32), (64, 129, False, 64),
+     (72, 77, False, 72), (64, 4096, False, 64)],
+)  # fmt: skip
+def test_float32_keys_in_two_tiles_take_the_short_key_kernel_up_to_64(probe, d, t, short, padded):
+    """Every key in at most two 64-key tiles at head dims up to 64: the persistent short-key
+    kernel (SDXL cross-attention's 77 keys); at 72 its third Q buffer would not fit (252 KB)."""
+    got = plan(probe, 4, d, t=t)
+    assert got["reason"] == ""
+    assert (got["padded_dim"], got["keys"], got["short_keys"]) == (padded, KEYS, short)
+    expected = float32_short_bytes(padded) if short else float32_bytes(padded)
+    assert got["shared_bytes"] == expected <= H100_SHARED
+
+
+def test_float32_short_keys_need_the_room_for_the_third_q_buffer(probe) -> None:
+    """A device with room for the long kernel's 192 KB but not 224 KB keeps the long kernel."""
+    got = plan(probe, 4, 64, t=77, shared=float32_short_bytes(64) - 1)
+    assert (got["keys"], got["short_keys"]) == (KEYS, False)
+    assert got["shared_bytes"] == float32_bytes(64)
+
+
+@pytest.mark.parametrize(
+    ("element_bytes", "d", "cc", "shared", "reason"),
+    [
+        (4, 80, (9, 0), H100_SHARED, "float32 head dimensions above 72"),
+        (4, 22, (9, 0), H100_SHARED, "head dimensions not multiples of 4"),
+        (2, 20, (9, 0), H100_SHARED, "head dimensions not multiples of 8"),
+        (2, 136, (9, 0), H100_SHARED, "head dimensions above 128"),
+        (2, 64, (8, 9), 101376, "not an sm_90 GPU"),
+        (2, 64, (10, 0), H100_SHARED, "not an sm_90 GPU"),
+        (4, 64, (9, 0), 101376, "more shared memory than this GPU has"),
+        (1, 64, (9, 0), H100_SHARED, "not a 16-bit or float32 type"),
+    ],
+)
+def test_what_no_hopper_kernel_takes_says_why(probe, element_bytes, d, cc, shared, reason) -> None:
+    got = plan(probe, element_bytes, d, cc=cc, shared=shared)
+    assert got["keys"] == 0
+    assert reason in got["reason"]
