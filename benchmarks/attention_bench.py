@@ -263,7 +263,11 @@ def _plugin(
     path = (
         "cudnn"
         if note.endswith("cuDNN SDPA")
-        else ("hopper-s" if "persistent over query tiles" in note else "hopper")
+        else "hopper-s"
+        if "; Hopper kernel" in note and "persistent over query tiles" in note
+        else "hopper-tma"
+        if "; Hopper kernel" in note and ", TMA loads" in note
+        else "hopper"
         if "; Hopper kernel" in note
         else "flash"
         if "; flash kernel" in note

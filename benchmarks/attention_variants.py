@@ -40,7 +40,7 @@ from graphfix.plugins.build import (  # noqa: E402
     cudnn_runtime_environment,
 )
 
-CAUSAL_ORDER, KEY_MASK, LATE_LOADS = 2, 4, 8
+CAUSAL_ORDER, KEY_MASK, LATE_LOADS, TMA = 2, 4, 8, 16
 NCU_SECTIONS = (
     "SpeedOfLight",
     "ComputeWorkloadAnalysis",
@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         for shape in [s for s in SHAPES if any(o in s.name for o in args.only.split(","))]:
             relevant = (
                 LATE_LOADS
+                | TMA
                 | (CAUSAL_ORDER if shape.causal else 0)
                 | (KEY_MASK if shape.padding_mask else 0)
             )

@@ -40,17 +40,18 @@ INSTANCE = {
 }
 # Head dims each type's kernel is built for (72 is padded to 80 in 16 bits, exact in float32).
 DIMS = {"float16": {64, 80, 96, 128}, "bfloat16": {64, 80, 96, 128}, "float32": {32, 64, 72}}
-# 16-bit: the 5 padded head dims x plain, key-mask and general x loads early or late (30);
-# float32: its 3 head dims x plain and masked (6), and the persistent short-key kernel (keys in at
-# most two tiles) at head dims 32 and 64 x plain and masked (4).
-ENTRIES = {"float16": 30, "bfloat16": 30, "float32": 10}
+# 16-bit: the 5 padded head dims x plain, key-mask and general x loads by cp.async early or late,
+# or by TMA (45); float32: its 3 head dims x plain and masked (6), and the persistent short-key
+# kernel (keys in at most two tiles) at head dims 32 and 64 x plain and masked (4).
+ENTRIES = {"float16": 45, "bfloat16": 45, "float32": 10}
 # The float32 short-key kernel's head dims (its third Q buffer does not fit at 72).
 SHORT_DIMS = {32, 64}
 # Kernels left serialised on purpose, with the measurement that chose it: bfloat16's plain
 # head-dim-80 kernels keep two blocks of 128 registers, where ptxas serialises them whether or not
 # they wait (kWAIT_PV in graphfixAttentionHopper.cuh); SigLIP-384 b32 on the H200: 0.487 ms
 # (two serialised blocks) against 0.585 ms (one pipelined block). The prefix names all four of
-# them: plain and key-mask (kKEYMASK), loads before or after the wgmmas (kLATE_LOADS).
+# them: plain and key-mask (kKEYMASK), loads before or after the wgmmas (kLATE_LOADS), and the
+# TMA-loading two of them (kTMA: no spills there, still serialised at 128 registers).
 SERIALISED_BY_CHOICE = {"bfloat16": ("13__nv_bfloat16Li80ELi64ELi2ELb1",)}
 
 
@@ -78,8 +79,8 @@ def compiled(request, tmp_path_factory) -> tuple[Path, str, str]:
 
 def test_every_hopper_kernel_instance_compiles_for_sm_90a(compiled):
     """Compile-only: every head dim (16-bit: 32/64/80/96/128, 72 padded to 80, plain, key-mask
-    and general kernels, loads early or late; float32: 32/64/72, plain and masked, and the
-    short-key kernel at 32/64)."""
+    and general kernels, cp.async loads early or late or TMA loads; float32: 32/64/72, plain and
+    masked, and the short-key kernel at 32/64)."""
     _, log, dtype = compiled
     entries = re.findall(
         r"Compiling entry function '(\w*" + KERNEL[dtype] + r"\w*)' for 'sm_90a'", log
@@ -108,7 +109,9 @@ def test_ptxas_does_not_serialise_the_wgmma_chains(compiled):
 
 
 def test_the_machine_code_holds_hgmma(compiled):
-    cubin, _, _ = compiled
+    """HGMMA (wgmma) in every type's kernels; UTMALDG (TMA box loads, cp.async.bulk.tensor) in
+    the 16-bit ones (the H200 build of the eighth round held 180)."""
+    cubin, _, dtype = compiled
     cuobjdump = shutil.which("cuobjdump") or shutil.which(
         "cuobjdump", path=str(plugin_build.find_nvcc().parent)
     )
@@ -118,3 +121,5 @@ def test_the_machine_code_holds_hgmma(compiled):
         [cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True
     ).stdout
     assert "HGMMA" in sass
+    if dtype != "float32":
+        assert "UTMALDG" in sass

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -524,6 +525,23 @@ def test_portable_takes_the_fastest_own_kernel_it_can(
 ) -> None:
     outcome = gpu_outcomes[(backend, "plain", case.name, dtype)]
     assert outcome.path == expected_own_path(case, dtype, backend), outcome.result["messages"]
+
+
+@pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
+@pytest.mark.parametrize("case", [c for c in CASES if not c.refused], ids=lambda c: c.name)
+def test_hopper_kernel_loads_with_tma_by_default(gpu_outcomes, case: Case, dtype: str) -> None:
+    """On sm_90 the 16-bit Hopper kernel loads Q, K and V by TMA unless
+    GRAPHFIX_ATTENTION_HOPPER_VARIANT leaves bit 16 out: the plan encodes the tensor maps for
+    every shape it takes (16-byte strides: D and Dv multiples of 8, as the kernel needs anyway)
+    and its note says so; a shape whose maps the driver refused would run the cp.async kernel."""
+    variant = os.environ.get("GRAPHFIX_ATTENTION_HOPPER_VARIANT", "")
+    if variant and int(variant) & 16 == 0:
+        pytest.skip("GRAPHFIX_ATTENTION_HOPPER_VARIANT leaves TMA loads off")
+    if expected_own_path(case, dtype) != "hopper":
+        pytest.skip("the Hopper kernel does not run this case here")
+    outcome = gpu_outcomes[("portable", "plain", case.name, dtype)]
+    notes = [m["text"] for m in outcome.result["messages"] if "onShapeChange" in m["text"]]
+    assert notes and ", TMA loads (else " in notes[-1], notes
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

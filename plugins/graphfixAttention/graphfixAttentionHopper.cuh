@@ -6,7 +6,10 @@
  * (-gencode=arch=compute_90a,code=sm_90a): wgmma exists nowhere else.
  *
  * Per block: kWG warpgroups x 64 query rows (2 x 64 as built), tiles of kN = 64 keys. All
- * threads load with cp.async, K one tile ahead of V (two stages each). In every warpgroup, with
+ * threads load with cp.async, K one tile ahead of V (two stages each); or (kTMA, the default
+ * where the tensor maps can be encoded) thread 0 issues TMA box loads of the same tiles right
+ * after the barrier and every thread waits on the stage's mbarrier instead of its own cp.async
+ * group (kTMA in hopperAttentionKernel; encodeHopperMaps). In every warpgroup, with
  * P_j (the probabilities of tile j, O already rescaled to their maximum) in registers:
  *
  *   wait own loads | fence.proxy.async | barrier | issue K_j+2, V_j+1 (cp.async)
@@ -28,7 +31,10 @@
  * operand of P·V, N = the value dimension): 8 keys of one 8-element chunk are one core matrix,
  * the next 8 keys 128 bytes on (LBO), the next chunk keys*16 bytes on (SBO). Writes of 16 rows x 2
  * chunks per warp are conflict-free; any head dimension that is a multiple of 16 works (72 is
- * padded to 80, zero-filled by cp.async).
+ * padded to 80, zero-filled by cp.async). TMA writes the same layout without swizzle: each matrix
+ * is the 4-d tensor {8 elements, rows, D/8 chunks, batch*heads} (byte strides 2D, 16, 2TD) read in
+ * boxes {8, tile rows, kD/8, 1}, which land innermost-first as [chunk][row][8], zero-filled past
+ * the sequence and past D.
  */
 #ifndef GRAPHFIX_ATTENTION_HOPPER_CUH
 #define GRAPHFIX_ATTENTION_HOPPER_CUH
@@ -97,6 +103,55 @@ __device__ __forceinline__ void fenceOperands(uint32_t (&a)[kN][4])
     }
 }
 
+//! mbarrier and TMA (kTMA): `bar` and `shared` are shared-memory addresses (sharedAddress).
+__device__ __forceinline__ void mbarrierInit(uint32_t bar, uint32_t count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+//! Makes the barriers' initialisation visible to the tensor memory accelerator (async proxy).
+__device__ __forceinline__ void fenceBarrierInit()
+{
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+//! This thread's arrival, expecting `bytes` of transactions (the TMA loads that complete on it).
+__device__ __forceinline__ void mbarrierArriveExpect(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+//! Waits until the barrier's phase of parity `parity` has completed (the loop inside the asm: a
+//! C++ loop here made ptxas serialise the wgmmas of the plain kernels, C7513).
+__device__ __forceinline__ void mbarrierWait(uint32_t bar, uint32_t parity)
+{
+    asm volatile(
+        "{\n"
+        ".reg .pred ready;\n"
+        "WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 ready, [%0], %1;\n"
+        "@!ready bra WAIT;\n"
+        "}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+
+//! One box of a 4-d tensor map into shared memory, completing on `bar` (bytes counted there).
+__device__ __forceinline__ void tmaLoad(
+    uint32_t shared, CUtensorMap const* map, int32_t c1, int32_t c3, uint32_t bar)
+{
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %2, "
+        "%4}], [%5];\n" ::"r"(shared),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(c1), "r"(c3), "r"(bar)
+        : "memory");
+}
+
+__device__ __forceinline__ void prefetchTensorMap(CUtensorMap const* map)
+{
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
 //! A shared-memory matrix descriptor, no swizzle: start address, leading and stride byte offsets.
 __device__ __forceinline__ uint64_t descriptor(uint32_t address, uint32_t leading, uint32_t stride)
 {
@@ -156,6 +211,8 @@ template <typename T, int32_t kD, int32_t kN, int32_t kWG, bool kPLAIN>
 constexpr bool kWAIT_PV = kSPLIT_P<T> && !(kHOPPER_MIN_BLOCKS<T, kD, kN, kWG, kPLAIN> == 2 && kD == 80);
 
 //! `variant`: the kHOPPER_VARIANT_* bits the kernel reads at run time (the causal order).
+//! kTMA: Q, K and V loaded by TMA (maps), issued by thread 0 right after each tile barrier, each
+//! stage's completion on its own mbarrier (kLATE_LOADS then unused).
 //! kLATE_LOADS: each tile's cp.async loads are issued after its wgmmas, not before them, so the
 //! tensor cores start right after the barrier and the loads' address arithmetic overlaps them.
 //! kKEYMASK (with kPLAIN): a mask that is the same for every query row ([.., 1, T], key padding)
@@ -163,10 +220,11 @@ constexpr bool kWAIT_PV = kSPLIT_P<T> && !(kHOPPER_MIN_BLOCKS<T, kD, kN, kWG, kP
 //! of one per score) and the softmax takes its keys' values by shuffles, so the kernel keeps the
 //! plain kernel's registers (two blocks per SM up to head dim 80) where the general masked kernel
 //! needs up to 255 and one block.
-template <typename T, int32_t kD, int32_t kN, int32_t kWG, bool kPLAIN, bool kLATE_LOADS, bool kKEYMASK>
+template <typename T, int32_t kD, int32_t kN, int32_t kWG, bool kPLAIN, bool kLATE_LOADS, bool kKEYMASK, bool kTMA>
 __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG, kPLAIN>)) hopperAttentionKernel(T const* __restrict__ q,
     T const* __restrict__ k, T const* __restrict__ v, AttentionMaskView const givenMask, T* __restrict__ out,
-    AttentionShape const shape, AttentionParams const givenParams, int32_t const qTiles, int32_t const variant)
+    AttentionShape const shape, AttentionParams const givenParams, int32_t const qTiles, int32_t const variant,
+    __grid_constant__ HopperMaps const maps)
 {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     AttentionMaskView const noMask{};
@@ -183,6 +241,8 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
     T* const sQ = reinterpret_cast<T*>(sharedRaw);
     T* const sK = sQ + kRows * kD; // two stages
     T* const sV = sK + 2 * kTILE;  // two stages
+    // kTMA: the mbarriers of Q, K stages 0-1 and V stages 0-1 (8 bytes each)
+    __shared__ __align__(8) uint64_t tmaBarriers[5];
 
     // (not in the two-block kernels: ptxas spilled 44 bytes more in the head-dim-80 one)
     BlockSetup<T> const block(q, k, v, out, kKEYMASK ? givenMask : mask, shape, params, kRows, qTiles,
@@ -219,19 +279,68 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
     float maskLo = keyMaskValue(0, lane);
     float maskHi = keyMaskValue(0, lane + 32);
 
+    // kTMA: barrier of Q, K_j (stage j % 2) and V_j; tile j is its stage's phase j / 2. Thread 0
+    // issues every load; a box's bytes all count, zero-filled ones too.
+    uint32_t const barrierQ = sharedAddress(tmaBarriers);
+    auto const barrierK = [&](int32_t j) { return barrierQ + static_cast<uint32_t>(8 + 8 * (j % 2)); };
+    auto const barrierV = [&](int32_t j) { return barrierQ + static_cast<uint32_t>(24 + 8 * (j % 2)); };
+    auto const parity = [](int32_t j) { return static_cast<uint32_t>((j / 2) % 2); };
+    bool const producer = threadIdx.x == 0;
+    // the maps' (batch, head) coordinate of this block's Q and of its K/V (GQA: the KV head)
+    int32_t const qHead = kTMA ? static_cast<int32_t>((block.qBase - q) / (shape.seqQ * shape.headDim)) : 0;
+    int32_t const kvHead = kTMA ? static_cast<int32_t>((block.kBase - k) / (shape.seqK * shape.headDim)) : 0;
+    auto const tmaKey = [&](int32_t j) {
+        mbarrierArriveExpect(barrierK(j), kTILE * sizeof(T));
+        tmaLoad(sharedAddress(sK + (j % 2) * kTILE), &maps.k, j * kN, kvHead, barrierK(j));
+    };
+    auto const tmaValue = [&](int32_t j) {
+        mbarrierArriveExpect(barrierV(j), kTILE * sizeof(T));
+        tmaLoad(sharedAddress(sV + (j % 2) * kTILE), &maps.v, j * kN, kvHead, barrierV(j));
+    };
+
     // Stages: K_j in sK[j % 2], V_j in sV[j % 2]. Tile j + 1's K is needed one iteration before
     // its V (S_j+1 is issued while P_j V_j runs), so K runs one tile ahead of V.
-    loadChunkMajor<T, kD, kRows, kThreads>(sQ, block.qBase, block.q0, shape.seqQ, headDim);
-    if (keyTiles > 0)
+    if constexpr (kTMA)
     {
-        loadChunkMajor<T, kD, kN, kThreads>(sK, block.kBase, 0, shape.seqK, headDim);
-        loadChunkMajor<T, kD, kN, kThreads>(sV, block.vBase, 0, shape.seqK, valueDim);
+        if (producer)
+        {
+            prefetchTensorMap(&maps.q);
+            prefetchTensorMap(&maps.k);
+            prefetchTensorMap(&maps.v);
+#pragma unroll
+            for (int32_t i = 0; i < 5; ++i)
+            {
+                mbarrierInit(barrierQ + static_cast<uint32_t>(8 * i), 1);
+            }
+            fenceBarrierInit();
+        }
+        __syncthreads();
+        if (producer && keyTiles > 0)
+        {
+            mbarrierArriveExpect(barrierQ, kRows * kD * sizeof(T));
+            tmaLoad(sharedAddress(sQ), &maps.q, static_cast<int32_t>(block.q0), qHead, barrierQ);
+            tmaKey(0);
+            tmaValue(0);
+            if (keyTiles > 1)
+            {
+                tmaKey(1);
+            }
+        }
     }
-    if (keyTiles > 1)
+    else
     {
-        loadChunkMajor<T, kD, kN, kThreads>(sK + kTILE, block.kBase, kN, shape.seqK, headDim);
+        loadChunkMajor<T, kD, kRows, kThreads>(sQ, block.qBase, block.q0, shape.seqQ, headDim);
+        if (keyTiles > 0)
+        {
+            loadChunkMajor<T, kD, kN, kThreads>(sK, block.kBase, 0, shape.seqK, headDim);
+            loadChunkMajor<T, kD, kN, kThreads>(sV, block.vBase, 0, shape.seqK, valueDim);
+        }
+        if (keyTiles > 1)
+        {
+            loadChunkMajor<T, kD, kN, kThreads>(sK + kTILE, block.kBase, kN, shape.seqK, headDim);
+        }
+        commitAsync();
     }
-    commitAsync();
 
     uint32_t const qAddress = sharedAddress(sQ) + static_cast<uint32_t>(group * 64 * 16);
     uint32_t const kAddress = sharedAddress(sK);
@@ -313,9 +422,17 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
     uint32_t lo[kN / 16][4];
     if (keyTiles > 0)
     {
-        waitAsync<0>();
-        fenceProxyAsync();
-        __syncthreads();
+        if constexpr (kTMA)
+        {
+            mbarrierWait(barrierQ, 0);
+            mbarrierWait(barrierK(0), 0);
+        }
+        else
+        {
+            waitAsync<0>();
+            fenceProxyAsync();
+            __syncthreads();
+        }
         issueScores(s, 0);
         wgmmaWait<0>();
         fenceOperands(s);
@@ -380,19 +497,40 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
     for (int32_t j = 0; j + 1 < keyTiles; ++j)
     {
         // Here: P_j in p (O already scaled to its maximum), K_j+1 and V_j loaded by this thread.
-        tileBarrier(); // also: every warpgroup done with S_j and P_j-1 V_j-1
+        if constexpr (kTMA)
+        {
+            // every warpgroup done with S_j (K stage j % 2) and P_j-1 V_j-1 (V stage (j + 1) % 2):
+            // their next tiles can go there
+            __syncthreads();
+            if (producer)
+            {
+                if (j + 2 < keyTiles)
+                {
+                    tmaKey(j + 2);
+                }
+                tmaValue(j + 1);
+            }
+            // (V_j, issued with K_j+1, waited for here too: a wait between the two wgmma issues
+            // made ptxas serialise them, C7513)
+            mbarrierWait(barrierK(j + 1), parity(j + 1));
+            mbarrierWait(barrierV(j), parity(j));
+        }
+        else
+        {
+            tileBarrier(); // also: every warpgroup done with S_j and P_j-1 V_j-1
+        }
         if constexpr (kKEYMASK)
         {
             maskLo = keyMaskValue(j + 1, lane); // for the softmax of S_j+1, loaded while it computes
             maskHi = keyMaskValue(j + 1, lane + 32);
         }
-        if constexpr (!kLATE_LOADS)
+        if constexpr (!kLATE_LOADS && !kTMA)
         {
             issueLoads(j);
         }
         issueScores(s, j + 1); // S_j+1 on the tensor cores, then P_j V_j, while ...
         issueValues(j);
-        if constexpr (kLATE_LOADS)
+        if constexpr (kLATE_LOADS && !kTMA)
         {
             issueLoads(j); // (K_j+2 and V_j+1 go where S_j and P_j-1 V_j-1 read, done at the barrier)
         }
@@ -419,7 +557,14 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
     }
     if (keyTiles > 0)
     {
-        tileBarrier(); // V of the last tile
+        if constexpr (kTMA)
+        {
+            mbarrierWait(barrierV(keyTiles - 1), parity(keyTiles - 1));
+        }
+        else
+        {
+            tileBarrier(); // V of the last tile
+        }
         issueValues(keyTiles - 1);
         wgmmaWait<0>();
         fenceOperands(o);
@@ -475,44 +620,46 @@ enum class HopperKind : int32_t
     kGeneral,
 };
 
-template <typename T, int32_t kD, bool kLATE, typename F>
+template <typename T, int32_t kD, bool kLATE, bool kTMA, typename F>
 cudaError_t withKind(HopperKind kind, F&& f)
 {
     constexpr int32_t kWG = kHOPPER_ROWS / 64;
     constexpr int32_t kN = kHOPPER_KEYS;
     switch (kind)
     {
-    case HopperKind::kPlain: return f(hopperAttentionKernel<T, kD, kN, kWG, true, kLATE, false>);
-    case HopperKind::kKeyMask: return f(hopperAttentionKernel<T, kD, kN, kWG, true, kLATE, true>);
+    case HopperKind::kPlain: return f(hopperAttentionKernel<T, kD, kN, kWG, true, kLATE, false, kTMA>);
+    case HopperKind::kKeyMask: return f(hopperAttentionKernel<T, kD, kN, kWG, true, kLATE, true, kTMA>);
     case HopperKind::kGeneral: break;
     }
-    return f(hopperAttentionKernel<T, kD, kN, kWG, false, kLATE, false>);
+    return f(hopperAttentionKernel<T, kD, kN, kWG, false, kLATE, false, kTMA>);
 }
 
 //! The kernel for the plan's tiles (64 keys, 128 rows: the only ones built; see
-//! notes/attention_plugin.md for the other tilings measured), its kind and load order.
+//! notes/attention_plugin.md for the other tilings measured), its kind and loads (tma: TMA, else
+//! cp.async before or after the wgmmas).
 template <typename T, int32_t kD, typename F>
-cudaError_t withTile(HopperPlan const& plan, HopperKind kind, F&& f)
+cudaError_t withTile(HopperPlan const& plan, HopperKind kind, bool tma, F&& f)
 {
     if (plan.keys != kHOPPER_KEYS || plan.blockRows != kHOPPER_ROWS)
     {
         return cudaErrorInvalidConfiguration;
     }
-    return (plan.variant & kHOPPER_VARIANT_LATE_LOADS) != 0 ? withKind<T, kD, true>(kind, f)
-                                                            : withKind<T, kD, false>(kind, f);
+    return tma                                                 ? withKind<T, kD, false, true>(kind, f)
+        : (plan.variant & kHOPPER_VARIANT_LATE_LOADS) != 0 ? withKind<T, kD, true, false>(kind, f)
+                                                            : withKind<T, kD, false, false>(kind, f);
 }
 
 //! Calls f with the kernel for the plan, or returns cudaErrorInvalidConfiguration.
 template <typename T, typename F>
-cudaError_t withHopperKernel(HopperPlan const& plan, HopperKind kind, F&& f)
+cudaError_t withHopperKernel(HopperPlan const& plan, HopperKind kind, bool tma, F&& f)
 {
     switch (plan.paddedDim)
     {
-    case 32: return withTile<T, 32>(plan, kind, f);
-    case 64: return withTile<T, 64>(plan, kind, f);
-    case 80: return withTile<T, 80>(plan, kind, f);
-    case 96: return withTile<T, 96>(plan, kind, f);
-    case 128: return withTile<T, 128>(plan, kind, f);
+    case 32: return withTile<T, 32>(plan, kind, tma, f);
+    case 64: return withTile<T, 64>(plan, kind, tma, f);
+    case 80: return withTile<T, 80>(plan, kind, tma, f);
+    case 96: return withTile<T, 96>(plan, kind, tma, f);
+    case 128: return withTile<T, 128>(plan, kind, tma, f);
     default: return cudaErrorInvalidConfiguration;
     }
 }
@@ -533,10 +680,14 @@ cudaError_t prepareHopperAttention(HopperPlan const& plan) noexcept
     };
     for (HopperKind const kind : {HopperKind::kPlain, HopperKind::kKeyMask, HopperKind::kGeneral})
     {
-        cudaError_t const status = withHopperKernel<T>(plan, kind, prepare);
-        if (status != cudaSuccess)
+        // the cp.async kernels always (an enqueue whose maps cannot be encoded falls back to them)
+        for (bool const tma : {false, (plan.variant & kHOPPER_VARIANT_TMA) != 0})
         {
-            return status;
+            cudaError_t const status = withHopperKernel<T>(plan, kind, tma, prepare);
+            if (status != cudaSuccess)
+            {
+                return status;
+            }
         }
     }
     return cudaSuccess;
@@ -560,9 +711,13 @@ cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionM
         : mask.kind == AttentionMaskKind::kNone   ? HopperKind::kPlain
         : mask.stride[2] == 0 && (plan.variant & kHOPPER_VARIANT_KEY_MASK) != 0 ? HopperKind::kKeyMask
                                                                                 : HopperKind::kGeneral;
-    return withHopperKernel<T>(plan, kind, [&](auto kernel) {
+    // TMA where the plan asks for it and the maps can be made (else cp.async): encoded here, on
+    // the host, per enqueue (no allocation; the values travel in the launch)
+    HopperMaps maps{};
+    bool const tma = (plan.variant & kHOPPER_VARIANT_TMA) != 0 && encodeHopperMaps(maps, q, k, v, shape, plan);
+    return withHopperKernel<T>(plan, kind, tma, [&](auto kernel) {
         kernel<<<static_cast<uint32_t>(grid.blocks), threads, static_cast<size_t>(plan.sharedBytes), stream>>>(
-            q, k, v, mask, out, shape, params, static_cast<int32_t>(grid.qTiles), plan.variant);
+            q, k, v, mask, out, shape, params, static_cast<int32_t>(grid.qTiles), plan.variant, maps);
         return cudaGetLastError();
     });
 }

@@ -7,7 +7,8 @@
  *
  * A block is 2 warpgroups, each owning 64 query rows of one (batch, head); Q, K and V tiles
  * of 64 keys live in shared memory in the wgmma "no swizzle" core-matrix layout (8 rows x 16
- * bytes contiguous), loaded by all threads with cp.async, two stages of K and V, K one tile ahead.
+ * bytes contiguous), loaded by TMA (one thread, an mbarrier per stage; kHOPPER_VARIANT_TMA) or by
+ * all threads with cp.async, two stages of K and V, K one tile ahead.
  * S = Q K_jᵀ is one chain of wgmma m64n64k16 with both operands in shared memory; S_j+1 and
  * O += P_j V_j are issued together, and the softmax of S_j+1 runs while P_j V_j is on the tensor
  * cores.
@@ -23,6 +24,8 @@
 #define GRAPHFIX_ATTENTION_HOPPER_H
 
 #include "graphfixAttentionKernel.h"
+
+#include <cuda.h> // CUtensorMap, the type only: the encoder is found at run time (no libcuda link)
 
 #include <cstdint>
 
@@ -43,9 +46,15 @@ constexpr int32_t kHOPPER_ROWS{128};
 constexpr int32_t kHOPPER_VARIANT_CAUSAL_ORDER{2};
 constexpr int32_t kHOPPER_VARIANT_KEY_MASK{4};
 constexpr int32_t kHOPPER_VARIANT_LATE_LOADS{8};
+//! K, V and Q loaded by the tensor memory accelerator (cp.async.bulk.tensor, one thread, an
+//! mbarrier per stage) instead of every thread's cp.async; the load order bit (8) is then moot.
+//! Falls back to cp.async where the tensor maps cannot be encoded (encodeHopperMaps).
+constexpr int32_t kHOPPER_VARIANT_TMA{16};
 //! The options the plan takes unless GRAPHFIX_ATTENTION_HOPPER_VARIANT says otherwise; bfloat16 adds
-//! kHOPPER_VARIANT_LATE_LOADS except at head dim 80 (hopperPlanFor in graphfixAttentionPlugin.cpp).
-constexpr int32_t kHOPPER_DEFAULT_VARIANT{kHOPPER_VARIANT_CAUSAL_ORDER | kHOPPER_VARIANT_KEY_MASK};
+//! kHOPPER_VARIANT_LATE_LOADS except at head dim 80 (hopperPlanFor in graphfixAttentionPlugin.cpp;
+//! moot while TMA loads are on); the float32 kernel and shapes whose maps the driver rejects drop
+//! kHOPPER_VARIANT_TMA there.
+constexpr int32_t kHOPPER_DEFAULT_VARIANT{kHOPPER_VARIANT_CAUSAL_ORDER | kHOPPER_VARIANT_KEY_MASK | kHOPPER_VARIANT_TMA};
 
 //! What planHopperAttention chose; `keys` 0 means the Hopper kernel does not run (see reason).
 struct HopperPlan
@@ -63,6 +72,25 @@ struct HopperPlan
 
 //! Whether this library holds the Hopper kernel (built for sm_90a).
 bool hopperAttentionBuilt() noexcept;
+
+//! The 16-bit kernel's TMA tensor maps (kHOPPER_VARIANT_TMA), passed to it by value
+//! (__grid_constant__: part of the launch, so capture-safe).
+struct HopperMaps
+{
+    CUtensorMap q;
+    CUtensorMap k;
+    CUtensorMap v;
+};
+
+//! Encodes the tensor maps of 16-bit q, k, v for `plan` (cuTensorMapEncodeTiled, found through
+//! cudaGetDriverEntryPointByVersion; no allocation). Each matrix [B*H, T, D] is described as the
+//! 4-d tensor {8 elements, T rows, D/8 chunks, B*H} with byte strides {-, 2 D, 16, 2 T D} and
+//! read in boxes {8, rows of a tile, paddedDim/8, 1}: a box lands in shared memory innermost
+//! first, [chunk][row][8 elements], the kernel's no-swizzle chunk-major layout, zero-filled past
+//! T and D. False (the kernel then loads with cp.async) where the driver has no encoder or
+//! rejects a map (addresses not 16-byte aligned, D not a multiple of 8).
+bool encodeHopperMaps(HopperMaps& maps, void const* q, void const* k, void const* v, AttentionShape const& shape,
+    HopperPlan const& plan) noexcept;
 
 //! The Hopper kernel's plan for `shape` with elements of `elementBytes` (2: the 16-bit kernel;
 //! 4: the float32 3xTF32 kernel) on a device of compute capability `computeMajor`.`computeMinor`

@@ -8,6 +8,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
 
 #include <algorithm>
 
@@ -23,7 +24,74 @@ constexpr int32_t kHOPPER_DIMS[]{32, 64, 80, 96, 128};
 //! would not fit its shared memory (graphfixAttentionHopperFloat.cu).
 constexpr int32_t kHOPPER_TF32_DIMS[]{32, 64, 72};
 
+#if CUDART_VERSION >= 12000
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, cuuint64_t const*,
+    cuuint64_t const*, cuuint32_t const*, cuuint32_t const*, CUtensorMapInterleave, CUtensorMapSwizzle,
+    CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+//! The driver's cuTensorMapEncodeTiled, looked up once (nullptr where the driver has none).
+EncodeTiled tensorMapEncoder() noexcept
+{
+    static EncodeTiled const encoder = []() -> EncodeTiled {
+        void* function = nullptr;
+        cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+        cudaError_t const status
+            = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found);
+#else
+        cudaError_t const status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &function, cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess)
+        {
+            cudaGetLastError();
+            return nullptr;
+        }
+        return reinterpret_cast<EncodeTiled>(function);
+    }();
+    return encoder;
+}
+
+//! One matrix [heads, rows, cols] (16-bit, row-major) as {8, rows, cols / 8, heads}, boxes of
+//! {8, boxRows, paddedDim / 8, 1}.
+bool encodeChunkMajor(EncodeTiled encode, CUtensorMap& map, void const* data, int64_t heads, int64_t rows,
+    int64_t cols, int32_t boxRows, int32_t paddedDim) noexcept
+{
+    if (cols % 8 != 0 || cols > paddedDim || rows <= 0 || heads <= 0 || boxRows > 256 || paddedDim / 8 > 256)
+    {
+        return false;
+    }
+    cuuint64_t const dims[4]{8, static_cast<cuuint64_t>(rows), static_cast<cuuint64_t>(cols / 8),
+        static_cast<cuuint64_t>(heads)};
+    cuuint64_t const strides[3]{static_cast<cuuint64_t>(cols * 2), 16, static_cast<cuuint64_t>(rows * cols * 2)};
+    cuuint32_t const box[4]{8, static_cast<cuuint32_t>(boxRows), static_cast<cuuint32_t>(paddedDim / 8), 1};
+    cuuint32_t const elementStrides[4]{1, 1, 1, 1};
+    return encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void*>(data), dims, strides, box,
+               elementStrides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+        == CUDA_SUCCESS;
+}
+#endif
+
 } // namespace
+
+bool encodeHopperMaps(HopperMaps& maps, void const* q, void const* k, void const* v, AttentionShape const& shape,
+    HopperPlan const& plan) noexcept
+{
+#if CUDART_VERSION >= 12000
+    EncodeTiled const encode = tensorMapEncoder();
+    return encode != nullptr && plan.keys != 0
+        && encodeChunkMajor(encode, maps.q, q, shape.batch * shape.headsQ, shape.seqQ, shape.headDim, plan.blockRows,
+            plan.paddedDim)
+        && encodeChunkMajor(
+            encode, maps.k, k, shape.batch * shape.headsKV, shape.seqK, shape.headDim, plan.keys, plan.paddedDim)
+        && encodeChunkMajor(
+            encode, maps.v, v, shape.batch * shape.headsKV, shape.seqK, shape.valueDim, plan.keys, plan.paddedDim);
+#else
+    static_cast<void>(maps), static_cast<void>(q), static_cast<void>(k), static_cast<void>(v);
+    static_cast<void>(shape), static_cast<void>(plan);
+    return false;
+#endif
+}
 
 bool hopperAttentionBuilt() noexcept
 {

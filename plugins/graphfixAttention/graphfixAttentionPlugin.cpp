@@ -327,6 +327,18 @@ HopperPlan hopperPlanFor(AttentionProblem const& p)
         plan.shortKeys = false;
         plan.sharedBytes = (2 * plan.blockRows + 8 * plan.keys) * plan.paddedDim * 4;
     }
+    if (plan.keys != 0 && (plan.variant & kHOPPER_VARIANT_TMA) != 0)
+    {
+        // TMA loads only in the 16-bit kernels, and only where the driver encodes this shape's
+        // tensor maps (tried here with a stand-in 256-byte-aligned address; each enqueue encodes
+        // them again with the real ones and loads with cp.async should that fail)
+        HopperMaps maps{};
+        void const* const aligned = reinterpret_cast<void const*>(uintptr_t{256});
+        if (p.type == DataType::kFLOAT || !encodeHopperMaps(maps, aligned, aligned, aligned, p.shape, plan))
+        {
+            plan.variant &= ~kHOPPER_VARIANT_TMA;
+        }
+    }
     if (plan.keys != 0)
     {
         cudaError_t const prepared = p.type == DataType::kFLOAT ? prepareHopperTf32Attention(plan)
@@ -350,7 +362,8 @@ std::string hopperText(HopperPlan const& plan, DataType type)
     return std::string{"Hopper kernel wgmma "} + kind
         + ", head dim padded to " + std::to_string(plan.paddedDim) + ", " + std::to_string(plan.blockRows) + "x"
         + std::to_string(plan.keys) + " tiles, " + std::to_string(plan.sharedBytes) + " bytes of shared memory"
-        + (plan.shortKeys ? ", persistent over query tiles (keys in <= 2 tiles)" : "");
+        + (plan.shortKeys ? ", persistent over query tiles (keys in <= 2 tiles)" : "")
+        + ((plan.variant & kHOPPER_VARIANT_TMA) != 0 ? ", TMA loads" : "");
 }
 
 std::string flashText(FlashPlan const& plan, DataType type)
