@@ -5,12 +5,16 @@ The real GPT-OSS export is in tests/test_matcher_corpus.py."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+import matcher_corpus
+import model_corpus
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import test_real_models as real_models
 from onnx import TensorProto, helper, numpy_helper
 
 import graphfix
@@ -339,3 +343,37 @@ def test_not_exact_falls_back_with_the_reason(case: Sink, words: str) -> None:
     assert block.rewritten and block.detail.startswith("fell back"), block.detail
     assert words in block.detail, block.detail
     assert not [n for n in result.model.graph.node if n.op_type == ATTENTION.op_type]
+
+
+def _half(factory):
+    def make():
+        exportable = factory()
+        return model_corpus.Exportable(
+            exportable.module.half(), exportable.args, exportable.input_names
+        )
+
+    return make
+
+
+@pytest.mark.slow
+def test_gpt_oss_float16_export_fuses_and_computes_what_it_did(corpus_dir) -> None:
+    """tests/matcher_corpus.py's GPT-OSS in float16 (cached next to it, keyed by that file):
+    both sink blocks fuse and the rewrite agrees with the original to float16's tolerance.
+    (In bfloat16 both fuse too, but onnxruntime's CPU provider runs neither graph.)"""
+    entry = next(e for e in matcher_corpus.ENTRIES if e.name == "gpt_oss_eager-dynamo18")
+    missing = model_corpus.missing_exporters(entry)
+    if missing:
+        pytest.skip(f"exporting GPT-OSS needs {' and '.join(missing)}")
+    half = dataclasses.replace(entry, model="gpt_oss_eager_fp16", factory=_half(entry.factory))
+    original = onnx.load(str(matcher_corpus.model_path(half, cache_dir=corpus_dir)))
+    result = graphfix.fix_attention(original, strategy="fused_plugin")
+    assert [m.dtype for m in graphfix.find_attention(original)] == ["float16", "float16"]
+    assert len(result.report.blocks) == 2
+    for block in result.report.blocks:
+        assert "attention sink as one more key" in block.detail, block.detail
+    feed = model_corpus.random_feed(original, np.random.default_rng(real_models.SEED))
+    want = real_models._run(original, feed)
+    got = real_models._run(graphfix.with_reference_ops(result.model), feed)
+    for a, b in zip(got, want, strict=True):
+        atol, rtol = real_models.TOLERANCE[np.float16]
+        np.testing.assert_allclose(a, b, atol=atol, rtol=rtol)
