@@ -38,6 +38,7 @@ class Sink:
     multi_query: bool = False  # Einsum bhid,bjd->bhij: one K/V head for all query heads
     float32_scores: bool = False  # Q, K, V in dtype; scores Cast to float32 before the sink
     softcap_before: float | None = None  # Div → Tanh → Mul before the Concat
+    softcap_after: float | None = None  # Div → Tanh → Mul on the concatenated row
     mul_after_concat: bool = False  # a scale on the concatenated row (applies to the sink)
     reduce_axis: int = -1  # ReduceMax axis of the max shift
     sink_scale: float = 2.0  # spread of the per-head sink logits
@@ -119,6 +120,9 @@ def sink_model(c: Sink, *, seed: int = 0) -> onnx.ModelProto:
         sink = node("Expand", [per_head, shape], "sink")
     pair = [sink, scores] if c.sink_first else [scores, sink]
     row = node("Concat", pair, "with_sink", axis=-1)
+    if c.softcap_after:
+        cap = init("cap", np.array(c.softcap_after, score_np))
+        row = node("Mul", [node("Tanh", [node("Div", [row, cap], "capped")], "tanh"), cap], "soft")
     if c.mul_after_concat:
         row = node("Mul", [row, init("half", np.array(0.5, score_np))], "row_scaled")
     if c.opset >= 18:
@@ -215,6 +219,7 @@ TOLERANCE = {F32: 1e-5, F16: 2e-3}
         Sink(multi_query=True, mask="add"),
         Sink(opset=17, mask="add"),
         Sink(dtype=F16, mask="add"),
+        Sink(softcap_after=2.0, sink_scale=4.0),
         Sink(dtype=F16, float32_scores=True, sink_scale=40.0),
     ],
     ids=lambda c: (

@@ -17,16 +17,21 @@ is unchanged; only the softmax denominator sees the sink, as in the original.  T
 Q (per batch, head and query row, as the Concat has it), and K's sink row is the same constant
 for every key/value head, so grouped heads (Hkv < Hq) need nothing more.
 
+Why this form: the sink logit as an additive-mask column of a key with K = V = 0 is exact too,
+but makes the mask per head ([B, H, S, T+1] where it was [B, 1, S, T]: 2 GB in float16 for
+GPT-OSS's 64 heads at 4096 tokens); the sink in K's extra row (ones in Q) is per key/value head
+and cannot hold a per-query-head logit under grouped heads.
+
 The mask input gets one neutral column (0 or True) for the sink key; the node's `causal` flag
 (top-left aligned, S == T only) is not used: the graph's causal mask stays a mask input.
 
 Cost: Q', K', V' are copies (Pad/Concat) of Q, K and V per layer, and the head dim grows by 8.
-Not exact, so left to the GraphfixSoftmax fallback: a softcap or scale or mask applied to the
-scores before the Concat together with a softcap (the node would soft-cap the sink logit, the
-original does not); a step after the Concat other than the max shift, casts and identities
-(it would apply to the sink logit too); a constant sink that is not finite or overflows Q's type
-once divided by the scale; a mask broadcast over the keys; opsets below 13.  A sink computed at
-run time must be finite (a -inf sink, "no sink", would give 0·inf = NaN on the real keys).
+Not exact, so left to the GraphfixSoftmax fallback: a softcap before the Concat (the node would
+soft-cap the sink logit, the original does not; a softcap after it caps the sink as the node
+does); a scale or mask after the Concat (it would apply to the sink logit too); a Reshape of
+the scores; a constant sink that is not finite or overflows Q's type once divided by the scale;
+a mask broadcast over the keys; opsets below 13.  A sink computed at run time must be finite (a
+-inf sink, "no sink", would give 0·inf = NaN on the real keys).
 """
 
 from __future__ import annotations
@@ -43,9 +48,11 @@ from graphfix.attention.match_types import (
     CastStep,
     MaskStep,
     PassStep,
+    ReshapeStep,
     ScaleSide,
     ScaleStep,
     ShiftStep,
+    SoftcapStep,
 )
 from graphfix.attention.strategies.fused.mask import MaskPlan
 from graphfix.attention.strategies.fused.operands import Operands
@@ -86,13 +93,17 @@ def check_sink_steps(edit: GraphEdit, match: AttentionMatch, softcap: float) -> 
         after = on_scores[outputs.index(scores_in) + 1 :]
     else:
         raise Unsupported(f"the sink Concat '{match.sink.concat}' does not read the scores' chain")
+    for step in match.steps:
+        if isinstance(step, ReshapeStep):
+            raise Unsupported(f"{step.op} '{step.node}' reshapes the scores of a chain with a sink")
     for step in after:
-        if not isinstance(step, (ShiftStep, CastStep, PassStep)):
+        # a softcap of the whole row soft-caps the sink logit as the node does: cap·tanh(sink/cap)
+        if not isinstance(step, (ShiftStep, CastStep, PassStep, SoftcapStep)):
             raise Unsupported(
                 f"'{node_of(step)}' comes after the sink Concat '{match.sink.concat}' and would "
                 "apply to the sink logit as well"
             )
-    if softcap:
+    if softcap and not any(isinstance(s, SoftcapStep) for s in after):
         raise Unsupported(
             "a softcap before the sink Concat: the node would soft-cap the sink logit, the "
             "original does not"
