@@ -336,7 +336,7 @@ def test_bfloat16_sink_in_three_terms() -> None:
     [
         (Sink(softcap_before=5.0), "soft-cap the sink logit"),
         (Sink(mul_after_concat=True), "would apply to the sink logit as well"),
-        (Sink(reduce_axis=1), "not constant along the keys"),
+        (Sink(reduce_axis=1), "not the row max over the key axis"),
         (Sink(sink_scale=np.inf), "not finite"),
     ],
     ids=["softcap", "scale_after_concat", "max_over_heads", "infinite_sink"],

@@ -225,7 +225,7 @@ def _guard_positions(
 def _shift_positions(index: GraphIndex, match: AttentionMatch) -> set[int]:
     """The ReduceMax of a Sub(s, ReduceMax(s)) max shift, which the chain list does not name.
     The node's softmax shifts by the row max itself; dropping the shift is exact when the
-    subtracted max is constant along the key axis (a ReduceMax over it, kept dims)."""
+    subtracted value is the row max (a ReduceMax over the key axis only, kept dims)."""
     positions: set[int] = set()
     for step in match.steps:
         if not isinstance(step, ShiftStep):
@@ -236,7 +236,8 @@ def _shift_positions(index: GraphIndex, match: AttentionMatch) -> set[int]:
             raise Unsupported(f"Sub '{step.node}' does not subtract the row max of its input")
         if not _reduces_key_axis(index, reduce):
             raise Unsupported(
-                f"ReduceMax '{reduce.name}' is not constant along the keys (axes, keepdims)"
+                f"ReduceMax '{reduce.name}' is not the row max over the key axis alone "
+                "(axes, keepdims)"
             )
         positions.add(index.position(reduce))
     return positions
@@ -253,9 +254,9 @@ def _reduces_key_axis(index: GraphIndex, reduce: onnx.NodeProto) -> bool:
         if value is None:
             return False
         axes = [int(a) for a in np.asarray(value).reshape(-1)]
-    if not axes:  # all axes (noop_with_empty_axes = 1 would make it an Identity)
-        return not attrs.get("noop_with_empty_axes", 0)
-    return rank is not None and any(a % rank == rank - 1 for a in axes)
+    # the row max only: a max over more axes is constant along the keys too, but can lie far
+    # above a row's scores, and the original's exp would then underflow where the node's not
+    return rank is not None and bool(axes) and {a % rank for a in axes} == {rank - 1}
 
 
 def _check_nothing_escapes(
