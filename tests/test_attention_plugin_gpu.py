@@ -253,6 +253,18 @@ CASES = (
         magnitude=2.0,
         cudnn_eligible=False,
     ),
+    # an attention sink as the fused_plugin rewrite gives it to the node (fused/sink.py): Q and K
+    # head dim 64 + 8 = 72, V's 64, one key more (128 + 1), grouped heads, the additive mask with
+    # its extra column
+    Case(
+        "sink_key_d72",
+        (2, 8, 128, 72),
+        2,
+        129,
+        64,
+        mask="add_q",
+        mask_shape=(2, 1, 128, 129),
+    ),
     Case(
         "d2048_refused",
         (1, 1, 8, 2048),

@@ -4,19 +4,23 @@ Myelin cannot see inside a plugin, so the fusion is broken as surely as with the
 but the plugin is itself a fused kernel: no unfused MatMul→Softmax→MatMul chain at run time.
 The node is built from the match's typed steps (match_types.ChainStep), read in order; a chain
 with a step the node cannot express (a Reshape of the scores, Q/DQ on the scores or
-probabilities, an attention sink, a scale computed at run time on the scores, probabilities used
-elsewhere, ...) falls back to the GraphfixSoftmax plugin, and the report says why.
+probabilities, a scale computed at run time on the scores, probabilities used elsewhere, ...)
+falls back to the GraphfixSoftmax plugin, and the report says why.
 
 Masks and biases combine outside the node into its one mask input, with standard ONNX ops, where
 that is exact: several biases are summed; several boolean masks with one fill are And-ed;
 boolean masks with fill -inf and biases become Where(keep, Σ bias, -inf) (a finite fill would
 change rows whose every key is blocked, so that falls back).
+
+An attention sink (GPT-OSS) becomes one more key with a zero value row, its logit carried by 8
+extra head-dimension columns of Q and K (fused/sink.py): exact, at the cost of copying Q, K and V.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import onnx
 
 from graphfix.attention.match_types import (
@@ -37,6 +41,7 @@ from graphfix.attention.match_types import (
 from graphfix.attention.strategies.base import Outcome
 from graphfix.attention.strategies.fused.mask import MaskPlan, plan_mask
 from graphfix.attention.strategies.fused.operands import Operands, plan_operands
+from graphfix.attention.strategies.fused.sink import add_sink_key, check_sink_steps
 from graphfix.attention.strategies.fused.unsupported import Unsupported, node_of
 from graphfix.attention.strategies.plugin import PluginStrategy
 from graphfix.graph.edit import GraphEdit
@@ -62,8 +67,13 @@ class FusedPluginStrategy:
         base = match.softmax or f"graphfix_attention_{match.index}"
         try:
             softcap = _read_steps(match)
+            if match.sink is not None:
+                check_sink_steps(edit, match, softcap)
             operands = plan_operands(edit, match, base)
-            mask = plan_mask(edit, match, base, operands.q)
+            # the causal flag is top-left aligned for S == T: with the sink key T grows by one
+            mask = plan_mask(edit, match, base, operands.q, allow_causal=match.sink is None)
+            if match.sink is not None:
+                operands, mask = add_sink_key(edit, match, base, operands, mask)
             removed = _removed_positions(index, match, operands, mask)
         except Unsupported as reason:
             fallback = PluginStrategy().apply(edit, match)
@@ -156,8 +166,8 @@ def _read_steps(match: AttentionMatch) -> float:
                 f"the scores are quantized ({step.quantize} → {step.dequantize}); the node has "
                 "no Q/DQ inside"
             )
-        if isinstance(step, SinkStep):  # not a score step today; kept for completeness
-            raise Unsupported("an attention sink")
+        if isinstance(step, SinkStep):  # not a score step today (match.sink); kept for safety
+            raise Unsupported("an attention sink among the score steps")
         order = _STAGE[type(step)]
         if order < stage:
             what = "scales" if order == 0 else "soft-caps"
@@ -169,11 +179,6 @@ def _read_steps(match: AttentionMatch) -> float:
             if softcap:
                 raise Unsupported("two softcaps")
             softcap = step.cap
-    if match.sink is not None:
-        raise Unsupported(
-            f"an attention sink ('{match.sink.sink}' concatenated to the scores); the "
-            f"{ATTENTION.op_type} node has no sink input in version {ATTENTION.version}"
-        )
     for step in match.after:
         if isinstance(step, (CastStep, PassStep, NanGuardStep)):
             continue
@@ -195,6 +200,7 @@ def _removed_positions(
     pv = chain[-1]
     removed = set(match.chain_positions)
     removed |= _guard_positions(index, match, chain)
+    removed |= _shift_positions(index, match)
     _check_nothing_escapes(index, match, removed, pv)
     sources = (s.source for s in match.steps if isinstance(s, (MaskStep, BiasStep)))
     added = (i for n in (*operands.nodes, *mask.nodes) for i in n.input)
@@ -214,6 +220,43 @@ def _guard_positions(
             if producer is not None and producer.op_type == "IsNaN":
                 positions.add(index.position(producer))
     return positions
+
+
+def _shift_positions(index: GraphIndex, match: AttentionMatch) -> set[int]:
+    """The ReduceMax of a Sub(s, ReduceMax(s)) max shift, which the chain list does not name.
+    The node's softmax shifts by the row max itself; dropping the shift is exact when the
+    subtracted value is the row max (a ReduceMax over the key axis only, kept dims)."""
+    positions: set[int] = set()
+    for step in match.steps:
+        if not isinstance(step, ShiftStep):
+            continue
+        sub = index.producer_of(step.output)
+        reduce = None if sub is None else index.producer_of(sub.input[1])
+        if reduce is None or reduce.op_type != "ReduceMax" or reduce.input[0] != sub.input[0]:
+            raise Unsupported(f"Sub '{step.node}' does not subtract the row max of its input")
+        if not _reduces_key_axis(index, reduce):
+            raise Unsupported(
+                f"ReduceMax '{reduce.name}' is not the row max over the key axis alone "
+                "(axes, keepdims)"
+            )
+        positions.add(index.position(reduce))
+    return positions
+
+
+def _reduces_key_axis(index: GraphIndex, reduce: onnx.NodeProto) -> bool:
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in reduce.attribute}
+    if not attrs.get("keepdims", 1):
+        return False
+    rank = index.rank(reduce.input[0])
+    axes = attrs.get("axes")
+    if axes is None and len(reduce.input) > 1 and reduce.input[1]:
+        value = index.constant_value(reduce.input[1])
+        if value is None:
+            return False
+        axes = [int(a) for a in np.asarray(value).reshape(-1)]
+    # the row max only: a max over more axes is constant along the keys too, but can lie far
+    # above a row's scores, and the original's exp would then underflow where the node's not
+    return rank is not None and bool(axes) and {a % rank for a in axes} == {rank - 1}
 
 
 def _check_nothing_escapes(

@@ -36,8 +36,11 @@ class MaskPlan:
     describe: str = ""
 
 
-def plan_mask(edit: GraphEdit, match: AttentionMatch, base: str, q: str) -> MaskPlan:
-    """The node's one mask input from the chain's Where masks and additive biases."""
+def plan_mask(
+    edit: GraphEdit, match: AttentionMatch, base: str, q: str, *, allow_causal: bool = True
+) -> MaskPlan:
+    """The node's one mask input from the chain's Where masks and additive biases; a pure
+    causal mask becomes the node's `causal` flag when `allow_causal`."""
     index = edit.index
     wheres = [s for s in match.steps if isinstance(s, MaskStep)]
     windows = _windowed_biases(match)
@@ -122,7 +125,8 @@ def plan_mask(edit: GraphEdit, match: AttentionMatch, base: str, q: str) -> Mask
         single.source if single else (biases[0].source if len(biases) == 1 and not wheres else None)
     )
     if (
-        source is not None
+        allow_causal
+        and source is not None
         and not windows
         and match.causal
         and match.q_len is not None
