@@ -173,6 +173,87 @@ __device__ __forceinline__ void transposedF32(
     }
 }
 
+//! S = Q K_jᵀ (issued and committed, not waited for) into two accumulators: the first takes the
+//! lo·hi and hi·lo products of every k8 step, then the hi·hi products of the first half of the
+//! steps; the second those of the other half. The tensor core truncates as it accumulates (each
+//! instruction can lose an ulp of its running sum, always towards zero), so the large hi·hi
+//! products come last and are shared between two sums, added in float32 afterwards (one
+//! accumulator, each step's three products in turn, measured 1.8-2.2x the unfused chain's error on
+//! SDXL cross and SigLIP; this order, 0.64x and 0.51x). Q (A, K-major): LBO = the next 4 head-dim
+//! elements (kRows rows of 16 bytes), SBO = 8 rows; K (B, K-major, N = keys): LBO = kN rows of 16
+//! bytes, SBO = 8 rows; a k8 step is 2 chunks.
+template <int32_t kD, int32_t kN, int32_t kRows>
+__device__ __forceinline__ void issueTf32Scores(float (&acc)[2][kN / 8][4], uint64_t const qHiDesc,
+    uint64_t const qLoDesc, uint64_t const kHiDesc, uint64_t const kLoDesc)
+{
+    constexpr int32_t kSTEPS = kD / 8;
+    fenceOperands(acc[0]);
+    fenceOperands(acc[1]);
+    wgmmaFence();
+#pragma unroll
+    for (int32_t kk = 0; kk < kSTEPS; ++kk)
+    {
+        uint64_t const qStep = static_cast<uint64_t>(2 * kk * kRows);
+        uint64_t const kStep = static_cast<uint64_t>(2 * kk * kN);
+        hp::Wgmma<float, kN>::ss(acc[0], qLoDesc + qStep, kHiDesc + kStep, kk > 0);
+        hp::Wgmma<float, kN>::ss(acc[0], qHiDesc + qStep, kLoDesc + kStep, true);
+    }
+#pragma unroll
+    for (int32_t kk = 0; kk < kSTEPS; ++kk)
+    {
+        uint64_t const qStep = static_cast<uint64_t>(2 * kk * kRows);
+        uint64_t const kStep = static_cast<uint64_t>(2 * kk * kN);
+        if (kk < kSTEPS / 2)
+        {
+            hp::Wgmma<float, kN>::ss(acc[0], qHiDesc + qStep, kHiDesc + kStep, true);
+        }
+        else
+        {
+            hp::Wgmma<float, kN>::ss(acc[1], qHiDesc + qStep, kHiDesc + kStep, kk > kSTEPS / 2);
+        }
+    }
+    wgmmaCommit();
+}
+
+//! T = P V_j over the key steps [from, to) (8 keys each) into a zeroed accumulator, the same order
+//! (lo terms, then hi·hi), issued and committed. A tile is taken in two halves, each added to O in
+//! float32 (the same argument: 32 keys' worth of truncation, not 64). Vᵀ (B, K-major, N = value
+//! dim): LBO = the next 4 keys (kD rows of 16 bytes), SBO = 8 rows.
+template <int32_t kD, int32_t kN>
+__device__ __forceinline__ void issueTf32Values(float (&t)[kD / 8][4], uint32_t (&pHi)[kN / 8][4],
+    uint32_t (&pLo)[kN / 8][4], uint64_t const vHiDesc, uint64_t const vLoDesc, int32_t const from, int32_t const to)
+{
+    fenceOperands(t);
+    fenceOperands(pHi);
+    fenceOperands(pLo);
+    wgmmaFence();
+#pragma unroll
+    for (int32_t kk = from; kk < to; ++kk)
+    {
+        uint64_t const vStep = static_cast<uint64_t>(2 * kk * kD);
+        hp::Wgmma<float, kD>::rs(t, pLo[kk], vHiDesc + vStep, kk > from);
+        hp::Wgmma<float, kD>::rs(t, pHi[kk], vLoDesc + vStep, true);
+    }
+#pragma unroll
+    for (int32_t kk = from; kk < to; ++kk)
+    {
+        hp::Wgmma<float, kD>::rs(t, pHi[kk], vHiDesc + static_cast<uint64_t>(2 * kk * kD), true);
+    }
+    wgmmaCommit();
+}
+
+//! P (the scores' accumulators, the TF32 A fragment) split into hi + lo.
+template <int32_t kN>
+__device__ __forceinline__ void splitProbabilities(
+    float const (&p)[kN / 8][4], uint32_t (&pHi)[kN / 8][4], uint32_t (&pLo)[kN / 8][4])
+{
+#pragma unroll
+    for (int32_t kk = 0; kk < kN / 8; ++kk)
+    {
+        probabilityFragment(p[kk], pHi[kk], pLo[kk]);
+    }
+}
+
 //! kWG warpgroups x 64 query rows, kN-key tiles (2 x 64 as built); kPLAIN: no mask and no softcap
 //! (compiled without that per-score code). One block per SM at 2 warpgroups (its shared memory
 //! allows no more), two at one.
@@ -192,7 +273,6 @@ __global__ void __launch_bounds__(kWG * 128, kWG == 1 ? 2 : 1) hopperTf32Kernel(
     constexpr int32_t kThreads = kWG * 128;
     constexpr int32_t kRows = kWG * 64;
     constexpr int32_t kTILE = kN * kD; // floats of one K or V tile
-    constexpr int32_t kSTEPS = kD / 8;  // k8 steps of S
     constexpr int32_t kPV_STEPS = kN / 8;
     constexpr int32_t kHALF = kPV_STEPS / 2;
     extern __shared__ __align__(128) unsigned char sharedRaw[];
@@ -271,71 +351,18 @@ __global__ void __launch_bounds__(kWG * 128, kWG == 1 ? 2 : 1) hopperTf32Kernel(
     OnlineSoftmax softmax;
     int64_t const warpRow0 = block.q0 + warp * 16;
 
-    // S = Q K_jᵀ (issued and committed, not waited for) into two accumulators: the first takes
-    // the lo·hi and hi·lo products of every k8 step, then the hi·hi products of the first half of
-    // the steps; the second those of the other half. The tensor core truncates as it accumulates
-    // (each instruction can lose an ulp of its running sum, always towards zero), so the large
-    // hi·hi products come last and are shared between two sums, added in float32 afterwards
-    // (one accumulator, each step's three products in turn, measured 1.8-2.2x the unfused
-    // chain's error on SDXL cross and SigLIP; this order, 0.64x and 0.51x).
-    // K (B, K-major, N = keys): LBO = kN rows of 16 bytes, SBO = 8 rows.
+    // S = Q K_jᵀ and T = P V_j on tile j's stage (issueTf32Scores, issueTf32Values: products,
+    // order and accumulator splits).
     auto const issueScores = [&](float (&acc)[2][kN / 8][4], int32_t j) {
         uint32_t const stage = static_cast<uint32_t>((j % 2) * kTILE * 4);
-        uint64_t const kHiDesc = descriptor(kHiAddress + stage, kN * 16, 128);
-        uint64_t const kLoDesc = descriptor(kLoAddress + stage, kN * 16, 128);
-        fenceOperands(acc[0]);
-        fenceOperands(acc[1]);
-        wgmmaFence();
-#pragma unroll
-        for (int32_t kk = 0; kk < kSTEPS; ++kk)
-        {
-            uint64_t const qStep = static_cast<uint64_t>(2 * kk * kRows);
-            uint64_t const kStep = static_cast<uint64_t>(2 * kk * kN);
-            hp::Wgmma<float, kN>::ss(acc[0], qLoDesc + qStep, kHiDesc + kStep, kk > 0);
-            hp::Wgmma<float, kN>::ss(acc[0], qHiDesc + qStep, kLoDesc + kStep, true);
-        }
-#pragma unroll
-        for (int32_t kk = 0; kk < kSTEPS; ++kk)
-        {
-            uint64_t const qStep = static_cast<uint64_t>(2 * kk * kRows);
-            uint64_t const kStep = static_cast<uint64_t>(2 * kk * kN);
-            if (kk < kSTEPS / 2)
-            {
-                hp::Wgmma<float, kN>::ss(acc[0], qHiDesc + qStep, kHiDesc + kStep, true);
-            }
-            else
-            {
-                hp::Wgmma<float, kN>::ss(acc[1], qHiDesc + qStep, kHiDesc + kStep, kk > kSTEPS / 2);
-            }
-        }
-        wgmmaCommit();
+        issueTf32Scores<kD, kN, kRows>(acc, qHiDesc, qLoDesc, descriptor(kHiAddress + stage, kN * 16, 128),
+            descriptor(kLoAddress + stage, kN * 16, 128));
     };
-    // T = P V_j over the key steps [from, to) (8 keys each) into a zeroed accumulator, the same
-    // order (lo terms, then hi·hi), issued and committed. A tile is taken in two halves, each
-    // added to O in float32 (the same argument: 32 keys' worth of truncation, not 64).
-    // Vᵀ (B, K-major, N = value dim): LBO = the next 4 keys (kD rows of 16 bytes), SBO = 8 rows.
     auto const issueValues = [&](float (&t)[kD / 8][4], uint32_t (&pHi)[kN / 8][4], uint32_t (&pLo)[kN / 8][4],
                                  int32_t j, int32_t const from, int32_t const to) {
         uint32_t const stage = static_cast<uint32_t>((j % 2) * kTILE * 4);
-        uint64_t const vHiDesc = descriptor(vHiAddress + stage, kD * 16, 128);
-        uint64_t const vLoDesc = descriptor(vLoAddress + stage, kD * 16, 128);
-        fenceOperands(t);
-        fenceOperands(pHi);
-        fenceOperands(pLo);
-        wgmmaFence();
-#pragma unroll
-        for (int32_t kk = from; kk < to; ++kk)
-        {
-            uint64_t const vStep = static_cast<uint64_t>(2 * kk * kD);
-            hp::Wgmma<float, kD>::rs(t, pLo[kk], vHiDesc + vStep, kk > from);
-            hp::Wgmma<float, kD>::rs(t, pHi[kk], vLoDesc + vStep, true);
-        }
-#pragma unroll
-        for (int32_t kk = from; kk < to; ++kk)
-        {
-            hp::Wgmma<float, kD>::rs(t, pHi[kk], vHiDesc + static_cast<uint64_t>(2 * kk * kD), true);
-        }
-        wgmmaCommit();
+        issueTf32Values<kD, kN>(t, pHi, pLo, descriptor(vHiAddress + stage, kD * 16, 128),
+            descriptor(vLoAddress + stage, kD * 16, 128), from, to);
     };
     // Waits for every wgmma of this warpgroup, then o += t.
     auto const addValues = [&](float (&t)[kD / 8][4]) {
@@ -371,11 +398,7 @@ __global__ void __launch_bounds__(kWG * 128, kWG == 1 ? 2 : 1) hopperTf32Kernel(
             params, checkEach);
     };
     auto const splitP = [&](float const (&p)[kN / 8][4], uint32_t (&pHi)[kN / 8][4], uint32_t (&pLo)[kN / 8][4]) {
-#pragma unroll
-        for (int32_t kk = 0; kk < kN / 8; ++kk)
-        {
-            probabilityFragment(p[kk], pHi[kk], pLo[kk]);
-        }
+        splitProbabilities<kN>(p, pHi, pLo);
     };
 
     float s[2][kN / 8][4];
@@ -512,7 +535,6 @@ __global__ void __launch_bounds__(kTF32_WG * 128, 1) hopperTf32ShortKernel(float
     constexpr int32_t kThreads = kWG * 128;
     constexpr int32_t kRows = kWG * 64;
     constexpr int32_t kTILE = kN * kD;
-    constexpr int32_t kSTEPS = kD / 8;
     constexpr int32_t kPV_STEPS = kN / 8;
     constexpr int32_t kHALF = kPV_STEPS / 2;
     extern __shared__ __align__(128) unsigned char sharedRaw[];
@@ -544,64 +566,17 @@ __global__ void __launch_bounds__(kTF32_WG * 128, 1) hopperTf32ShortKernel(float
     // The same products, orders and accumulator splits as hopperTf32Kernel (see there).
     auto const issueScores = [&](float (&acc)[2][kN / 8][4], int32_t j) {
         uint32_t const stage = static_cast<uint32_t>(j * kTILE * 4);
-        uint64_t const kHiDesc = descriptor(kHiAddress + stage, kN * 16, 128);
-        uint64_t const kLoDesc = descriptor(kLoAddress + stage, kN * 16, 128);
-        fenceOperands(acc[0]);
-        fenceOperands(acc[1]);
-        wgmmaFence();
-#pragma unroll
-        for (int32_t kk = 0; kk < kSTEPS; ++kk)
-        {
-            uint64_t const qStep = static_cast<uint64_t>(2 * kk * kRows);
-            uint64_t const kStep = static_cast<uint64_t>(2 * kk * kN);
-            hp::Wgmma<float, kN>::ss(acc[0], qLoDesc + qStep, kHiDesc + kStep, kk > 0);
-            hp::Wgmma<float, kN>::ss(acc[0], qHiDesc + qStep, kLoDesc + kStep, true);
-        }
-#pragma unroll
-        for (int32_t kk = 0; kk < kSTEPS; ++kk)
-        {
-            uint64_t const qStep = static_cast<uint64_t>(2 * kk * kRows);
-            uint64_t const kStep = static_cast<uint64_t>(2 * kk * kN);
-            if (kk < kSTEPS / 2)
-            {
-                hp::Wgmma<float, kN>::ss(acc[0], qHiDesc + qStep, kHiDesc + kStep, true);
-            }
-            else
-            {
-                hp::Wgmma<float, kN>::ss(acc[1], qHiDesc + qStep, kHiDesc + kStep, kk > kSTEPS / 2);
-            }
-        }
-        wgmmaCommit();
+        issueTf32Scores<kD, kN, kRows>(acc, qHiDesc, qLoDesc, descriptor(kHiAddress + stage, kN * 16, 128),
+            descriptor(kLoAddress + stage, kN * 16, 128));
     };
     auto const issueValues = [&](float (&t)[kD / 8][4], uint32_t (&pHi)[kN / 8][4], uint32_t (&pLo)[kN / 8][4],
                                  int32_t j, int32_t const from, int32_t const to) {
         uint32_t const stage = static_cast<uint32_t>(j * kTILE * 4);
-        uint64_t const vHiDesc = descriptor(vHiAddress + stage, kD * 16, 128);
-        uint64_t const vLoDesc = descriptor(vLoAddress + stage, kD * 16, 128);
-        fenceOperands(t);
-        fenceOperands(pHi);
-        fenceOperands(pLo);
-        wgmmaFence();
-#pragma unroll
-        for (int32_t kk = from; kk < to; ++kk)
-        {
-            uint64_t const vStep = static_cast<uint64_t>(2 * kk * kD);
-            hp::Wgmma<float, kD>::rs(t, pLo[kk], vHiDesc + vStep, kk > from);
-            hp::Wgmma<float, kD>::rs(t, pHi[kk], vLoDesc + vStep, true);
-        }
-#pragma unroll
-        for (int32_t kk = from; kk < to; ++kk)
-        {
-            hp::Wgmma<float, kD>::rs(t, pHi[kk], vHiDesc + static_cast<uint64_t>(2 * kk * kD), true);
-        }
-        wgmmaCommit();
+        issueTf32Values<kD, kN>(t, pHi, pLo, descriptor(vHiAddress + stage, kD * 16, 128),
+            descriptor(vLoAddress + stage, kD * 16, 128), from, to);
     };
     auto const splitP = [&](float const (&p)[kN / 8][4], uint32_t (&pHi)[kN / 8][4], uint32_t (&pLo)[kN / 8][4]) {
-#pragma unroll
-        for (int32_t kk = 0; kk < kN / 8; ++kk)
-        {
-            probabilityFragment(p[kk], pHi[kk], pLo[kk]);
-        }
+        splitProbabilities<kN>(p, pHi, pLo);
     };
 
     if (first < last)
