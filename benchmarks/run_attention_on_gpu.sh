@@ -11,25 +11,7 @@
 # wheel, fetched). cuDNN itself is loaded at run time from the installed nvidia-cudnn wheel.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-benchmarks/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if [[ -z "${TENSORRT_ROOT:-}" && -f .cache/tensorrt-headers/include/NvInferRuntime.h ]]; then
-  export TENSORRT_ROOT="$PWD/.cache/tensorrt-headers"
-fi
-for dir in .cache/cudnn-headers/cudnn-*/include; do
-  [[ -f $dir/cudnn.h ]] && export GRAPHFIX_CUDNN_INCLUDE_DIR="$PWD/$dir"
-done
-for dir in .cache/cudnn-headers/frontend-*/include; do
-  [[ -f $dir/cudnn_frontend.h ]] && export GRAPHFIX_CUDNN_FRONTEND_INCLUDE_DIR="$PWD/$dir"
-done
-PY=${PYTHON:-python3}
-ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
-export GRAPHFIX_TEST_CUDA_ARCHS=$ARCH GRAPHFIX_CUDA_ARCHS=$ARCH
-BUILD=.cache/plugin-build-$ARCH
-status=0
-
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+source benchmarks/gpu_env.sh
 
 $PY - <<PYEOF 2>&1 | tee "$OUT/attention_build.log" || status=1
 from graphfix.plugins.build import ATTENTION_HARNESS_NAME, build_plugins, build_plugin_harness

@@ -8,19 +8,9 @@
 # on a machine without internet), else whatever graphfix.plugins.build finds or fetches.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-benchmarks/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if [[ -z "${TENSORRT_ROOT:-}" && -f .cache/tensorrt-headers/include/NvInferRuntime.h ]]; then
-  export TENSORRT_ROOT="$PWD/.cache/tensorrt-headers"
-fi
-PY=${PYTHON:-python3}
-ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
-export GRAPHFIX_TEST_CUDA_ARCHS=$ARCH GRAPHFIX_CUDA_ARCHS=$ARCH
-BUILD=.cache/plugin-build-$ARCH
-status=0
-
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+# the same build directory and headers as run_attention_on_gpu.sh (the cuDNN path too, where
+# its headers are in .cache/)
+source benchmarks/gpu_env.sh
 
 $PY - <<EOF 2>&1 | tee "$OUT/build.log" || status=1
 from graphfix.plugins.build import build_plugins, build_plugin_harness
