@@ -233,6 +233,23 @@ def _write(torch, tensor, path: Path) -> str:
     return ",".join(map(str, tensor.shape))
 
 
+def _case_line(torch, stem: Path, shape: Shape, dtype: str, tensors) -> str:
+    """One harness manifest line up to its ITERATIONS: the plugin's fields, Q, K, V (and the
+    boolean mask) written to files beside `stem`, the output path."""
+    q, k, v, keep = tensors
+    files = [
+        f"{dtype}:{_write(torch, x, stem.with_suffix('.' + n))}:{stem.with_suffix('.' + n)}"
+        for n, x in (("q", q), ("k", k), ("v", v))
+    ]
+    if keep is not None:
+        files.append(f"bool:{_write(torch, keep, stem.with_suffix('.m'))}:{stem}.m")
+    fields = [
+        f"scale:kFLOAT32:1:{1.0 / math.sqrt(shape.head_dim)!r}",
+        f"causal:kINT32:1:{int(shape.causal)}",
+    ]
+    return f"{';'.join(fields)}|{';'.join(files)}|{stem}.out|"
+
+
 def _plugin(
     torch, harness: Path, library: Path, manifest: Path, out_path: Path, env, q, dtype, reference
 ):
@@ -304,19 +321,9 @@ def main(argv: list[str] | None = None) -> int:
                 q, k, v, keep = _inputs(torch, shape, dtype)
                 reference = _reference(torch, q, k, v, keep, shape)
                 stem = Path(work) / "case"
-                tensors = [
-                    f"{dtype}:{_write(torch, x, stem.with_suffix('.' + n))}:{stem.with_suffix('.' + n)}"
-                    for n, x in (("q", q), ("k", k), ("v", v))
-                ]
-                if keep is not None:
-                    tensors.append(f"bool:{_write(torch, keep, stem.with_suffix('.m'))}:{stem}.m")
-                fields = [
-                    f"scale:kFLOAT32:1:{1.0 / math.sqrt(shape.head_dim)!r}",
-                    f"causal:kINT32:1:{int(shape.causal)}",
-                ]
                 manifest = Path(work) / "manifest.txt"
                 manifest.write_text(
-                    f"{';'.join(fields)}|{';'.join(tensors)}|{stem}.out|{args.iterations}\n"
+                    _case_line(torch, stem, shape, dtype, (q, k, v, keep)) + f"{args.iterations}\n"
                 )
                 plugin = {
                     backend: _plugin(

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -31,7 +30,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from attention_bench import SHAPES, _inputs, _plugin, _reference, _time_both, _write  # noqa: E402
+from attention_bench import (  # noqa: E402
+    SHAPES,
+    _case_line,
+    _inputs,
+    _plugin,
+    _reference,
+    _time_both,
+)
 
 from graphfix.plugins.build import (  # noqa: E402
     ATTENTION_HARNESS_NAME,
@@ -103,17 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                 q, k, v, keep = _inputs(torch, shape, dtype)
                 reference = _reference(torch, q, k, v, keep, shape)
                 stem = Path(work) / "case"
-                tensors = [
-                    f"{dtype}:{_write(torch, x, stem.with_suffix('.' + n))}:{stem.with_suffix('.' + n)}"
-                    for n, x in (("q", q), ("k", k), ("v", v))
-                ]
-                if keep is not None:
-                    tensors.append(f"bool:{_write(torch, keep, stem.with_suffix('.m'))}:{stem}.m")
-                fields = [
-                    f"scale:kFLOAT32:1:{1.0 / math.sqrt(shape.head_dim)!r}",
-                    f"causal:kINT32:1:{int(shape.causal)}",
-                ]
-                head = f"{';'.join(fields)}|{';'.join(tensors)}|{stem}.out|"
+                head = _case_line(torch, stem, shape, dtype, (q, k, v, keep))
                 manifest = Path(work) / "manifest.txt"
                 manifest.write_text(head + f"{args.iterations}\n")
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION), torch.no_grad():
