@@ -65,6 +65,20 @@ _TERMS = {onnx.TensorProto.FLOAT: 1, onnx.TensorProto.FLOAT16: 2, onnx.TensorPro
 _MAX = {onnx.TensorProto.FLOAT: 3.4e38, onnx.TensorProto.FLOAT16: 65504.0}
 
 
+def _node_adder(edit: GraphEdit, base: str, nodes: list[onnx.NodeProto]):
+    """add(op, inputs, what, **attrs): appends a node named under `base` to `nodes` and returns
+    its one output, a fresh name ending in `what`."""
+
+    def add(op: str, inputs: list[str], what: str, **attrs) -> str:
+        out = edit.unique(f"{base}/{what}")
+        nodes.append(
+            onnx.helper.make_node(op, inputs, [out], name=edit.unique(f"{base}/{op}"), **attrs)
+        )
+        return out
+
+    return add
+
+
 def check_sink_steps(edit: GraphEdit, match: AttentionMatch, softcap: float) -> None:
     """The sink column is treated as the node would treat it: only a max shift, casts and
     identities come after the Concat, and no softcap comes before it (the node soft-caps every
@@ -149,12 +163,7 @@ def add_sink_key(
     nodes: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
 
-    def add(op: str, inputs: list[str], what: str, **attrs) -> str:
-        out = edit.unique(f"{base}/{what}")
-        nodes.append(
-            onnx.helper.make_node(op, inputs, [out], name=edit.unique(f"{base}/{op}"), **attrs)
-        )
-        return out
+    add = _node_adder(edit, base, nodes)
 
     def const(array: np.ndarray, what: str) -> str:
         name = edit.unique(f"{base}/{what}")
@@ -292,12 +301,7 @@ def _pad_mask(edit: GraphEdit, match: AttentionMatch, base: str, mask: MaskPlan)
     nodes: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
 
-    def add(op: str, inputs: list[str], what: str, **attrs) -> str:
-        out = edit.unique(f"{base}/{what}")
-        nodes.append(
-            onnx.helper.make_node(op, inputs, [out], name=edit.unique(f"{base}/{op}"), **attrs)
-        )
-        return out
+    add = _node_adder(edit, base, nodes)
 
     pads = edit.unique(f"{base}/mask_sink_pads")
     inits.append(numpy_helper.from_array(np.array([0] * (2 * rank - 1) + [1], np.int64), pads))
