@@ -254,6 +254,40 @@ __device__ __forceinline__ void splitProbabilities(
     }
 }
 
+//! Waits for every wgmma of this warpgroup, then o += t (a P V_j half, see issueTf32Values).
+template <int32_t kD>
+__device__ __forceinline__ void addValuesInto(float (&o)[kD / 8][4], float (&t)[kD / 8][4])
+{
+    wgmmaWait<0>();
+    fenceOperands(t);
+#pragma unroll
+    for (int32_t n = 0; n < kD / 8; ++n)
+    {
+#pragma unroll
+        for (int32_t e = 0; e < 4; ++e)
+        {
+            o[n][e] += t[n][e];
+        }
+    }
+}
+
+//! The scores' two sums (see issueTf32Scores) added into the first, once they are waited for.
+template <int32_t kN>
+__device__ __forceinline__ void addScoreSums(float (&acc)[2][kN / 8][4])
+{
+    fenceOperands(acc[0]);
+    fenceOperands(acc[1]);
+#pragma unroll
+    for (int32_t n = 0; n < kN / 8; ++n)
+    {
+#pragma unroll
+        for (int32_t e = 0; e < 4; ++e)
+        {
+            acc[0][n][e] += acc[1][n][e];
+        }
+    }
+}
+
 //! kWG warpgroups x 64 query rows, kN-key tiles (2 x 64 as built); kPLAIN: no mask and no softcap
 //! (compiled without that per-score code). One block per SM at 2 warpgroups (its shared memory
 //! allows no more), two at one.
@@ -364,34 +398,11 @@ __global__ void __launch_bounds__(kWG * 128, kWG == 1 ? 2 : 1) hopperTf32Kernel(
         issueTf32Values<kD, kN>(t, pHi, pLo, descriptor(vHiAddress + stage, kD * 16, 128),
             descriptor(vLoAddress + stage, kD * 16, 128), from, to);
     };
-    // Waits for every wgmma of this warpgroup, then o += t.
-    auto const addValues = [&](float (&t)[kD / 8][4]) {
-        wgmmaWait<0>();
-        fenceOperands(t);
-#pragma unroll
-        for (int32_t n = 0; n < kD / 8; ++n)
-        {
-#pragma unroll
-            for (int32_t e = 0; e < 4; ++e)
-            {
-                o[n][e] += t[n][e];
-            }
-        }
-    };
+    auto const addValues = [&](float (&t)[kD / 8][4]) { addValuesInto<kD>(o, t); };
     // Waits for the scores (the group before the last), adds the two sums, runs the online softmax.
     auto const softmaxOf = [&](float (&acc)[2][kN / 8][4], float (&alpha)[2], int32_t j, auto wait) {
         wait();
-        fenceOperands(acc[0]);
-        fenceOperands(acc[1]);
-#pragma unroll
-        for (int32_t n = 0; n < kN / 8; ++n)
-        {
-#pragma unroll
-            for (int32_t e = 0; e < 4; ++e)
-            {
-                acc[0][n][e] += acc[1][n][e];
-            }
-        }
+        addScoreSums<kN>(acc);
         int64_t const k0 = static_cast<int64_t>(j) * kN;
         bool const checkEach = k0 + kN > shape.seqK || (params.causal && k0 + kN - 1 > warpRow0);
         softmax.template update<false>(acc[0], alpha, warpRow0 + lane / 4, k0, mask, block.maskBase, shape,
@@ -652,32 +663,10 @@ __global__ void __launch_bounds__(kTF32_WG * 128, 1) hopperTf32ShortKernel(float
             o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.F;
         }
         OnlineSoftmax softmax;
-        auto const addValues = [&](float (&t)[kD / 8][4]) {
-            wgmmaWait<0>();
-            fenceOperands(t);
-#pragma unroll
-            for (int32_t n = 0; n < kD / 8; ++n)
-            {
-#pragma unroll
-                for (int32_t e = 0; e < 4; ++e)
-                {
-                    o[n][e] += t[n][e];
-                }
-            }
-        };
+        auto const addValues = [&](float (&t)[kD / 8][4]) { addValuesInto<kD>(o, t); };
         auto const softmaxOf = [&](float (&acc)[2][kN / 8][4], float (&alpha)[2], int32_t j, auto wait) {
             wait();
-            fenceOperands(acc[0]);
-            fenceOperands(acc[1]);
-#pragma unroll
-            for (int32_t n = 0; n < kN / 8; ++n)
-            {
-#pragma unroll
-                for (int32_t e = 0; e < 4; ++e)
-                {
-                    acc[0][n][e] += acc[1][n][e];
-                }
-            }
+            addScoreSums<kN>(acc);
             int64_t const k0 = static_cast<int64_t>(j) * kN;
             bool const checkEach = k0 + kN > shape.seqK || (params.causal && k0 + kN - 1 > warpRow0);
             softmax.template update<false>(acc[0], alpha, warpRow0 + lane / 4, k0, mask, item.maskBase, shape,
