@@ -18,7 +18,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 from graphfix.cli import main
 from graphfix.precision.locate import locate
-from graphfix.precision.locate.emulate import emulate_low_precision
 from graphfix.precision.locate.localise import measure, module_path
 from graphfix.precision.locate.reference import TensorSite
 from graphfix.precision.locate.trt_candidate import bisect_prefix
@@ -169,7 +168,7 @@ def test_rounding_fault_variance_is_located_and_repaired(tmp_path):
     assert report.fixed is not None and report.fixed.passed
     assert validate(
         variance_model(),
-        emulate_low_precision(report.fixed_model),
+        report.fixed_model,  # float16 materialised by default, as locate judged it
         inputs=inputs,
         backend="onnxruntime",
     ).passed
@@ -217,7 +216,7 @@ def test_planted_overflow_in_real_export(entry, tmp_path):
     ranked = [s.node for s in report.suspects[:3]]
     assert {fault.node, *fault.consumers} & set(ranked), (fault.node, ranked)
     assert report.fixed is not None and report.fixed.passed
-    check = validate(fault.model, emulate_low_precision(report.fixed_model), backend="onnxruntime")
+    check = validate(fault.model, report.fixed_model, backend="onnxruntime")
     assert check.passed and check.tolerance.atol == 1e-2  # float16 tolerance
     assert 0 < len(report.fixed.float32_nodes) < len(fault.model.graph.node) // 4
 
@@ -255,8 +254,7 @@ def test_json_document_and_apply_writes_model(planted_files, tmp_path, capsys):
     fixed = document["fixed"]
     assert fixed["path"] == str(out) and fixed["passed"] is True
     assert fixed["float32_nodes"] and fixed["error"] < 1e-2
-    fixed_model = emulate_low_precision(onnx.load(out))
-    assert validate(planted_files, fixed_model, backend="onnxruntime").passed
+    assert validate(planted_files, out, backend="onnxruntime").passed
     assert (tmp_path / "plots" / "locate_error_by_depth.png").stat().st_size > 10_000
     # same output-path rules as `graphfix fix`: an existing output is refused before any work
     code = main(["locate", str(planted_files), "--precision", "float16", "--apply", "-o", str(out)])

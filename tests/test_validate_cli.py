@@ -85,7 +85,12 @@ def test_json_report(models, capsys):
     )
     data = json.loads(out)
     assert code == (0 if data["passed"] else 1)
-    assert data["tolerance"] == {"atol": 0.5, "rtol": 0.0, "quantile": None}
+    assert data["tolerance"] == {
+        "atol": 0.5,
+        "rtol": 0.0,
+        "quantile": None,
+        "allow_nonfinite": False,
+    }
     assert data["outputs"][0]["name"] == "probabilities" and data["plots"] == []
 
 

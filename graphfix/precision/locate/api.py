@@ -11,11 +11,11 @@ import onnx
 
 from graphfix.attention.matcher import find_attention
 from graphfix.errors import UsageError
+from graphfix.graph.index import all_graphs
 from graphfix.model_io import LoadedModel, check_output_path, load_model
 from graphfix.plugins.reference import has_plugin_ops, with_reference_ops
 from graphfix.plugins.spec import PLUGIN_DOMAIN
 from graphfix.precision.locate.candidate import BASES, build_candidate
-from graphfix.precision.locate.emulate import emulate_low_precision
 from graphfix.precision.locate.localise import RANGE_MAX, measure, module_path, rank_suspects
 from graphfix.precision.locate.reference import (
     DEFAULT_CHUNK_BYTES,
@@ -27,8 +27,21 @@ from graphfix.precision.locate.reference import (
 )
 from graphfix.precision.locate.remedies import TrialRunner
 from graphfix.precision.locate.report import LocateReport, with_remedies
-from graphfix.validation.compare import DEFAULT_TOLERANCES, Tolerance, compare_output
+from graphfix.validation.compare import (
+    DEFAULT_TOLERANCES,
+    OutputPairing,
+    Tolerance,
+    compare_output,
+    pair_output_names,
+)
 from graphfix.validation.inputs import ValueRange, check_same_inputs, input_specs, make_inputs
+from graphfix.validation.low_precision import (
+    LowPrecision,
+    describe_low_precision,
+    emulate_low_precision,
+    low_precision_mode,
+    low_precision_types,
+)
 from graphfix.validation.validate import _model_precision
 
 PRECISIONS = ("float16", "bfloat16")
@@ -61,6 +74,9 @@ def locate(
     max_trials: int | None = None,
     top: int | None = None,
     remedy_base: str | None = None,
+    low_precision: str | None = None,
+    allow_nonfinite: bool | None = None,
+    pair_outputs: str | None = None,
 ) -> LocateReport:
     """Compare every intermediate tensor of `candidate` (or of `model` converted to `precision`)
     with `model` run in float32, rank the nodes that create the error, and search remedies.
@@ -73,7 +89,11 @@ def locate(
     engines instead (see `trt_candidate`).  `chunk_bytes` bounds the intermediates held per side.
     `remedy_base`: what the remedy trials convert with — "minimal" (default: only what a trial
     proves necessary stays float32) or "convert_precision" (its default islands plus remedies).
+    `low_precision`, `allow_nonfinite`, `pair_outputs`: as in `graphfix.validate` — float16/bfloat16
+    materialised at every node output by default, NaN/inf on both sides fails unless allowed,
+    outputs paired by name unless "position".
     """
+    mode = low_precision_mode(low_precision)
     if remedy_base not in (None, *BASES):
         raise UsageError(f"remedy_base {remedy_base!r} is not one of {', '.join(BASES)}")
     if backend not in (None, *BACKENDS):
@@ -138,6 +158,14 @@ def locate(
                 "in validate's wiring check: their kernels are not what is compared"
             )
         notes += check_same_inputs(input_specs(reference.model), input_specs(cand.model))
+        paired = pair_output_names(
+            [o.name for o in reference.model.graph.output],
+            [o.name for o in cand.model.graph.output],
+            by=pair_outputs,
+        )
+        if OutputPairing(pair_outputs or "name") is OutputPairing.POSITION:
+            cand = LoadedModel(_renamed_outputs(cand.model, paired.pairs), cand.path, True)
+            notes += paired.notes
         _check_comparable(reference.model, cand.model)
         computes_in = _LONG[_model_precision(cand.model)]
         cand_label = _label(cand, "candidate")
@@ -151,6 +179,7 @@ def locate(
         atol=default.atol if atol is None else atol,
         rtol=default.rtol if rtol is None else rtol,
         quantile=quantile,
+        allow_nonfinite=bool(allow_nonfinite),
     )
 
     start = time.perf_counter()
@@ -164,13 +193,9 @@ def locate(
     errors = []
     ref_out: dict[str, np.ndarray] = {}
     cand_out: dict[str, np.ndarray] = {}
-    emulated = emulate_low_precision(cand.model)
-    if len(emulated.graph.node) != len(cand.model.graph.node):  # it stores something low
-        cand = LoadedModel(emulated, cand.path, True)
-        notes.append(
-            f"{computes_in} rounding made explicit (a Cast pair after every {computes_in} "
-            "tensor): onnxruntime's CPU otherwise runs most float16 ops in float32"
-        )
+    low_line = describe_low_precision(mode, low_precision_types(cand.model))
+    if low_line is not None and mode is LowPrecision.MATERIALISE:
+        cand = LoadedModel(emulate_low_precision(cand.model), cand.path, True)
     with (
         TensorStreamer(reference, label=_label(reference, "model")) as ref_stream,
         TensorStreamer(cand, label=cand_label) as cand_stream,
@@ -204,6 +229,7 @@ def locate(
         f"{_label(reference, 'model')}",
         candidate=f"onnxruntime (CPU) on {cand_label}",
         precision=computes_in,
+        low_precision=low_line,
         tolerance=tolerance,
         diverges=diverges,
         outputs=comparisons,
@@ -222,6 +248,7 @@ def locate(
         reference_outputs=ref_out,
         tolerance=tolerance,
         base=remedy_base,
+        low_precision=mode,
     )
     return with_remedies(
         report,
@@ -238,6 +265,23 @@ def locate(
 
 def _label(model: LoadedModel, fallback: str) -> str:
     return str(model.path) if model.path is not None else f"the {fallback} (in memory)"
+
+
+def _renamed_outputs(model: onnx.ModelProto, pairs: Sequence[tuple[str, str]]) -> onnx.ModelProto:
+    """A copy of `model` whose outputs carry the reference's names (outputs paired by position);
+    a tensor of `model` already holding one of those names is renamed out of the way first."""
+    renames = {c: r for r, c in pairs if r != c}
+    taken = set(renames.values()) - set(renames)
+    renames.update({name: f"{name}/graphfix_renamed" for name in taken})
+    result = onnx.ModelProto()
+    result.CopyFrom(model)
+    for graph in all_graphs(result.graph):
+        for node in graph.node:
+            node.input[:] = [renames.get(i, i) for i in node.input]
+            node.output[:] = [renames.get(o, o) for o in node.output]
+        for value in (*graph.input, *graph.output, *graph.value_info):
+            value.name = renames.get(value.name, value.name)
+    return result
 
 
 def _check_comparable(reference: onnx.ModelProto, candidate: onnx.ModelProto) -> None:

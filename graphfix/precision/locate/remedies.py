@@ -26,10 +26,10 @@ from graphfix.attention.matcher import find_attention
 from graphfix.model_io import LoadedModel
 from graphfix.precision import policy
 from graphfix.precision.locate.candidate import BuiltCandidate, build_candidate
-from graphfix.precision.locate.emulate import emulate_low_precision
 from graphfix.precision.locate.localise import RANGE_MAX, UNIT_ROUNDOFF, Suspect, TensorError
 from graphfix.precision.locate.reference import infer_types, node_label
 from graphfix.validation.compare import OutputComparison, Tolerance, compare_output
+from graphfix.validation.low_precision import LowPrecision
 
 _FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 _RANGE_MARGIN = 0.5  # values above this fraction of the type's range go to float32 at once
@@ -110,8 +110,10 @@ class TrialRunner:
         reference_outputs: Mapping[str, np.ndarray],
         tolerance: Tolerance,
         base: str | None = None,
+        low_precision: LowPrecision | None = None,
     ) -> None:
         self.base = "minimal" if base is None else base
+        self.low_precision = low_precision
         self._fusion = None  # fuse_norms' result, made on first use
         self.model = model
         self.precision = precision
@@ -155,13 +157,15 @@ class TrialRunner:
         return self._fusion
 
     def run_candidate(self, model: onnx.ModelProto) -> tuple[dict[str, np.ndarray], float | None]:
-        """The candidate's outputs on the feeds (onnxruntime, float16 rounding made explicit),
-        and its latency where it means something (None here; TensorRT runners measure it)."""
+        """The candidate's outputs on the feeds (onnxruntime, float16 materialised unless the
+        runner was told to run it as is), and its latency where it means something (None here;
+        TensorRT runners measure it)."""
         from graphfix.validation.backends.onnxruntime_backend import OnnxRuntimeRunner
 
         runner = OnnxRuntimeRunner(
-            LoadedModel(emulate_low_precision(model), None, True),
+            LoadedModel(model, None, True),
             label="the candidate with remedies",
+            low_precision=self.low_precision,
         )
         return runner.infer(self.feeds), None
 
