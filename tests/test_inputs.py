@@ -227,3 +227,76 @@ def test_check_same_inputs():
         ValidationUsageError, match=r"\[1, 3, 4, 4\] in the original but \[1, 3, 8, 8\]"
     ):
         check_same_inputs(fp32, other)
+
+
+def _masked_scores(mask_type: int, mask_nodes: list, mask_out: str, name: str) -> onnx.ModelProto:
+    """scores [batch, seq, seq] + bias made from a mask input [batch, seq] by `mask_nodes`."""
+    nodes = [
+        *mask_nodes,
+        helper.make_node("Unsqueeze", [mask_out, "axes"], ["bias3"]),
+        helper.make_node("Add", ["scores", "bias3"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "masked",
+        [
+            helper.make_tensor_value_info("scores", TensorProto.FLOAT, [2, 5, 5]),
+            helper.make_tensor_value_info(name, mask_type, [2, 5]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5, 5])],
+        [
+            numpy_helper.from_array(np.array([1], np.int64), "axes"),
+            numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+            numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "min"),
+            numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+            numpy_helper.from_array(np.array(-np.inf, np.float32), "ninf"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_transformers_style_integer_mask_keeps_every_key_by_its_role():
+    """(1 - mask) * finfo.min, under a name that does not say "mask": the graph shows the role."""
+    nodes = [
+        helper.make_node("Cast", ["keep"], ["keepf"], to=TensorProto.FLOAT),
+        helper.make_node("Sub", ["one", "keepf"], ["inverted"]),
+        helper.make_node("Mul", ["inverted", "min"], ["bias"]),
+    ]
+    data = make_inputs(_masked_scores(TensorProto.INT64, nodes, "bias", "keep"))
+    assert np.array_equal(data.feeds["keep"], np.ones((2, 5), np.int64))
+    (source,) = [s for s in data.sources if s.name == "keep"]
+    assert source.origin.startswith("all 1 (a mask: the graph turns 0 into a blocking score bias")
+
+
+def test_bool_padding_mask_that_blocks_where_true_is_all_false():
+    """PyTorch's key_padding_mask: Where(pad, -inf, 0): True blocks, so every key kept is False."""
+    nodes = [helper.make_node("Where", ["pad", "ninf", "zero"], ["bias"])]
+    data = make_inputs(_masked_scores(TensorProto.BOOL, nodes, "bias", "pad"))
+    assert data.feeds["pad"].dtype == np.bool_ and not data.feeds["pad"].any()
+    inverted = [  # the same mask read through Not: True keeps
+        helper.make_node("Not", ["keep"], ["pad"]),
+        helper.make_node("Where", ["pad", "ninf", "zero"], ["bias"]),
+    ]
+    data = make_inputs(_masked_scores(TensorProto.BOOL, inverted, "bias", "keep"))
+    assert data.feeds["keep"].all()
+
+
+def test_mask_by_name_when_the_graph_does_not_show_its_role():
+    nodes = [helper.make_node("Cast", ["attention_mask"], ["bias"], to=TensorProto.FLOAT)]
+    model = _masked_scores(TensorProto.INT64, nodes, "bias", "attention_mask")
+    data = make_inputs(model)
+    assert np.array_equal(data.feeds["attention_mask"], np.ones((2, 5), np.int64))
+    (source,) = [s for s in data.sources if s.name == "attention_mask"]
+    assert "a mask by its name: 1 keeps a key" in source.origin
+    padding = [helper.make_node("Cast", ["key_padding_mask"], ["bias"], to=TensorProto.FLOAT)]
+    model = _masked_scores(TensorProto.BOOL, padding, "bias", "key_padding_mask")
+    assert not make_inputs(model).feeds["key_padding_mask"].any()  # True marks padding
+    given = make_inputs(model, ranges={"key_padding_mask": (0, 1)})  # the user's range wins
+    (source,) = [s for s in given.sources if s.name == "key_padding_mask"]
+    assert "random booleans" in source.origin
+
+
+def test_integer_input_that_is_no_mask_stays_random():
+    nodes = [helper.make_node("Cast", ["step"], ["bias"], to=TensorProto.FLOAT)]
+    data = make_inputs(_masked_scores(TensorProto.INT64, nodes, "bias", "step"), seed=3)
+    assert set(np.unique(data.feeds["step"])) == {0, 1}

@@ -34,7 +34,13 @@ from graphfix.validation.compare import (
     compare_output,
     pair_output_names,
 )
-from graphfix.validation.inputs import ValueRange, check_same_inputs, input_specs, make_inputs
+from graphfix.validation.inputs import (
+    ValueRange,
+    cast_feeds,
+    check_same_inputs,
+    input_specs,
+    make_inputs,
+)
 from graphfix.validation.low_precision import (
     LowPrecision,
     describe_low_precision,
@@ -200,7 +206,8 @@ def locate(
         TensorStreamer(reference, label=_label(reference, "model")) as ref_stream,
         TensorStreamer(cand, label=cand_label) as cand_stream,
     ):
-        for name, r, c in stream_pairs(ref_stream, cand_stream, data.feeds, data.feeds, chunks):
+        cand_feeds = cast_feeds(data.feeds, input_specs(cand.model))  # float16 inputs as-is
+        for name, r, c in stream_pairs(ref_stream, cand_stream, data.feeds, cand_feeds, chunks):
             if name in outputs:
                 ref_out[name], cand_out[name] = r, c
             if name in sites:
