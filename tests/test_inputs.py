@@ -300,3 +300,33 @@ def test_integer_input_that_is_no_mask_stays_random():
     nodes = [helper.make_node("Cast", ["step"], ["bias"], to=TensorProto.FLOAT)]
     data = make_inputs(_masked_scores(TensorProto.INT64, nodes, "bias", "step"), seed=3)
     assert set(np.unique(data.feeds["step"])) == {0, 1}
+
+
+def _causal_lm_entries():
+    import lm_corpus
+    import model_corpus
+
+    ours = [(e, lm_corpus.model_path) for e in lm_corpus.CAUSAL_LMS]
+    theirs = [
+        (e, model_corpus.model_path)
+        for e in model_corpus.CORPUS
+        if e.model in ("gpt2_eager", "gpt2_sdpa", "llama_eager", "llama_sdpa", "gemma2_eager")
+    ]
+    return [pytest.param(e, path, id=e.name, marks=pytest.mark.slow) for e, path in ours + theirs]
+
+
+@pytest.mark.parametrize("entry, exported", _causal_lm_entries())
+def test_causal_lm_passes_validate_after_precision_with_default_inputs(entry, exported):
+    """Qwen2/3, Phi-3, Gemma 2/3, Mistral (sliding window), OPT, GPT-2, Llama; both exporters."""
+    pytest.importorskip("torch", reason="exporting the corpus model needs torch")
+    from graphfix.precision.convert import convert_precision
+    from graphfix.validation.validate import validate
+
+    model = onnx.load(str(exported(entry)))
+    converted = convert_precision(model, to="float16").model
+    report = validate(model, converted, backend="onnxruntime")
+    mask = next(s for s in report.inputs if s.name == "attention_mask")
+    assert mask.origin.startswith("all 1 (a mask"), mask.origin  # every key kept, and said why
+    ids = next(s for s in report.inputs if s.name == "input_ids")
+    assert "random integers 0..63 (indices of Gather" in ids.origin  # inside the vocabulary
+    assert report.passed, report.summary(histograms=False)

@@ -161,17 +161,19 @@ def test_lowered_plugin_nodes_are_materialised(native_fp16):
 # --- validate and locate agree, on every float16 model the corpus makes ---------------------
 
 
-def _verdicts(reference: onnx.ModelProto, candidate: onnx.ModelProto, feeds=None) -> tuple:
-    checked = validate(reference, candidate, backend="onnxruntime", inputs=feeds)
-    located = locate(reference, candidate, inputs=feeds, remedies=False)
+def _verdicts(reference: onnx.ModelProto, candidate: onnx.ModelProto, **inputs) -> tuple:
+    checked = validate(reference, candidate, backend="onnxruntime", **inputs)
+    located = locate(reference, candidate, remedies=False, **inputs)
     return checked.passed, not located.diverges
 
 
 def _assert_agree(reference: onnx.ModelProto, candidate: onnx.ModelProto) -> bool:
-    default = _verdicts(reference, candidate)
-    assert default[0] == default[1], f"validate {default[0]}, locate {default[1]} (default inputs)"
+    """validate and locate on the same pair: default inputs (dynamic dimensions sized as the
+    corpus's recipe sizes them), then the corpus's own recipe inputs."""
     recipe = model_corpus.random_feed(reference, np.random.default_rng(0))
-    given = _verdicts(reference, candidate, recipe)
+    default = _verdicts(reference, candidate, shapes={k: v.shape for k, v in recipe.items()})
+    assert default[0] == default[1], f"validate {default[0]}, locate {default[1]} (default inputs)"
+    given = _verdicts(reference, candidate, inputs=recipe)
     assert given[0] == given[1], f"validate {given[0]}, locate {given[1]} (the corpus's inputs)"
     return default[0]
 
@@ -211,7 +213,9 @@ def test_planted_overflow_fails_validate_and_locate(entry):
     if _model_precision(model) != "fp32":
         pytest.skip(f"{entry.name} is not a float32 export")
     try:
-        fault = plant_overflow(model, make_inputs(model).feeds)
+        recipe = model_corpus.random_feed(model, np.random.default_rng(0))
+        shapes = {k: v.shape for k, v in recipe.items()}  # dynamic dimensions as the recipe's
+        fault = plant_overflow(model, make_inputs(model, shapes=shapes).feeds)
     except ValueError as exc:  # no MatMul/Gemm/Conv with a float32 weight to scale
         pytest.skip(str(exc))
     converted = convert_precision(fault.model, to="float16").model

@@ -428,7 +428,9 @@ def _blocking_value(index: GraphIndex, name: str) -> int | None:
             elif op == "Mul" and constant is not None and constant.size:
                 if float(np.max(constant)) <= _BLOCKING:
                     return 0 if flipped else 1
-            elif op in _MASK_CARRIERS and (op in ("Concat", "And", "Or") or node.input[0] == tensor):
+            elif op in _MASK_CARRIERS and (
+                op in ("Concat", "And", "Or") or node.input[0] == tensor
+            ):
                 step = False
             elif op == "Not":
                 step = True

@@ -1,6 +1,7 @@
 """Validate a candidate (a TensorRT engine, or onnxruntime) against onnxruntime on the original.
 
-The reference is always onnxruntime on the CPU running the original model as written.  The
+The reference is always onnxruntime on the CPU running the original model as written (a
+float16/bfloat16 original materialised as the candidate is, `graphfix.validation.low_precision`).  The
 candidate is, by default, a TensorRT engine of the fixed model with graphfix's plugin library
 loaded, or, where TensorRT is absent, onnxruntime running the fixed model with graphfix's
 reference implementation of its plugin ops: a wiring check of the rewrite on any machine (for a
@@ -364,9 +365,7 @@ def _runner(plan: ValidationPlan, model: LoadedModel, role: str, *, backend: Bac
         OnnxRuntimeRunner,  # imports onnxruntime
     )
 
-    # the reference runs as written; a low-precision candidate as `plan.low_precision` says
-    mode = plan.low_precision if model is plan.candidate else LowPrecision.AS_IS
-    return OnnxRuntimeRunner(model, label=label, low_precision=mode)
+    return OnnxRuntimeRunner(model, label=label, low_precision=plan.low_precision)
 
 
 def _label(model: LoadedModel, fallback: str) -> str:

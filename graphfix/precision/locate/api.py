@@ -202,12 +202,17 @@ def locate(
     low_line = describe_low_precision(mode, low_precision_types(cand.model))
     if low_line is not None and mode is LowPrecision.MATERIALISE:
         cand = LoadedModel(emulate_low_precision(cand.model), cand.path, True)
+    ref_run = reference  # a float16/bfloat16 MODEL runs under the same semantics as validate's
+    if mode is LowPrecision.MATERIALISE and low_precision_types(reference.model):
+        ref_run = LoadedModel(emulate_low_precision(reference.model), reference.path, True)
     with (
-        TensorStreamer(reference, label=_label(reference, "model")) as ref_stream,
+        TensorStreamer(ref_run, label=_label(reference, "model")) as ref_stream,
         TensorStreamer(cand, label=cand_label) as cand_stream,
     ):
-        cand_feeds = cast_feeds(data.feeds, input_specs(cand.model))  # float16 inputs as-is
-        for name, r, c in stream_pairs(ref_stream, cand_stream, data.feeds, cand_feeds, chunks):
+        ref_feeds, cand_feeds = (
+            cast_feeds(data.feeds, input_specs(m.model)) for m in (ref_run, cand)
+        )
+        for name, r, c in stream_pairs(ref_stream, cand_stream, ref_feeds, cand_feeds, chunks):
             if name in outputs:
                 ref_out[name], cand_out[name] = r, c
             if name in sites:
