@@ -239,3 +239,16 @@ def test_native_low_precision_export_fixed_gets_one_verdict(entry):
         pytest.skip(f"{entry.name} stores no float16/bfloat16")
     fixed = fix_attention(model).model
     _assert_agree(model, fixed)
+
+
+def test_qdq_fix_guard_measures_float16_materialised(tmp_path):
+    """`qdq fix`'s error guard judges a float16 model as validate does: the overflow counts."""
+    from graphfix.qdq.error import ErrorGuard
+
+    original, half = _square_model()
+    feeds = [{"x": np.full((2, 4), 905.2, np.float32)}]
+    guard = ErrorGuard(half, original, feeds=feeds)
+    assert guard.low_precision.startswith(MATERIALISED)
+    worst, _ = guard.error(half)
+    assert not np.isfinite(worst)  # inf − finite: onnxruntime as is would report 0
+    assert guard.error(original) == (0.0, 0.0)  # a float32 candidate runs as written
