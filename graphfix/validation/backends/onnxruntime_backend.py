@@ -105,7 +105,8 @@ class OnnxRuntimeRunner:
                 f"; it has {plugin_nodes} {PLUGIN_DOMAIN} node(s): pass reference_ops=None or "
                 "True to lower them"
                 if plugin_nodes and not lower
-                else "; onnxruntime's CPU provider has no bfloat16 kernel for most ops: run a "
+                else "; onnxruntime's CPU provider has no bfloat16 kernel for most ops: leave "
+                "--low-precision at materialise (each op then computes in float32), run a "
                 "bfloat16 model through PyTorch on a GPU (tools/torch_onnx_eval.py in the "
                 "repository) or validate its float16 conversion"
                 if _has_bfloat16(proto)
