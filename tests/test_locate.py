@@ -509,3 +509,11 @@ def test_nan_on_both_sides_is_a_finding_unless_allowed(tmp_path, capsys):
     argv = ["validate", str(path), str(path), "--backend", "onnxruntime", "--allow-nonfinite"]
     assert main(argv) == 0
     assert "NaN/inf on both sides allowed" in capsys.readouterr().out
+
+
+def test_onnxruntime_only_options_are_refused_with_the_tensorrt_backend(planted_files, capsys):
+    argv = ["locate", str(planted_files), "--precision", "float16", "--backend", "tensorrt"]
+    assert main([*argv, "--low-precision", "as-is", "--allow-nonfinite"]) == 2
+    err = capsys.readouterr().err
+    assert "--low-precision, --allow-nonfinite apply to the onnxruntime backend" in err
+    assert err.count("\n") == 1

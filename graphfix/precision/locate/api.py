@@ -128,6 +128,21 @@ def locate(
             f"{DEFAULT_CHUNK_BYTES >> 20} MiB"
         )
     if backend == "tensorrt":
+        given = [
+            flag
+            for flag, value in (
+                ("--low-precision", low_precision),
+                ("--allow-nonfinite", allow_nonfinite),
+                ("--pair-outputs", pair_outputs),
+            )
+            if value is not None
+        ]
+        if given:
+            raise UsageError(
+                f"{', '.join(given)} apply to the onnxruntime backend (a TensorRT engine stores "
+                "each tensor in its own type and locate's TensorRT path pairs outputs by name); "
+                "drop them or use --backend onnxruntime"
+            )
         from graphfix.precision.locate.trt_candidate import locate_tensorrt
 
         return locate_tensorrt(
