@@ -143,6 +143,18 @@ def test_emulation_rounds_each_stored_tensor_and_keeps_names():
     assert all(t.data_type == F for t in emulated.graph.initializer)
 
 
+def test_stale_float32_annotations_do_not_hide_a_float16_tensor(square_inputs):
+    """A converter that leaves value_info saying float32 on a tensor now float16 (issue 19's
+    dynamo exports): the types are inferred from the nodes, so the square is still rounded."""
+    original, half = _square_model()
+    half.graph.value_info.extend(
+        [helper.make_tensor_value_info(name, F, [2, 4]) for name in ("h", "sq", "y_body")]
+    )
+    rounded = {n.output[0] for n in emulate_low_precision(half).graph.node if n.op_type == "Cast"}
+    assert {"sq/graphfix_rounded", "sq"} <= rounded
+    assert not validate(original, half, backend="onnxruntime", inputs=square_inputs).passed
+
+
 @pytest.fixture(scope="module")
 def native_fp16():
     pytest.importorskip("torch", reason="exporting the corpus model needs torch")

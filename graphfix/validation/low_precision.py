@@ -89,8 +89,11 @@ def emulate_low_precision(model: onnx.ModelProto) -> onnx.ModelProto:
     """
     result = onnx.ModelProto()
     result.CopyFrom(model)
-    main = GraphIndex(model)
-    scopes = [(model.graph, main), *((body, index) for _, body, index in main.subgraph_scopes())]
+    graphs = list(all_graphs(result.graph))
+    for graph in graphs:  # types come from inference, not from annotations a converter left stale
+        del graph.value_info[:]
+    main = GraphIndex(result)
+    scopes = [(result.graph, main), *((body, index) for _, body, index in main.subgraph_scopes())]
     types = [  # per graph, in `all_graphs` order (outer first, depth first)
         {
             out: t
@@ -100,7 +103,6 @@ def emulate_low_precision(model: onnx.ModelProto) -> onnx.ModelProto:
         }
         for graph, index in scopes
     ]
-    graphs = list(all_graphs(result.graph))
     renames: dict[str, str] = {}  # float16 graph inputs: fed as float32, rounded on entry
     entry: list[onnx.NodeProto] = []
     for value in result.graph.input:
@@ -151,7 +153,6 @@ def _emulate_graph(graph: onnx.GraphProto, types: dict[str, int], renames: dict[
             node.output[k] = raw
             nodes += _round(raw, out, low)
     _replace_nodes(graph, nodes)
-    del graph.value_info[:]
 
 
 def _replace_nodes(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
