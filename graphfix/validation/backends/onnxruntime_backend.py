@@ -76,19 +76,20 @@ class OnnxRuntimeRunner:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         options.log_severity_level = 3
         rewritten = lower or emulate
-        proto = model.model
+        proto = with_reference_ops(model.model) if lower else model.model
         if rewritten and not model.weights_loaded and model.base_dir is not None:
-            proto = onnx.ModelProto()
-            proto.CopyFrom(model.model)
+            if proto is model.model:  # the caller's model stays as it was given
+                proto = onnx.ModelProto()
+                proto.CopyFrom(model.model)
             onnx.load_external_data_for_model(proto, str(model.base_dir))
-        proto = with_reference_ops(proto) if lower else proto
         proto = emulate_low_precision(proto) if emulate else proto
         self.specs = input_specs(proto)  # float16 inputs of an emulated model take float32
-        self._half_outputs = {  # an emulated model's float16 outputs, given back in float16
-            o.name
-            for o in model.model.graph.output
-            if emulate and o.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
-        }
+        half = onnx.TensorProto.FLOAT16
+        self._half_outputs = (  # an emulated model's float16 outputs, given back in float16
+            {o.name for o in model.model.graph.output if o.type.tensor_type.elem_type == half}
+            if emulate
+            else set()
+        )
         self._folder: tempfile.TemporaryDirectory[str] | None = None
         try:
             if not rewritten and model.path is not None:
