@@ -296,6 +296,18 @@ def test_mask_by_name_when_the_graph_does_not_show_its_role():
     assert "random booleans" in source.origin
 
 
+def test_float_mask_scaled_to_a_blocking_bias_is_all_ones_by_its_role():
+    """BERT's legacy float mask: (1 - mask) * -10000; the test text model's float `mask`
+    multiplies an embedding instead, so it stays uniform random."""
+    nodes = [
+        helper.make_node("Sub", ["one", "keep"], ["inverted"]),
+        helper.make_node("Mul", ["inverted", "min"], ["bias"]),
+    ]
+    data = make_inputs(_masked_scores(TensorProto.FLOAT, nodes, "bias", "keep"))
+    assert np.array_equal(data.feeds["keep"], np.ones((2, 5), np.float32))
+    assert make_inputs(_text_model(), shapes={"ids": (2, 9)}).feeds["mask"].min() < 0
+
+
 def test_integer_input_that_is_no_mask_stays_random():
     nodes = [helper.make_node("Cast", ["step"], ["bias"], to=TensorProto.FLOAT)]
     data = make_inputs(_masked_scores(TensorProto.INT64, nodes, "bias", "step"), seed=3)

@@ -250,10 +250,9 @@ def make_inputs(
     masks = {
         s.name: keep
         for s in specs
-        if s.dtype.kind in "biu"
-        and s.name not in gather_limits
+        if s.name not in gather_limits
         and s.name not in ranges
-        and (keep := _mask_keep_value(index, s.name)) is not None
+        and (keep := _mask_keep_value(index, s)) is not None
     }
     feeds: dict[str, np.ndarray] = {}
     sources = []
@@ -378,15 +377,17 @@ def _draw(
     )
 
 
-def _mask_keep_value(index: GraphIndex, name: str) -> tuple[int, str] | None:
+def _mask_keep_value(index: GraphIndex, spec: InputSpec) -> tuple[int, str] | None:
     """The value with which mask input `name` keeps every key, and why; None: not a mask.
 
     Its role decides where the graph shows it: followed through value-preserving ops, Cast, And/Or
     and the flips (Not, `1 - x`, `x == 0`) to a Where choosing a large negative score or to a Mul
-    by one (a Where whose true branch blocks means 1 blocks).  Otherwise its name: "*mask*" keeps
-    a key at 1 (transformers' attention_mask), except a bool "*padding_mask*", where True marks
-    padding (PyTorch's key_padding_mask).
+    by one (a Where whose true branch blocks means 1 blocks); float inputs too (a float 0/1 mask
+    scaled by -10000).  Otherwise, for bool and integer inputs, its name: "*mask*" keeps a key at
+    1 (transformers' attention_mask), except a bool "*padding_mask*", where True marks padding
+    (PyTorch's key_padding_mask).
     """
+    name = spec.name
     blocks_at = _blocking_value(index, name)
     if blocks_at is not None:
         keep = 1 - blocks_at
@@ -394,10 +395,9 @@ def _mask_keep_value(index: GraphIndex, name: str) -> tuple[int, str] | None:
             f"all {keep} (a mask: the graph turns {blocks_at} into a blocking score bias, so "
             f"{keep} keeps every key; pass --range {name}:LOW:HIGH or --inputs for a pattern)"
         )
-    if not _MASK_NAME.search(name):
+    if spec.dtype.kind not in "biu" or not _MASK_NAME.search(name):
         return None
-    spec_bool = index.elem_type(name) == onnx.TensorProto.BOOL
-    if spec_bool and "padding" in name.lower():
+    if spec.dtype.kind == "b" and "padding" in name.lower():
         return 0, (
             "all False (a key padding mask by its name: True marks padding, so False keeps every "
             f"key; pass --range {name}:LOW:HIGH or --inputs for a pattern)"
