@@ -70,8 +70,6 @@ class OnnxRuntimeRunner:
                 f" with graphfix's reference implementation of its {self.lowered_nodes} "
                 "plugin node(s)"
             )
-        if self.low_precision:
-            self.description += f"; {self.low_precision}"
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         options.log_severity_level = 3
