@@ -298,6 +298,7 @@ def test_outputs_named_differently_pair_by_position(vit):
     )
     assert report.passed and [o.name for o in report.outputs] == ["y"]
     assert "outputs paired by position: y ↔ 600" in report.notes
+    assert set(report.candidate_outputs) == {"y"}  # keyed as compared, so plots find them
     broken = onnx.load(str(fixed))  # same pairing, but the candidate's output is now wrong
     broken.graph.output[0].name = "600"
     broken.graph.node[-1].output[0] = "600/raw"

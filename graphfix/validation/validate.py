@@ -111,7 +111,7 @@ class ValidationReport:
     reference_outputs: Mapping[str, np.ndarray] = field(
         default_factory=dict, repr=False, compare=False, metadata=_ARRAYS
     )
-    candidate_outputs: Mapping[str, np.ndarray] = field(
+    candidate_outputs: Mapping[str, np.ndarray] = field(  # by the reference output compared with
         default_factory=dict, repr=False, compare=False, metadata=_ARRAYS
     )
 
@@ -342,7 +342,7 @@ def _run(plan: ValidationPlan) -> ValidationReport:
         notes=plan.notes,
         low_precision=candidate_runner.low_precision,
         reference_outputs=reference_outputs,
-        candidate_outputs=candidate_outputs,
+        candidate_outputs={name: candidate_outputs[paired[name]] for name in reference_outputs},
     )
 
 
