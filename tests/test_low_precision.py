@@ -140,7 +140,13 @@ def test_emulation_rounds_each_stored_tensor_and_keeps_names():
     # the input on entry, then h, sq, y_body and y: every float16 tensor a node stores
     assert sorted(n.output[0].split("/")[0] for n in rounds) == ["h", "sq", "x", "y", "y_body"]
     assert {o.name for o in emulated.graph.output} == {"y"}
-    assert all(t.data_type == F for t in emulated.graph.initializer)
+    # weights stay stored in float16, widened exactly by a Cast onnxruntime folds at load time
+    assert {t.name: t.data_type for t in emulated.graph.initializer} == {
+        "w/graphfix_stored": H,
+        "scale/graphfix_stored": H,
+    }
+    widened = [n for n in emulated.graph.node if n.name.endswith("/graphfix_widen")]
+    assert {n.output[0] for n in widened} >= {"w", "scale"}
 
 
 def test_stale_float32_annotations_do_not_hide_a_float16_tensor(square_inputs):
@@ -152,6 +158,16 @@ def test_stale_float32_annotations_do_not_hide_a_float16_tensor(square_inputs):
     )
     rounded = {n.output[0] for n in emulate_low_precision(half).graph.node if n.op_type == "Cast"}
     assert {"sq/graphfix_rounded", "sq"} <= rounded
+    assert not validate(original, half, backend="onnxruntime", inputs=square_inputs).passed
+
+
+def test_weights_listed_as_graph_inputs_stay_initializers(square_inputs):
+    """Older exports list initializers among the graph inputs: they are not fed, not retyped."""
+    original, half = _square_model()
+    half.graph.input.append(helper.make_tensor_value_info("w", H, [4, 4]))
+    emulated = emulate_low_precision(half)
+    assert [i.name for i in emulated.graph.input] == ["x", "w/graphfix_stored"]
+    assert emulated.graph.input[1].type.tensor_type.elem_type == H
     assert not validate(original, half, backend="onnxruntime", inputs=square_inputs).passed
 
 

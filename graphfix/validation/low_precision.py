@@ -105,9 +105,10 @@ def emulate_low_precision(model: onnx.ModelProto) -> onnx.ModelProto:
     ]
     renames: dict[str, str] = {}  # float16 graph inputs: fed as float32, rounded on entry
     entry: list[onnx.NodeProto] = []
+    initializers = {t.name for t in result.graph.initializer}
     for value in result.graph.input:
         low = value.type.tensor_type.elem_type
-        if low in _LOW:
+        if low in _LOW and value.name not in initializers:
             value.type.tensor_type.elem_type = TensorProto.FLOAT
             renames[value.name] = f"{value.name}/graphfix_input"
             entry += _round(value.name, renames[value.name], low)
@@ -118,16 +119,28 @@ def emulate_low_precision(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _emulate_graph(graph: onnx.GraphProto, types: dict[str, int], renames: dict[str, str]) -> None:
-    """Rewrite one graph's own nodes (its subgraphs are visited by the caller)."""
+    """Rewrite one graph's own nodes (its subgraphs are visited by the caller).
+
+    A float16 weight stays stored as it is (its bytes, loaded or external, untouched) under a new
+    name, widened exactly by a Cast that onnxruntime folds when it loads the model."""
+    stored = {t.name: f"{t.name}/graphfix_stored" for t in graph.initializer if t.data_type in _LOW}
+    nodes: list[onnx.NodeProto] = []
     for init in graph.initializer:
-        if init.data_type in _LOW:
-            init.CopyFrom(
-                numpy_helper.from_array(numpy_helper.to_array(init).astype("float32"), init.name)
+        if init.name in stored:
+            name, init.name = init.name, stored[init.name]
+            nodes.append(
+                helper.make_node(
+                    "Cast", [init.name], [name], to=TensorProto.FLOAT, name=f"{name}/graphfix_widen"
+                )
             )
-    for value in (*graph.input, *graph.output):  # a body's formal inputs and outputs
+    for value in graph.input:  # a body's formal inputs; initializers listed as inputs (IR < 4)
+        if value.name in stored:
+            value.name = stored[value.name]  # keeps its type, as its initializer does
+        elif value.type.tensor_type.elem_type in _LOW:
+            value.type.tensor_type.elem_type = TensorProto.FLOAT
+    for value in graph.output:
         if value.type.tensor_type.elem_type in _LOW:
             value.type.tensor_type.elem_type = TensorProto.FLOAT
-    nodes: list[onnx.NodeProto] = []
     for node in graph.node:
         low_outputs = []
         for k, out in enumerate(node.output):

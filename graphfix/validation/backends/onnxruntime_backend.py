@@ -31,6 +31,7 @@ from graphfix.validation.low_precision import (
     low_precision_types,
 )
 
+_EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
 _ORT_ERRORS = (
     ort_state.Fail,
     ort_state.InvalidArgument,
@@ -75,12 +76,11 @@ class OnnxRuntimeRunner:
         options.log_severity_level = 3
         rewritten = lower or emulate
         proto = with_reference_ops(model.model) if lower else model.model
-        if rewritten and not model.weights_loaded and model.base_dir is not None:
-            if proto is model.model:  # the caller's model stays as it was given
-                proto = onnx.ModelProto()
-                proto.CopyFrom(model.model)
-            onnx.load_external_data_for_model(proto, str(model.base_dir))
         proto = emulate_low_precision(proto) if emulate else proto
+        if rewritten and not model.weights_loaded and model.base_dir is not None:
+            # the rewrite keeps the weights' external data references: onnxruntime reads them
+            # from the model's folder, so nothing is loaded or copied here
+            options.add_session_config_entry(_EXTERNAL_FOLDER, str(model.base_dir))
         self.specs = input_specs(proto)  # float16 inputs of an emulated model take float32
         half = onnx.TensorProto.FLOAT16
         self._half_outputs = (  # an emulated model's float16 outputs, given back in float16
