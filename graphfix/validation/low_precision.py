@@ -12,7 +12,8 @@ passes.
 (or bfloat16) is rounded to it explicitly — an explicit Cast pair after its producer, which
 onnxruntime keeps at every optimisation level (also measured) — while each op computes in
 float32, as GPU kernels accumulate in float32.  Tensor names are kept, so intermediates compare
-by name.  If/Loop/Scan bodies are rewritten the same way.  This is the one semantics `validate`,
+by name; float16 weights stay stored as they are, widened by a Cast.  If/Loop/Scan bodies are
+rewritten the same way.  This is the one semantics `validate`,
 `locate`, its remedy search and `qdq fix`'s guard judge a low-precision candidate by
 (`LowPrecision.MATERIALISE`, the default); `LowPrecision.AS_IS` runs onnxruntime as it is.
 """
@@ -48,8 +49,9 @@ def low_precision_mode(value: str | LowPrecision | None) -> LowPrecision:
         return LowPrecision(value)
     except ValueError:
         raise UsageError(
-            f"low_precision {value!r} is not one of {', '.join(LOW_PRECISION_MODES)}; leave it "
-            "unset to materialise every float16/bfloat16 tensor as an engine would"
+            f"--low-precision (low_precision) {value!r} is not one of "
+            f"{', '.join(LOW_PRECISION_MODES)}; leave it unset to materialise every "
+            "float16/bfloat16 tensor as an engine would"
         ) from None
 
 
@@ -85,7 +87,8 @@ def describe_low_precision(mode: LowPrecision, types: tuple[str, ...]) -> str | 
 def emulate_low_precision(model: onnx.ModelProto) -> onnx.ModelProto:
     """A float32 copy of `model` in which every float16/bfloat16 tensor is rounded explicitly.
 
-    Weights must be loaded (a model with external data: load it with its weights first).
+    Weights keep their storage, loaded or external data references (run such a copy with the
+    original's folder as onnxruntime's external-initializer folder, as `OnnxRuntimeRunner` does).
     """
     result = onnx.ModelProto()
     result.CopyFrom(model)
