@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from graphfix.attention.rewrite import fix_attention
 from graphfix.cli import main
+from graphfix.errors import UsageError
 from graphfix.precision.convert import convert_precision
 from graphfix.precision.locate import locate
 from graphfix.validation.inputs import make_inputs
@@ -122,6 +123,8 @@ def test_cli_names_the_semantics_and_takes_as_is(square_inputs, tmp_path, capsys
     with pytest.raises(SystemExit) as exit_:
         main([*argv, "--low-precision", "rounded"])
     assert exit_.value.code == 2 and "invalid choice: 'rounded'" in capsys.readouterr().err
+    with pytest.raises(UsageError, match=r"--low-precision \(low_precision\) 'rounded' is not one"):
+        validate(*paths, backend="onnxruntime", low_precision="rounded")
 
 
 def test_external_data_model_is_materialised(square_inputs, tmp_path):
