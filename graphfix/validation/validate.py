@@ -25,14 +25,13 @@ import onnx
 
 from graphfix.attention.matcher import find_attention
 from graphfix.errors import CheckFailed
+from graphfix.float_types import FloatType
 from graphfix.jsonable import plain
 from graphfix.model_io import LoadedModel, ModelArg, load_model
 from graphfix.plugins.spec import PLUGIN_DOMAIN
 from graphfix.validation.backends import BackendError, InputsRejected, Runner
 from graphfix.validation.backends.tensorrt_backend import (
-    PRECISIONS,
     EngineOptions,
-    Precision,
     TensorRTRunner,
     TensorRTStatus,
     default_plugin_libraries,
@@ -183,15 +182,16 @@ def _backend_plan(
             f"backend {backend!r} is not one of {', '.join(BACKENDS)}; leave it unset to use "
             "TensorRT where it is installed"
         )
-    if precision is not None and precision not in PRECISIONS:
-        raise ValidationUsageError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    chosen_type = (
+        None if precision is None else FloatType.parse(precision, error=ValidationUsageError)
+    )
     status = tensorrt_status()
     chosen = Backend(backend or (Backend.TENSORRT if status.available else Backend.ONNXRUNTIME))
     if chosen is Backend.TENSORRT:
         require_tensorrt(status)
-        engine = engine_options(precision, tensorrt_version=str(status.version))
+        engine = engine_options(chosen_type, tensorrt_version=str(status.version))
         return BackendPlan(chosen, status, engine, _plugin_libraries(candidate, plugins, status))
-    if precision not in (None, Precision.FP32):
+    if chosen_type not in (None, FloatType.FLOAT32):
         raise ValidationUsageError(
             f"precision {precision!r} applies to the TensorRT backend only; with onnxruntime the "
             "candidate runs in the precision its ONNX is written in"
