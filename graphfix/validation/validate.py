@@ -173,7 +173,7 @@ def _backend_plan(
     candidate: LoadedModel,
     *,
     backend: str | None,
-    precision: str | None,
+    precision: FloatType | None,
     plugins: Sequence[str | os.PathLike[str]] | None,
 ) -> BackendPlan:
     """TensorRT probed once; the precision checked once, against the backend that will run."""
@@ -182,18 +182,15 @@ def _backend_plan(
             f"backend {backend!r} is not one of {', '.join(BACKENDS)}; leave it unset to use "
             "TensorRT where it is installed"
         )
-    chosen_type = (
-        None if precision is None else FloatType.parse(precision, error=ValidationUsageError)
-    )
     status = tensorrt_status()
     chosen = Backend(backend or (Backend.TENSORRT if status.available else Backend.ONNXRUNTIME))
     if chosen is Backend.TENSORRT:
         require_tensorrt(status)
-        engine = engine_options(chosen_type, tensorrt_version=str(status.version))
+        engine = engine_options(precision, tensorrt_version=str(status.version))
         return BackendPlan(chosen, status, engine, _plugin_libraries(candidate, plugins, status))
-    if chosen_type not in (None, FloatType.FLOAT32):
+    if precision not in (None, FloatType.FLOAT32):
         raise ValidationUsageError(
-            f"precision {precision!r} applies to the TensorRT backend only; with onnxruntime the "
+            f"precision {precision.short!r} applies to the TensorRT backend only; with onnxruntime the "
             "candidate runs in the precision its ONNX is written in"
         )
     note = (
@@ -260,12 +257,15 @@ def validate(
         [o.name for o in candidate.model.graph.output],
     )
 
-    runs_on = _backend_plan(candidate, backend=backend, precision=precision, plugins=plugins)
+    chosen = None if precision is None else FloatType.parse(precision, error=ValidationUsageError)
+    runs_on = _backend_plan(candidate, backend=backend, precision=chosen, plugins=plugins)
     if runs_on.note:
         notes.append(runs_on.note)
     data = make_inputs(reference.model, shapes=shapes, ranges=ranges, npz=inputs, seed=seed)
     lowest = _loosest(
-        _model_precision(candidate.model), _model_precision(reference.model), precision
+        _model_precision(candidate.model),
+        _model_precision(reference.model),
+        None if chosen is None else chosen.short,
     )
     tolerance, origin = _tolerance(atol, rtol, quantile, lowest)
     plan = ValidationPlan(
