@@ -370,10 +370,15 @@ class TensorRTRunner:
             return
         from polygraphy.backend.trt import load_plugins
 
-        from graphfix.plugins.build import DYNAMIC_LIBRARY_NAME, require_creators
+        from graphfix.plugins.build import (
+            DYNAMIC_LIBRARY_NAME,
+            check_library_tensorrt,
+            require_creators,
+        )
 
         registry = self._trt.get_plugin_registry()
         for library in self.plugin_libraries:
+            check_library_tensorrt(library, tensorrt_version=self.tensorrt_version)
             if library.name == DYNAMIC_LIBRARY_NAME:
                 if registry.load_library(str(library)) is None:
                     raise BackendError(
