@@ -289,10 +289,18 @@ def fetch_tensorrt_headers() -> Path:
 
 
 def _fetch_wheel_headers(
-    requirement: str, *, prefix: str, include_dir: Path, header: str, missing: str, remedy: str
+    requirement: str,
+    *,
+    prefix: str,
+    include_dir: Path,
+    header: str,
+    missing: str,
+    remedy: str,
+    suffixes: tuple[str, ...] | None = (".h", ".hpp"),
 ) -> Path:
     """`pip download` one wheel and extract its headers under `prefix` into `include_dir`
-    (keeping their relative paths); the folder appears only once it is complete."""
+    (keeping their relative paths); the folder appears only once it is complete.
+    `suffixes`: the file endings that are headers (None: every file, for libcu++'s `nv/target`)."""
     if (include_dir / header).is_file():
         return include_dir
     with tempfile.TemporaryDirectory() as download:
@@ -310,7 +318,9 @@ def _fetch_wheel_headers(
         staging.mkdir(parents=True)
         with zipfile.ZipFile(wheels[0]) as wheel:
             for member in wheel.namelist():
-                if member.startswith(prefix) and member.endswith((".h", ".hpp")):
+                if member.startswith(prefix) and not member.endswith("/"):
+                    if suffixes is not None and not member.endswith(suffixes):
+                        continue
                     target = staging / member[len(prefix) :]
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_bytes(wheel.read(member))
