@@ -17,8 +17,7 @@ its plan is built around those decisions; a "no judgement" switch would have to 
 planner and still keep its Cast placement, weight streaming and report consistent.  Until the
 planner takes its policy as an object that can be empty, the two stay apart: `convert_precision`
 for what users write (`locate`'s candidate, `--remedy-base convert_precision`), this one for the
-trials' baseline.  What they share is the Cast-at-the-border rule and float16 saturation of
-out-of-range constants, both checked by tests/test_locate.py.
+trials' baseline.
 """
 
 from __future__ import annotations
