@@ -253,6 +253,19 @@ def test_both_spellings_name_one_precision(spelling, expected):
     assert FloatType.parse(expected.short) is FloatType.parse(expected.value)
 
 
+def test_precision_command_takes_the_short_spelling_too(tmp_path, capsys):
+    from graphfix.precision.convert import convert_precision
+
+    converted = convert_precision(_softmax_model(), to="bf16").model
+    assert {i.name: i.data_type for i in converted.graph.initializer} == {"W": TensorProto.BFLOAT16}
+    path, out = tmp_path / "m.onnx", tmp_path / "m.fp16.onnx"
+    onnx.save(_softmax_model(), path)
+    assert main(["precision", str(path), "-o", str(out), "--to", "fp16"]) == 0
+    assert onnx.load(out).graph.initializer[0].data_type == TensorProto.FLOAT16
+    with pytest.raises(UsageError, match="to 'int8' is not one of float16, bfloat16, fp16, bf16"):
+        convert_precision(_softmax_model(), to="int8")
+
+
 def test_plan_is_made_once_and_frozen():
     plan = plan_locate(_softmax_model(batch="batch"), precision="fp16", shapes={"x": [3, 4, 8]})
     assert plan.backend is Backend.ONNXRUNTIME and plan.tensorrt is None
