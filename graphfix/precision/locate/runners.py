@@ -15,21 +15,16 @@ import onnx
 
 from graphfix.model_io import LoadedModel
 from graphfix.precision.locate.emulate import emulate_low_precision
-from graphfix.precision.locate.reference import TensorStreamer
+from graphfix.precision.locate.reference import TensorStream, TensorStreamer
 from graphfix.precision.locate.remedies import run_trial_on_onnxruntime
 
 
-class CandidateRunner(Protocol):
-    """Runs the candidate: its tensors a chunk at a time, and remedy trials' models."""
+class CandidateRunner(TensorStream, Protocol):
+    """Runs the candidate: its tensors a chunk at a time (`stream`: per chunk, those the runner
+    could read), and remedy trials' models."""
 
     description: str  # what ran, for the report
     notes: list[str]  # what the report should say about how it ran
-
-    def stream(
-        self, chunks: Sequence[Sequence[str]], feeds: Mapping[str, np.ndarray]
-    ) -> Iterator[dict[str, np.ndarray]]:
-        """Per chunk, the tensors of that chunk the runner could read (missing ones skipped)."""
-        ...
 
     def run_trial(
         self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]
