@@ -8,6 +8,7 @@ bfloat16 handling, the internal-name count and the one plan.  What needs TensorR
 from __future__ import annotations
 
 import ctypes.util
+import dataclasses
 import json
 import sys
 import types
@@ -21,7 +22,8 @@ from onnx import TensorProto, helper, numpy_helper
 from graphfix.cli import main
 from graphfix.errors import UsageError
 from graphfix.float_types import FloatType
-from graphfix.precision.locate.plan import plan_locate
+from graphfix.model_io import LoadedModel
+from graphfix.precision.locate.plan import candidate_of, check_options
 from graphfix.precision.locate.trt_candidate import (
     DebugTensorFilter,
     debug_tensor_problem,
@@ -266,20 +268,42 @@ def test_precision_command_takes_the_short_spelling_too(tmp_path, capsys):
         convert_precision(_softmax_model(), to="int8")
 
 
-def test_plan_is_made_once_and_frozen():
-    plan = plan_locate(_softmax_model(batch="batch"), precision="fp16", shapes={"x": [3, 4, 8]})
-    assert plan.backend is Backend.ONNXRUNTIME and plan.tensorrt is None
-    assert plan.converted_to is FloatType.FLOAT16 and plan.computes_in is FloatType.FLOAT16
-    assert plan.feeds["x"].shape == (3, 4, 8)
-    assert (plan.tolerance.atol, plan.tolerance.rtol) == (1e-2, 1e-2)
-    assert plan.remedies.search and plan.remedies.max_trials == 32
-    with pytest.raises(AttributeError):
-        plan.top = 3  # type: ignore[misc]
+def _options(**given):
+    options = dict(
+        candidate_given=False,
+        precision="fp16",
+        backend=None,
+        apply=None,
+        output=None,
+        remedies=None,
+        max_trials=None,
+        chunk_bytes=None,
+        remedy_base=None,
+    )
+    return check_options(**{**options, **given})
 
 
-def test_plan_refuses_a_float32_precision_for_locate():
+def test_options_resolve_to_one_backend_and_one_precision():
+    assert _options() == (Backend.ONNXRUNTIME, FloatType.FLOAT16)
+    assert _options(precision="bfloat16", backend="tensorrt") == (
+        Backend.TENSORRT,
+        FloatType.BFLOAT16,
+    )
     with pytest.raises(UsageError, match="precision 'fp32' is not one of float16, bfloat16"):
-        plan_locate(_softmax_model(), precision="fp32")
+        _options(precision="fp32")
+    with pytest.raises(UsageError, match="--backend tensorrt locates MODEL converted"):
+        _options(candidate_given=True, precision=None, backend="tensorrt")
+
+
+def test_converted_candidate_computes_in_the_parsed_type():
+    reference = LoadedModel(_softmax_model(), None, True)
+    cand = candidate_of(reference, None, converted_to=FloatType.BFLOAT16)
+    assert cand.computes_in is FloatType.BFLOAT16
+    assert cand.label == "the model (in memory) converted to bfloat16 by convert_precision"
+    weights = {i.name: i.data_type for i in cand.model.model.graph.initializer}
+    assert weights == {"W": TensorProto.BFLOAT16}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cand.label = "another"  # type: ignore[misc]
 
 
 def test_locate_and_validate_take_both_spellings(tmp_path, capsys):

@@ -23,11 +23,18 @@ from graphfix.precision import policy
 from graphfix.precision.locate.candidate import build_candidate
 from graphfix.precision.locate.localise import RANGE_MAX, measure, module_path, rank_suspects
 from graphfix.precision.locate.plan import (
+    DEFAULT_MAX_TRIALS,
+    DEFAULT_TOP,
     LocatePlan,
     ModelArg,
-    plan_locate,
+    RemedyPlan,
+    candidate_of,
+    check_options,
+    default_tolerance,
+    load_reference,
 )
 from graphfix.precision.locate.reference import (
+    DEFAULT_CHUNK_BYTES,
     GraphPlan,
     TensorStreamer,
     chunk_tensors,
@@ -38,8 +45,9 @@ from graphfix.precision.locate.reference import (
 from graphfix.precision.locate.remedies import TrialRunner, worst_error
 from graphfix.precision.locate.report import LocateReport, with_remedies
 from graphfix.precision.locate.runners import CandidateRunner, OnnxRuntimeCandidate
+from graphfix.validation.backends.tensorrt_backend import require_tensorrt
 from graphfix.validation.compare import compare_output
-from graphfix.validation.inputs import ValueRange
+from graphfix.validation.inputs import ValueRange, make_inputs
 from graphfix.validation.validate import Backend
 
 PRECISIONS = spellings(LOW_PRECISIONS)  # --precision: float16, bfloat16, fp16, bf16
@@ -80,26 +88,42 @@ def locate(
     `remedy_base`: what the remedy trials convert with — "minimal" (default: only what a trial
     proves necessary stays float32) or "convert_precision" (its default islands plus remedies).
     """
-    plan = plan_locate(
-        model,
-        candidate,
+    runs_on, converted_to = check_options(
+        candidate_given=candidate is not None,
         precision=precision,
         backend=backend,
-        inputs=inputs,
-        shapes=shapes,
-        ranges=ranges,
-        atol=atol,
-        rtol=rtol,
-        quantile=quantile,
-        seed=seed,
-        remedies=remedies,
         apply=apply,
         output=output,
-        overwrite=overwrite,
-        chunk_bytes=chunk_bytes,
+        remedies=remedies,
         max_trials=max_trials,
-        top=top,
+        chunk_bytes=chunk_bytes,
         remedy_base=remedy_base,
+    )
+    tensorrt = require_tensorrt() if runs_on is Backend.TENSORRT else None
+    reference = load_reference(model, output=output, overwrite=overwrite)
+    data = make_inputs(reference.model, shapes=shapes, ranges=ranges, npz=inputs, seed=seed or 0)
+    cand = candidate_of(reference, candidate, converted_to=converted_to)
+    plan = LocatePlan(
+        reference=reference,
+        candidate=cand.model,
+        candidate_label=cand.label,
+        converted_to=converted_to,
+        computes_in=cand.computes_in,
+        backend=runs_on,
+        tensorrt=tensorrt,
+        tolerance=default_tolerance(cand.computes_in, atol, rtol, quantile),
+        feeds=data.feeds,
+        chunk_bytes=chunk_bytes or DEFAULT_CHUNK_BYTES,
+        top=top or DEFAULT_TOP,
+        remedies=RemedyPlan(
+            search=converted_to is not None and remedies is not False,
+            apply=bool(apply),
+            output=output,
+            overwrite=overwrite,
+            base=remedy_base,
+            max_trials=max_trials or DEFAULT_MAX_TRIALS[runs_on],
+        ),
+        notes=(*data.notes, *cand.notes),
     )
     return run_plan(plan)
 

@@ -1,14 +1,15 @@
 """`locate`'s plan: every option checked and every choice made once, before anything runs.
 
-Built by `plan_locate` from `locate()`'s arguments: the reference and the candidate (the user's,
-or MODEL converted), the type the candidate computes in, the backend that runs it, the tolerance,
-the inputs, and the budget (chunk size, suspects shown, remedy trials).  `api.py` runs it.
+`locate()` (api.py) builds a `LocatePlan` with these helpers: the options checked against each
+other, the reference and the candidate (the user's, or MODEL converted), the type the candidate
+computes in, the backend that runs it, the tolerance, the inputs, and the budget (chunk size,
+suspects shown, remedy trials); then runs it.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,9 +22,9 @@ from graphfix.plugins.reference import has_plugin_ops, with_reference_ops
 from graphfix.plugins.spec import PLUGIN_DOMAIN
 from graphfix.precision.locate.candidate import BASES, build_candidate
 from graphfix.precision.locate.reference import DEFAULT_CHUNK_BYTES
-from graphfix.validation.backends.tensorrt_backend import TensorRTStatus, require_tensorrt
+from graphfix.validation.backends.tensorrt_backend import TensorRTStatus
 from graphfix.validation.compare import DEFAULT_TOLERANCES, Tolerance
-from graphfix.validation.inputs import ValueRange, check_same_inputs, input_specs, make_inputs
+from graphfix.validation.inputs import check_same_inputs, input_specs
 from graphfix.validation.validate import Backend, _model_precision
 
 DEFAULT_MAX_TRIALS = {Backend.ONNXRUNTIME: 32, Backend.TENSORRT: 16}  # a trial: a run or a build
@@ -64,41 +65,31 @@ class LocatePlan:
         return label(self.reference, "model")
 
 
-def plan_locate(
-    model: ModelArg,
-    candidate: ModelArg | None = None,
+def check_options(
     *,
-    precision: str | FloatType | None = None,
-    backend: str | None = None,
-    inputs: str | os.PathLike[str] | Mapping[str, np.ndarray] | None = None,
-    shapes: Mapping[str, Sequence[int]] | None = None,
-    ranges: Mapping[str, ValueRange | tuple[float, float]] | None = None,
-    atol: float | None = None,
-    rtol: float | None = None,
-    quantile: float | None = None,
-    seed: int | None = None,
-    remedies: bool | None = None,
-    apply: bool | None = None,
-    output: str | os.PathLike[str] | None = None,
-    overwrite: bool | None = None,
-    chunk_bytes: int | None = None,
-    max_trials: int | None = None,
-    top: int | None = None,
-    remedy_base: str | None = None,
-) -> LocatePlan:
-    """`locate()`'s arguments checked (UsageError, exit 2) and resolved into one plan."""
+    candidate_given: bool,
+    precision: str | FloatType | None,
+    backend: str | None,
+    apply: bool | None,
+    output: str | os.PathLike[str] | None,
+    remedies: bool | None,
+    max_trials: int | None,
+    chunk_bytes: int | None,
+    remedy_base: str | None,
+) -> tuple[Backend, FloatType | None]:
+    """`locate()`'s options checked against each other (UsageError, exit 2) before anything
+    loads: the backend, and the type MODEL is converted to (None: the user's CANDIDATE)."""
     if remedy_base not in (None, *BASES):
         raise UsageError(f"remedy_base {remedy_base!r} is not one of {', '.join(BASES)}")
     backends = tuple(b.value for b in (Backend.ONNXRUNTIME, Backend.TENSORRT))
     if backend not in (None, *backends):
         raise UsageError(f"backend {backend!r} is not one of {', '.join(backends)}")
     runs_on = Backend(backend or Backend.ONNXRUNTIME)
-    tensorrt = require_tensorrt() if runs_on is Backend.TENSORRT else None
     converted_to = None if precision is None else FloatType.parse(precision, allowed=LOW_PRECISIONS)
-    if (candidate is None) == (converted_to is None):
+    if candidate_given == (converted_to is not None):
         raise UsageError(
             "give either a CANDIDATE model or --precision float16|bfloat16 (the candidate is then "
-            "MODEL converted), not " + ("both" if candidate is not None else "neither")
+            "MODEL converted), not " + ("both" if candidate_given else "neither")
         )
     if runs_on is Backend.TENSORRT and converted_to is None:
         raise UsageError(
@@ -121,6 +112,13 @@ def plan_locate(
             f"--chunk-mb must be more than 0 (chunk_bytes {chunk_bytes!r}); the default is "
             f"{DEFAULT_CHUNK_BYTES >> 20} MiB"
         )
+    return runs_on, converted_to
+
+
+def load_reference(
+    model: ModelArg, *, output: str | os.PathLike[str] | None, overwrite: bool | None
+) -> LoadedModel:
+    """MODEL with its weights, refused when it is a `graphfix fix` output; `output` checked."""
     reference = load_model(model, load_weights=True)
     if has_plugin_ops(reference.model):
         raise UsageError(
@@ -130,54 +128,56 @@ def plan_locate(
         )
     if output is not None:
         check_output_path(reference.model, output, source=reference.path, overwrite=overwrite)
-    data = make_inputs(reference.model, shapes=shapes, ranges=ranges, npz=inputs, seed=seed or 0)
-    notes = list(data.notes)
-    if candidate is not None:
-        cand = load_model(candidate, load_weights=True)
-        if has_plugin_ops(cand.model):  # as validate does without TensorRT
-            cand = LoadedModel(with_reference_ops(cand.model), cand.path, True)
-            notes.append(
-                "the candidate's plugin nodes run as graphfix's reference ops (standard ONNX), as "
-                "in validate's wiring check: their kernels are not what is compared"
-            )
-        notes += check_same_inputs(input_specs(reference.model), input_specs(cand.model))
-        _check_comparable(reference.model, cand.model)
-        computes_in = FloatType.parse(_model_precision(cand.model))
-        cand_label = label(cand, "candidate")
-    else:
-        assert converted_to is not None  # one of the two, checked above
+    return reference
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What `locate` compares with MODEL, and what it computes in."""
+
+    model: LoadedModel
+    label: str
+    computes_in: FloatType
+    notes: tuple[str, ...]
+
+
+def candidate_of(
+    reference: LoadedModel, candidate: ModelArg | None, *, converted_to: FloatType | None
+) -> Candidate:
+    """The user's CANDIDATE (plugin nodes as reference ops, checked comparable), or MODEL
+    converted to `converted_to`."""
+    if candidate is None:
+        assert converted_to is not None  # check_options: one of the two
         built = build_candidate(reference.model, precision=converted_to.value)
-        cand = LoadedModel(built.model, None, True)
-        computes_in = converted_to
-        cand_label = (
-            f"{label(reference, 'model')} converted to {converted_to.value} by {built.converter}"
+        return Candidate(
+            LoadedModel(built.model, None, True),
+            f"{label(reference, 'model')} converted to {converted_to.value} by {built.converter}",
+            converted_to,
+            (),
         )
+    cand = load_model(candidate, load_weights=True)
+    notes = []
+    if has_plugin_ops(cand.model):  # as validate does without TensorRT
+        cand = LoadedModel(with_reference_ops(cand.model), cand.path, True)
+        notes.append(
+            "the candidate's plugin nodes run as graphfix's reference ops (standard ONNX), as "
+            "in validate's wiring check: their kernels are not what is compared"
+        )
+    notes += check_same_inputs(input_specs(reference.model), input_specs(cand.model))
+    _check_comparable(reference.model, cand.model)
+    computes_in = FloatType.parse(_model_precision(cand.model))
+    return Candidate(cand, label(cand, "candidate"), computes_in, tuple(notes))
+
+
+def default_tolerance(
+    computes_in: FloatType, atol: float | None, rtol: float | None, quantile: float | None
+) -> Tolerance:
+    """validate's default tolerance for the type, where atol/rtol are not given."""
     default = DEFAULT_TOLERANCES[computes_in.short]
-    return LocatePlan(
-        reference=reference,
-        candidate=cand,
-        candidate_label=cand_label,
-        converted_to=converted_to,
-        computes_in=computes_in,
-        backend=runs_on,
-        tensorrt=tensorrt,
-        tolerance=Tolerance(
-            atol=default.atol if atol is None else atol,
-            rtol=default.rtol if rtol is None else rtol,
-            quantile=quantile,
-        ),
-        feeds=data.feeds,
-        chunk_bytes=chunk_bytes or DEFAULT_CHUNK_BYTES,
-        top=top or DEFAULT_TOP,
-        remedies=RemedyPlan(
-            search=converted_to is not None and remedies is not False,
-            apply=bool(apply),
-            output=output,
-            overwrite=overwrite,
-            base=remedy_base,
-            max_trials=max_trials or DEFAULT_MAX_TRIALS[runs_on],
-        ),
-        notes=tuple(notes),
+    return Tolerance(
+        atol=default.atol if atol is None else atol,
+        rtol=default.rtol if rtol is None else rtol,
+        quantile=quantile,
     )
 
 
