@@ -77,6 +77,17 @@ def test_tensorrt_11_refuses_polygraphy_before_0_53_4():
     assert "polygraphy>=0.53.4" in problem
 
 
+def test_validate_says_why_it_fell_back_from_tensorrt_11(monkeypatch):
+    from graphfix.validation import validate as validate_module
+
+    status = TensorRTStatus("11.1.0", "0.50.3", polygraphy_problem("0.50.3", "11.1.0"))
+    monkeypatch.setattr(validate_module, "tensorrt_status", lambda: status)
+    report = validate_module.validate(_softmax_model(), _softmax_model())
+    assert report.backend == "onnxruntime"
+    assert "TensorRT: not available here" in report.tensorrt_note
+    assert "polygraphy 0.50.3, which fails on TensorRT 11" in report.tensorrt_note
+
+
 # --- item 3: debug tensors only where TensorRT and polygraphy have them -----------------------
 
 
@@ -347,3 +358,4 @@ def test_locate_builds_a_dynamic_model_for_the_feed_shapes(tmp_path):
     )
     assert [o.name for o in report.outputs] == ["y"]
     assert report.outputs[0].absolute is not None  # ran at batch 3, compared element by element
+
