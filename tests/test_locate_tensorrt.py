@@ -358,4 +358,3 @@ def test_locate_builds_a_dynamic_model_for_the_feed_shapes(tmp_path):
     )
     assert [o.name for o in report.outputs] == ["y"]
     assert report.outputs[0].absolute is not None  # ran at batch 3, compared element by element
-
