@@ -129,7 +129,40 @@ def locate(
 
 
 def run_plan(plan: LocatePlan) -> LocateReport:
-    """Localise, then (after a divergence of a converted MODEL) search remedies."""
+    """Localise, then (after a divergence of a converted MODEL) search remedies, all on one
+    candidate runner."""
+    with contextlib.closing(_candidate_runner(plan)) as runner:
+        report, reference_outputs = _localise(plan, runner)
+        if not report.diverges or not plan.remedies.search or not report.suspects:
+            return report
+        assert plan.converted_to is not None  # remedies search converted models only
+        trials = TrialRunner(
+            plan.reference.model,
+            precision=plan.converted_to.value,
+            feeds=plan.feeds,
+            reference_outputs=reference_outputs,
+            tolerance=plan.tolerance,
+            base=plan.remedies.base,
+            run_trial=runner.run_trial,
+        )
+        return with_remedies(
+            report,
+            plan.reference.model,
+            report.suspects,
+            report.tensors,
+            trials,
+            max_trials=plan.remedies.max_trials,
+            apply=plan.remedies.apply,
+            output=plan.remedies.output,
+            overwrite=plan.remedies.overwrite,
+        )
+
+
+def _localise(
+    plan: LocatePlan, runner: CandidateRunner
+) -> tuple[LocateReport, dict[str, np.ndarray]]:
+    """Stream both sides chunk by chunk, measure every shared tensor, compare the outputs and
+    rank the suspects; also the reference's outputs, which the remedy trials are judged on."""
     start = time.perf_counter()
     reference = plan.reference
     graph = plan_graph(reference.model, plan.feeds)
@@ -142,10 +175,7 @@ def run_plan(plan: LocatePlan) -> LocateReport:
     errors = []
     ref_out: dict[str, np.ndarray] = {}
     cand_out: dict[str, np.ndarray] = {}
-    with (
-        TensorStreamer(reference, label=plan.reference_label) as ref_stream,
-        contextlib.closing(_candidate_runner(plan)) as runner,
-    ):
+    with TensorStreamer(reference, label=plan.reference_label) as ref_stream:
         for name, r, c in stream_pairs(ref_stream, runner, plan.feeds, plan.feeds, chunks):
             if name in outputs:
                 ref_out[name], cand_out[name] = r, c
@@ -153,64 +183,39 @@ def run_plan(plan: LocatePlan) -> LocateReport:
                 measured = measure(sites[name], r, c, range_max=RANGE_MAX[plan.computes_in.value])
                 if measured is not None:
                     errors.append(measured)
-        comparisons = tuple(
-            compare_output(n, ref_out[n], cand_out[n], plan.tolerance) for n in ref_out
-        )
-        diverges = not all(c.passed for c in comparisons)
-        notes = [*plan.notes, *runner.notes]
-        suspects = ()
-        if diverges and errors:
-            suspects = rank_suspects(
-                errors,
-                sites,
-                precision=plan.computes_in.value,
-                attention_blocks=_attention_blocks(reference.model),
-                modules={
-                    node_label(n, i): m
-                    for i, n in enumerate(reference.model.graph.node)
-                    if (m := module_path(n))
-                },
-                top=plan.top,
-            )
-        elif diverges and plan.converted_to is not None:
-            notes += _differential_rebuilds(plan, runner, graph, ref_out)
-        report = LocateReport(
-            reference=f"onnxruntime (CPU, float32, graph optimisations off) on "
-            f"{plan.reference_label}",
-            candidate=runner.description,
-            precision=plan.computes_in.value,
-            tolerance=plan.tolerance,
-            diverges=diverges,
-            outputs=comparisons,
-            suspects=suspects,
-            tensors=tuple(errors),
-            chunks=len(chunks),
-            seconds_localise=time.perf_counter() - start,
-            notes=tuple(notes),
-        )
-        if not diverges or not plan.remedies.search or not suspects:
-            return report
-        assert plan.converted_to is not None  # remedies search converted models only
-        trials = TrialRunner(
-            reference.model,
-            precision=plan.converted_to.value,
-            feeds=plan.feeds,
-            reference_outputs=ref_out,
-            tolerance=plan.tolerance,
-            base=plan.remedies.base,
-            run_trial=runner.run_trial,
-        )
-        return with_remedies(
-            report,
-            reference.model,
-            suspects,
+    comparisons = tuple(compare_output(n, ref_out[n], cand_out[n], plan.tolerance) for n in ref_out)
+    diverges = not all(c.passed for c in comparisons)
+    notes = [*plan.notes, *runner.notes]
+    suspects = ()
+    if diverges and errors:
+        suspects = rank_suspects(
             errors,
-            trials,
-            max_trials=plan.remedies.max_trials,
-            apply=plan.remedies.apply,
-            output=plan.remedies.output,
-            overwrite=plan.remedies.overwrite,
+            sites,
+            precision=plan.computes_in.value,
+            attention_blocks=_attention_blocks(reference.model),
+            modules={
+                node_label(n, i): m
+                for i, n in enumerate(reference.model.graph.node)
+                if (m := module_path(n))
+            },
+            top=plan.top,
         )
+    elif diverges and plan.converted_to is not None:
+        notes += _differential_rebuilds(plan, runner, graph, ref_out)
+    report = LocateReport(
+        reference=f"onnxruntime (CPU, float32, graph optimisations off) on {plan.reference_label}",
+        candidate=runner.description,
+        precision=plan.computes_in.value,
+        tolerance=plan.tolerance,
+        diverges=diverges,
+        outputs=comparisons,
+        suspects=suspects,
+        tensors=tuple(errors),
+        chunks=len(chunks),
+        seconds_localise=time.perf_counter() - start,
+        notes=tuple(notes),
+    )
+    return report, ref_out
 
 
 def _candidate_runner(plan: LocatePlan) -> CandidateRunner:
