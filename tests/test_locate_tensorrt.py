@@ -24,6 +24,7 @@ from graphfix.errors import UsageError
 from graphfix.float_types import FloatType
 from graphfix.model_io import LoadedModel
 from graphfix.precision.locate.plan import candidate_of, check_options
+from graphfix.precision.locate.runners import OnnxRuntimeCandidate
 from graphfix.precision.locate.trt_candidate import (
     DebugTensorFilter,
     debug_tensor_problem,
@@ -327,6 +328,51 @@ def test_locate_and_validate_take_both_spellings(tmp_path, capsys):
         ["validate", str(path), str(path), "--backend", "onnxruntime", "--precision", "float32"]
     )
     assert code == 0, capsys.readouterr().err
+
+
+class _OutputsOnly(OnnxRuntimeCandidate):
+    """A candidate runner that exposes the graph outputs only, as a TensorRT engine without debug
+    tensors does (TensorRT < 10.12, polygraphy 0.49.x): the pipeline must bisect by rebuilds."""
+
+    def stream(self, chunks, feeds):
+        for got in super().stream(chunks, feeds):
+            yield {name: array for name, array in got.items() if name == "y"}
+
+
+def test_without_intermediates_the_pipeline_bisects_by_rebuilds(monkeypatch):
+    from graphfix.precision.locate import api
+
+    w = numpy_helper.from_array(np.full((8, 8), 1e4, np.float32), "W")  # x @ W reaches 8e4
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["h"], name="/proj/MatMul"),
+            helper.make_node("Mul", ["h", "half"], ["y"], name="/scale/Mul"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", F, [2, 8])],
+        [helper.make_tensor_value_info("y", F, [2, 8])],
+        [w, numpy_helper.from_array(np.array(0.5, np.float32), "half")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    runners = []
+
+    def outputs_only(plan):
+        runners.append(
+            _OutputsOnly(plan.candidate, label=plan.candidate_label, computes_in="float16")
+        )
+        return runners[-1]
+
+    monkeypatch.setattr(api, "_candidate_runner", outputs_only)
+    report = api.locate(model, precision="float16", ranges={"x": (1.0, 1.0)}, remedies=False)
+    assert report.diverges and not report.suspects
+    assert [e.tensor for e in report.tensors] == ["y"]  # the output, compared, blames nothing
+    assert "no intermediate tensor could be compared" in " ".join(report.notes)
+    assert any(n.startswith("differential rebuilds") for n in report.notes), report.notes
+    # MatMul in float32 still hands 8e4 to a float16 Mul: the prefix must reach /scale/Mul,
+    # whose output (4e4) is back in float16's range
+    assert "rebuild keeping 1 node(s) in float32: error inf" in report.notes
+    assert "the error goes away once /scale/Mul is float32" in " ".join(report.notes)
 
 
 # --- TensorRT itself ----------------------------------------------------------------------------

@@ -187,7 +187,10 @@ def _localise(
     diverges = not all(c.passed for c in comparisons)
     notes = [*plan.notes, *runner.notes]
     suspects = ()
-    if diverges and errors:
+    # Outputs alone cannot say where the error starts (an engine without debug tensors gives
+    # nothing else): then bisect by rebuilds instead of ranking.
+    intermediates = any(e.tensor not in outputs for e in errors)
+    if diverges and intermediates:
         suspects = rank_suspects(
             errors,
             sites,
