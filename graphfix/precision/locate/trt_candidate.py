@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from graphfix.model_io import save_model
 from graphfix.validation.backends.tensorrt_backend import (
     TensorRTStatus,
     optimization_profiles,
@@ -141,6 +142,7 @@ class TensorRTCandidate:
             | {i.name for i in model.graph.input}
         )
         self._folder = tempfile.TemporaryDirectory(prefix="graphfix-locate-trt-")
+        self._builds = 0
         self.engine, self.build_seconds = self._build(model, debug_tensors=problem is None)
         self.debug_tensors = problem is None
         self.description = (
@@ -185,8 +187,9 @@ class TensorRTCandidate:
         from polygraphy.backend import trt as poly_trt
 
         refuse_bfloat16_io(model, self.label)
-        path = Path(self._folder.name) / "candidate.onnx"
-        onnx.save(model, path, save_as_external_data=True, location="candidate.data")
+        self._builds += 1  # one file per build (a model over 2 GB spills to <name>.data)
+        path = Path(self._folder.name) / f"build-{self._builds}.onnx"
+        save_model(model, path)  # unlike onnx.save's external data, leaves `model` untouched
         with (
             polygraphy_logs_on_stderr(),
             polygraphy_errors(f"build an engine of {self.label}", status=self.status),

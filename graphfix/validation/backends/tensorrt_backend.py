@@ -40,7 +40,7 @@ import onnx
 
 from graphfix.errors import PluginBuildError
 from graphfix.float_types import FloatType, spellings
-from graphfix.model_io import LoadedModel, external_data_files, fits_protobuf
+from graphfix.model_io import LoadedModel, external_data_files, save_model
 from graphfix.plugins.spec import PLUGIN_DOMAIN
 from graphfix.validation.backends import BackendError
 from graphfix.validation.backends.gpu import GpuIdentity, current_gpu
@@ -487,8 +487,7 @@ def _onnx_file(model: LoadedModel) -> Iterator[Path]:
         return
     with tempfile.TemporaryDirectory(prefix="graphfix-trt-") as folder:
         path = Path(folder) / "model.onnx"
-        large = not fits_protobuf(model.model)
-        onnx.save(model.model, path, save_as_external_data=large, location="model.onnx.data")
+        save_model(model.model, path)  # over 2 GB: model.onnx.data, the caller's proto untouched
         yield path
 
 
