@@ -71,6 +71,7 @@ class DebugTensorFilter:
     def __init__(self, onnx_names: set[str]) -> None:
         self.onnx_names = onnx_names
         self.internal: set[str] = set()
+        self.unreadable: set[str] = set()  # of a type NumPy cannot hold (fp8, int4, fp4)
         self.chunk: set[str] = set()
 
     def wants(self, name: str) -> bool:
@@ -102,7 +103,12 @@ def _listener(trt, filter_: DebugTensorFilter):
             if not filter_.wants(name):
                 return
             bfloat16 = type == trt.bfloat16
-            host = np.empty(tuple(shape), dtype=np.uint16 if bfloat16 else trt.nptype(type))
+            try:  # trt.nptype (tensorrt/__init__.py) maps float32/16, int8/32/64, bool, uint8
+                dtype = np.uint16 if bfloat16 else trt.nptype(type)
+            except TypeError:  # fp8, int4, fp4: nothing in NumPy holds them
+                filter_.unreadable.add(name)
+                return
+            host = np.empty(tuple(shape), dtype=dtype)
             cuda.wrapper().stream_synchronize(stream)
             if location == trt.TensorLocation.HOST:
                 ctypes.memmove(host.ctypes.data, addr, host.nbytes)
@@ -152,15 +158,18 @@ class TensorRTCandidate:
 
     @property
     def notes(self) -> list[str]:
-        internal = len(self._filter.internal)
-        return self._notes + (
-            [
-                f"{internal} debug tensor(s) carried TensorRT-internal names (absent from the "
-                "ONNX graph) and were not compared"
-            ]
-            if internal
-            else []
-        )
+        notes = list(self._notes)
+        if self._filter.internal:
+            notes.append(
+                f"{len(self._filter.internal)} debug tensor(s) carried TensorRT-internal names "
+                "(absent from the ONNX graph) and were not compared"
+            )
+        if self._filter.unreadable:
+            notes.append(
+                f"{len(self._filter.unreadable)} debug tensor(s) of fp8/int4/fp4 type were not "
+                f"compared: {', '.join(sorted(self._filter.unreadable)[:5])}"
+            )
+        return notes
 
     def close(self) -> None:
         self._folder.cleanup()
