@@ -113,6 +113,35 @@ def test_plot_writes_pngs(models, tmp_path, capsys):
     assert f"wrote {tmp_path / 'p' / 'probabilities.error_heatmap.png'}" in out
 
 
+def test_outputs_numbered_differently_compare_and_plot_by_position(models, tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="plots need matplotlib")
+    numbered = onnx.load(models["fixed"])
+    (output,) = numbered.graph.output
+    producer = next(n for n in numbered.graph.node if output.name in n.output)
+    producer.output[list(producer.output).index(output.name)] = "600"
+    output.name = "600"
+    path = tmp_path / "numbered.onnx"
+    onnx.save(numbered, path)
+    code, _, err = _run(capsys, models["original"], path, "--backend", "onnxruntime")
+    assert code == 2 and "--pair-outputs position" in err and err.count("\n") == 1
+    code, out, _ = _run(
+        capsys,
+        models["original"],
+        path,
+        "--backend",
+        "onnxruntime",
+        "--pair-outputs",
+        "position",
+        "--plot",
+        tmp_path / "p",
+        "--json",
+    )
+    report = json.loads(out)
+    assert code == 0 and report["passed"] and report["outputs"][0]["name"] == "probabilities"
+    assert "outputs paired by position: probabilities ↔ 600" in report["notes"]
+    assert len(report["plots"]) == 2
+
+
 def test_shape_range_and_npz_options(dynamic, tmp_path, capsys):
     code, out, err = _run(
         capsys, dynamic, dynamic, "--shape", "tokens:2x5x8", "--range", "tokens:-3:3", "--seed", "4"
