@@ -24,7 +24,12 @@ from graphfix.errors import UsageError
 from graphfix.precision.convert import convert_precision
 from graphfix.precision.locate import locate
 from graphfix.validation.inputs import make_inputs
-from graphfix.validation.low_precision import emulate_low_precision
+from graphfix.validation.low_precision import (
+    LowPrecision,
+    describe_low_precision,
+    emulate_low_precision,
+    materialise,
+)
 from graphfix.validation.validate import _model_precision, validate
 
 F, H = TensorProto.FLOAT, TensorProto.FLOAT16
@@ -172,6 +177,39 @@ def test_weights_listed_as_graph_inputs_stay_initializers(square_inputs):
     assert [i.name for i in emulated.graph.input] == ["x", "w/graphfix_stored"]
     assert emulated.graph.input[1].type.tensor_type.elem_type == H
     assert not validate(original, half, backend="onnxruntime", inputs=square_inputs).passed
+
+
+def test_tensors_onnx_cannot_type_are_named_not_claimed():
+    """An op outside ONNX's schemas leaves its output (and what follows) untyped: those tensors
+    are not rounded, and the report line says which, instead of claiming every node output."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Mystery", ["h"], ["m"], domain="com.example"),
+        helper.make_node("Mul", ["m", "m"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "custom",
+        [helper.make_tensor_value_info("x", H, [2, 4])],
+        [helper.make_tensor_value_info("y", H, [2, 4])],
+        [numpy_helper.from_array(np.ones((4, 4), np.float16), "w")],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
+    )
+    done = materialise(model)
+    assert done.untyped == ("m",)  # y is typed by the graph output; h by inference
+    rounded = {n.output[0] for n in done.model.graph.node if n.name.endswith("/graphfix_round")}
+    assert rounded == {
+        "x/graphfix_input/graphfix_rounded",
+        "h/graphfix_rounded",
+        "y/graphfix_rounded",
+    }
+    line = describe_low_precision(LowPrecision.MATERIALISE, ("float16",), untyped=done.untyped)
+    assert line.endswith(
+        "except 1 tensor(s) of unknown type (ops ONNX has no schema for), run "
+        "as onnxruntime computes them: m"
+    )
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ rewritten the same way.  This is the one semantics `validate`,
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 
 import onnx
@@ -71,20 +72,45 @@ def low_precision_types(model: onnx.ModelProto) -> tuple[str, ...]:
     return tuple(sorted(_LOW[t] for t in found if t in _LOW))
 
 
-def describe_low_precision(mode: LowPrecision, types: tuple[str, ...]) -> str | None:
-    """The line every report prints about it; None when the model stores no low precision."""
+def describe_low_precision(
+    mode: LowPrecision, types: tuple[str, ...], *, untyped: tuple[str, ...] = ()
+) -> str | None:
+    """The line every report prints about it; None when the model stores no low precision.
+    `untyped`: tensors `materialise` could not type, named so the claim stays true."""
     if not types:
         return None
     stored = " and ".join(types)
     if mode is LowPrecision.MATERIALISE:
-        return f"{stored} materialised at every node output (as an engine storing it would)"
+        line = f"{stored} materialised at every node output (as an engine storing it would)"
+        if untyped:
+            listed = ", ".join(untyped[:5]) + (", ..." if len(untyped) > 5 else "")
+            line += (
+                f", except {len(untyped)} tensor(s) of unknown type (ops ONNX has no schema "
+                f"for), run as onnxruntime computes them: {listed}"
+            )
+        return line
     return (
         f"{stored} run as onnxruntime's CPU runs it (as-is: most ops compute and keep float32, "
         "so float16 overflow and rounding can be hidden)"
     )
 
 
+@dataclass(frozen=True)
+class Materialised:
+    """A model rewritten by `materialise`, and the node outputs whose type ONNX inference could
+    not tell (ops outside its schemas): those are not rounded, and reports say so."""
+
+    model: onnx.ModelProto
+    untyped: tuple[str, ...]
+
+
 def emulate_low_precision(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A float32 copy of `model` in which every float16/bfloat16 tensor is rounded explicitly
+    (`materialise`'s model)."""
+    return materialise(model).model
+
+
+def materialise(model: onnx.ModelProto) -> Materialised:
     """A float32 copy of `model` in which every float16/bfloat16 tensor is rounded explicitly.
 
     Weights keep their storage, loaded or external data references (run such a copy with the
@@ -106,6 +132,14 @@ def emulate_low_precision(model: onnx.ModelProto) -> onnx.ModelProto:
         }
         for graph, index in scopes
     ]
+    untyped = tuple(
+        out
+        for (graph, _), graph_types in zip(scopes, types, strict=True)
+        for node in graph.node
+        if node.op_type != "Cast"  # its type is its `to`
+        for out in node.output
+        if out and out not in graph_types
+    )
     renames: dict[str, str] = {}  # float16 graph inputs: fed as float32, rounded on entry
     entry: list[onnx.NodeProto] = []
     initializers = {t.name for t in result.graph.initializer}
@@ -118,7 +152,7 @@ def emulate_low_precision(model: onnx.ModelProto) -> onnx.ModelProto:
     for graph, graph_types in reversed(list(zip(graphs, types, strict=True))):
         _emulate_graph(graph, graph_types, renames)  # bodies before the graphs holding them
     _replace_nodes(result.graph, [*entry, *result.graph.node])
-    return result
+    return Materialised(result, untyped)
 
 
 def _emulate_graph(graph: onnx.GraphProto, types: dict[str, int], renames: dict[str, str]) -> None:

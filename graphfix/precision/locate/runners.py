@@ -21,8 +21,8 @@ from graphfix.validation.inputs import cast_feeds, input_specs
 from graphfix.validation.low_precision import (
     LowPrecision,
     describe_low_precision,
-    emulate_low_precision,
     low_precision_types,
+    materialise,
 )
 
 
@@ -50,9 +50,12 @@ class OnnxRuntimeCandidate:
     def __init__(self, model: LoadedModel, *, label: str, low_precision: LowPrecision) -> None:
         self.notes: list[str] = []
         self._mode = low_precision
-        self.low_precision = describe_low_precision(low_precision, low_precision_types(model.model))
+        types = low_precision_types(model.model)
+        self.low_precision = describe_low_precision(low_precision, types)
         if self.low_precision is not None and low_precision is LowPrecision.MATERIALISE:
-            model = LoadedModel(emulate_low_precision(model.model), model.path, True)
+            done = materialise(model.model)
+            model = LoadedModel(done.model, model.path, True)
+            self.low_precision = describe_low_precision(low_precision, types, untyped=done.untyped)
         self._specs = input_specs(model.model)  # float16 inputs: float32 once materialised
         self._streamer = TensorStreamer(model, label=label)
         self.description = f"onnxruntime (CPU) on {label}"

@@ -26,9 +26,9 @@ from graphfix.validation.inputs import cast_feeds, input_specs
 from graphfix.validation.low_precision import (
     LowPrecision,
     describe_low_precision,
-    emulate_low_precision,
     low_precision_mode,
     low_precision_types,
+    materialise,
 )
 
 _EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
@@ -76,7 +76,12 @@ class OnnxRuntimeRunner:
         options.log_severity_level = 3
         rewritten = lower or emulate
         proto = with_reference_ops(model.model) if lower else model.model
-        proto = emulate_low_precision(proto) if emulate else proto
+        if emulate:
+            done = materialise(proto)
+            proto = done.model
+            self.low_precision = describe_low_precision(
+                mode, low_precision_types(model.model), untyped=done.untyped
+            )
         if rewritten and not model.weights_loaded and model.base_dir is not None:
             # the rewrite keeps the weights' external data references: onnxruntime reads them
             # from the model's folder, so nothing is loaded or copied here
