@@ -5,8 +5,8 @@ Mul kept in float32), that If bodies, external data and lowered plugin nodes are
 and the `as-is` escape.  On the corpus, `validate` and `locate` must give the same verdict on the
 same pair and the same inputs, for every float16 model the corpus makes: `graphfix precision`
 outputs of its float32 exports, planted float16 overflows (`locate_faults`), and its native
-float16 exports rewritten by `graphfix fix`.  The full sweep is marked `slow`; a representative
-subset runs in the default suite.
+float16 exports rewritten by `graphfix fix` (and, beyond float16, every `--to bfloat16` output).
+The full sweep is marked `slow`; a representative subset runs in the default suite.
 """
 
 from __future__ import annotations
@@ -270,6 +270,20 @@ def test_precision_output_gets_one_verdict(entry):
         pytest.skip(f"{entry.name} is not a float32 export (its native type is swept below)")
     converted = convert_precision(model, to="float16").model
     _assert_agree(model, converted)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [pytest.param(*p.values, id=p.id, marks=pytest.mark.slow) for p in _float32_entries(())],
+)
+def test_bfloat16_precision_output_runs_materialised_with_one_verdict(entry):
+    """onnxruntime's CPU cannot load a bfloat16 MatMul as is; materialised, every op computes in
+    float32 with bfloat16 rounding at its output, so `graphfix precision --to bfloat16` can be
+    judged on any machine, and validate and locate agree."""
+    model = _corpus_model(entry)
+    if _model_precision(model) != "fp32":
+        pytest.skip(f"{entry.name} is not a float32 export")
+    _assert_agree(model, convert_precision(model, to="bfloat16").model)
 
 
 PLANTED_SUBSET = ("attention_then_classifier-legacy17", "eager_mask_add-dynamo18")
