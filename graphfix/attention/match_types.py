@@ -14,6 +14,9 @@ from enum import Enum
 
 class AttentionKind(str, Enum):
     SELF = "self"
+    # keys and values from a strided conv or pooling of the query's own tokens (PVT v2,
+    # SegFormer's spatial-reduction attention): self-attention over fewer keys, not cross
+    SELF_REDUCED_KEYS = "self (reduced keys)"
     CROSS = "cross"
     CAUSAL = "causal"
     UNKNOWN = "unknown"

@@ -210,14 +210,18 @@ def _match_softmax(
     softcap = next((s.cap for s in steps if isinstance(s, SoftcapStep)), None)
     mask_nodes = tuple(sorted(chain.mask_nodes, key=index.position))
     mask_inputs = tuple(dict.fromkeys(chain.mask_inputs))
-    causal = _is_causal(index, mask_inputs)
-    same_source = _projection_source(index, q) == _projection_source(index, k)
+    shape = index.shape(scores) or ()
+    causal = _is_causal(index, mask_inputs, index.shape(qk.output[0]) or ())
+    q_source, k_source = _projection_source(index, q), _projection_source(index, k)
     if causal:
         kind = AttentionKind.CAUSAL
+    elif q_source == k_source:
+        kind = AttentionKind.SELF
+    elif _reduced_from(index, k_source, q_source):
+        kind = AttentionKind.SELF_REDUCED_KEYS
     else:
-        kind = AttentionKind.SELF if same_source else AttentionKind.CROSS
+        kind = AttentionKind.CROSS
 
-    shape = index.shape(scores) or ()
     heads = shape[1] if len(shape) == 4 else None
     q_len = shape[-2] if len(shape) >= 3 else None
     kv_len = shape[-1] if len(shape) >= 3 else None
@@ -545,9 +549,11 @@ def _untranspose_k(
     return k_t, KTransposedBy.LAYOUT, None
 
 
-def _is_causal(index: GraphIndex, mask_inputs: tuple[str, ...]) -> bool:
+def _is_causal(index: GraphIndex, mask_inputs: tuple[str, ...], scores: tuple) -> bool:
     """A causal mask: built by Trilu, by Range + comparison, by comparing constant position
-    indices, or a constant whose strict upper triangle is blocked (banded windows included)."""
+    indices, or a constant whose strict upper triangle is blocked (banded windows included).
+    Only constants shaped like a mask of the `scores` shape decide (a weight in the mask's
+    slice, such as Swin v2's position MLP, is not a mask)."""
     ops: set[str] = set()
     constants: list[str] = []
     comparisons: list[onnx.NodeProto] = []
@@ -575,11 +581,26 @@ def _is_causal(index: GraphIndex, mask_inputs: tuple[str, ...]) -> bool:
         return True
     for node in comparisons:  # transformers' masking_utils: kv_idx <= q_idx on constant aranges
         if all(index.constant_value(i) is not None for i in node.input):
-            if _is_causal_pattern(index.constant_value(node.output[0]), either_polarity=True):
+            value = index.constant_value(node.output[0])
+            if _is_mask_shaped(value, scores) and _is_causal_pattern(value, either_polarity=True):
                 return True
+    values = (index.constant_value(name) for name in constants)
     return any(
-        _is_causal_pattern(index.constant_value(name), either_polarity=True) for name in constants
+        _is_mask_shaped(v, scores) and _is_causal_pattern(v, either_polarity=True) for v in values
     )
+
+
+def _is_mask_shaped(value: np.ndarray | None, scores: tuple) -> bool:
+    """Its two trailing dims are the scores' S and T (a square buffer of at least S rows where
+    the lengths are not static: the causal buffer sliced to them).  `scores` is Q·Kᵀ's shape,
+    () when shape inference could not tell it."""
+    if value is None or value.ndim < 2:
+        return False
+    s, t = scores[-2:] if len(scores) >= 2 else (None, None)
+    rows, columns = value.shape[-2:]
+    if isinstance(s, int) and isinstance(t, int):
+        return (rows, columns) == (s, t)
+    return rows == columns and all(not isinstance(n, int) or rows >= n for n in (s, t))
 
 
 def _is_causal_pattern(value: np.ndarray | None, *, either_polarity: bool) -> bool:
@@ -628,6 +649,28 @@ def _projection_source(index: GraphIndex, tensor: str) -> str:
             return f"<const {current}>"
         current = data[0]
     return current
+
+
+_REDUCTIONS = {"Conv", "AveragePool", "MaxPool", "GlobalAveragePool", "GlobalMaxPool"}
+
+
+def _reduced_from(index: GraphIndex, k_source: str, q_source: str) -> bool:
+    """K's activation is a strided conv or pooling of Q's activation (spatial reduction)."""
+    current, reduced = k_source, False
+    for _ in range(_MAX_SOURCE_HOPS):
+        if current == q_source:
+            return reduced
+        node = index.producer_of(current)
+        if node is None:
+            return False
+        if node.op_type in _REDUCTIONS:
+            strides = next((list(a.ints) for a in node.attribute if a.name == "strides"), [])
+            reduced = reduced or node.op_type != "Conv" or any(s > 1 for s in strides)
+        data = [i for i in node.input if i and not index.is_constant(i)]
+        if not data:
+            return False
+        current = data[0]
+    return False
 
 
 def _strip_layout(index: GraphIndex, tensor: str) -> str:
