@@ -144,8 +144,20 @@ def _bloom() -> Exportable:
 
 
 def _falcon() -> Exportable:
-    """Falcon with ALiBi (eager): the scores and probabilities viewed as [B, H, S, T]."""
+    """Falcon with ALiBi (eager): the scores and probabilities viewed as [B, H, S, T], the ALiBi
+    bias added before the scale.  transformers rounds the ALiBi slopes·positions through
+    bfloat16, which onnxruntime's CPU Mul cannot run: the export uses the same bias in float32."""
     transformers = model_corpus._transformers()
+    torch = model_corpus._seeded()
+    from transformers.models.falcon import modeling_falcon
+
+    def float32_alibi(attention_mask: Any, num_heads: int, dtype: Any) -> Any:
+        batch, length = attention_mask.shape
+        slopes = 2.0 ** (-8.0 * torch.arange(1, num_heads + 1) / num_heads)  # heads: a power of 2
+        positions = ((attention_mask.cumsum(dim=-1) - 1) * attention_mask)[:, None, :]
+        return (slopes[:, None] * positions).reshape(batch * num_heads, 1, length).to(dtype)
+
+    modeling_falcon.build_alibi_tensor = float32_alibi
     config = transformers.FalconConfig(
         vocab_size=64,
         hidden_size=32,

@@ -41,6 +41,7 @@ from graphfix.attention.match_types import (
 from graphfix.attention.strategies.base import Outcome
 from graphfix.attention.strategies.fused.mask import MaskPlan, plan_mask
 from graphfix.attention.strategies.fused.operands import Operands, plan_operands
+from graphfix.attention.strategies.fused.regroup import find_regroup, regroup_operands, view_back
 from graphfix.attention.strategies.fused.sink import add_sink_key, check_sink_steps
 from graphfix.attention.strategies.fused.unsupported import Unsupported, node_of
 from graphfix.attention.strategies.plugin import PluginStrategy
@@ -70,8 +71,13 @@ class FusedPluginStrategy:
             if match.sink is not None:
                 check_sink_steps(edit, match, softcap)
             operands = plan_operands(edit, match, base)
+            regroup = find_regroup(match)
+            if regroup is not None:
+                operands = regroup_operands(edit, base, regroup, operands)
             # the causal flag is top-left aligned for S == T: with the sink key T grows by one
-            mask = plan_mask(edit, match, base, operands.q, allow_causal=match.sink is None)
+            mask = plan_mask(
+                edit, match, base, operands.q, allow_causal=match.sink is None, regroup=regroup
+            )
             if match.sink is not None:
                 operands, mask = add_sink_key(edit, match, base, operands, mask)
             removed = _removed_positions(index, match, operands, mask)
@@ -87,7 +93,12 @@ class FusedPluginStrategy:
             inputs.append(mask.tensor)
         output = pv.output[0]
         node_output = output
-        if operands.cast_output_to is not None or operands.output_perm is not None:
+        view_back_output = regroup is not None and regroup.probs is not None
+        if (
+            operands.cast_output_to is not None
+            or operands.output_perm is not None
+            or view_back_output
+        ):
             node_output = edit.unique(f"{base}/out")
         if operands.output_perm is not None:
             transposed = output if operands.cast_output_to is None else edit.unique(f"{base}/out_t")
@@ -104,6 +115,10 @@ class FusedPluginStrategy:
                 name=edit.unique(f"{base}/GraphfixAttention"),
             )
         )
+        if view_back_output:  # (no output_perm: regroup_operands refuses Einsum layouts)
+            folded = output if operands.cast_output_to is None else edit.unique(f"{base}/out_f")
+            nodes += view_back(edit, base, node_output, folded)
+            node_output = folded
         if operands.output_perm is not None:
             nodes.append(
                 onnx.helper.make_node(
@@ -152,15 +167,20 @@ _STAGE = {ScaleStep: 0, SoftcapStep: 1, MaskStep: 2, BiasStep: 2}
 
 
 def _read_steps(match: AttentionMatch) -> float:
-    """Check that the steps fit the node's order and features; return the softcap (0: none)."""
+    """Check that the steps fit the node's order and features; return the softcap (0: none).
+    A scale after additive biases only (Falcon's (s + alibi)·c) is the node's scale, the biases
+    scaled by it (plan_mask)."""
     stage, softcap = 0, 0.0
+    only_biases = True  # every score step before this one is a bias (or a layout step)
     for step in match.steps:
+        if isinstance(step, (MaskStep, SoftcapStep)):
+            only_biases = False
         if isinstance(step, ScaleStep) and step.side is not ScaleSide.SCORES:
             continue  # on Q or K: read by plan_operands
         if isinstance(step, (CastStep, PassStep, ShiftStep)):
             continue
         if isinstance(step, ReshapeStep):
-            continue  # only Swin's window view is expressible; plan_mask reads it
+            continue  # Swin's window view (plan_mask) and batch·heads views (find_regroup)
         if isinstance(step, QdqStep):
             raise Unsupported(
                 f"the scores are quantized ({step.quantize} → {step.dequantize}); the node has "
@@ -169,6 +189,8 @@ def _read_steps(match: AttentionMatch) -> float:
         if isinstance(step, SinkStep):  # not a score step today (match.sink); kept for safety
             raise Unsupported("an attention sink among the score steps")
         order = _STAGE[type(step)]
+        if isinstance(step, ScaleStep) and only_biases:
+            continue
         if order < stage:
             what = "scales" if order == 0 else "soft-caps"
             raise Unsupported(f"'{node_of(step)}' {what} the scores after the mask")
@@ -180,8 +202,8 @@ def _read_steps(match: AttentionMatch) -> float:
                 raise Unsupported("two softcaps")
             softcap = step.cap
     for step in match.after:
-        if isinstance(step, (CastStep, PassStep, NanGuardStep)):
-            continue
+        if isinstance(step, (CastStep, PassStep, NanGuardStep, ReshapeStep)):
+            continue  # a reshape: find_regroup reads it
         if isinstance(step, QdqStep):
             raise Unsupported(
                 f"the probabilities are quantized ({step.quantize} → {step.dequantize}) before "

@@ -18,7 +18,11 @@ from graphfix.attention.match_types import (
     MaskStep,
     PassStep,
     ReshapeStep,
+    ScaleSide,
+    ScaleStep,
 )
+from graphfix.attention.strategies.fused.finite_fill import finite_fill_mask
+from graphfix.attention.strategies.fused.regroup import Regroup, is_identity, view_bias
 from graphfix.attention.strategies.fused.unsupported import Unsupported, node_of, shape_text
 from graphfix.graph.edit import GraphEdit
 from graphfix.graph.index import GraphIndex
@@ -37,10 +41,17 @@ class MaskPlan:
 
 
 def plan_mask(
-    edit: GraphEdit, match: AttentionMatch, base: str, q: str, *, allow_causal: bool = True
+    edit: GraphEdit,
+    match: AttentionMatch,
+    base: str,
+    q: str,
+    *,
+    allow_causal: bool = True,
+    regroup: Regroup | None = None,
 ) -> MaskPlan:
     """The node's one mask input from the chain's Where masks and additive biases; a pure
-    causal mask becomes the node's `causal` flag when `allow_causal`."""
+    causal mask becomes the node's `causal` flag when `allow_causal`.  A bias before a scale of
+    the scores is scaled by it; one added before a batch·heads view (`regroup`) is viewed too."""
     index = edit.index
     wheres = [s for s in match.steps if isinstance(s, MaskStep)]
     windows = _windowed_biases(match)
@@ -64,6 +75,12 @@ def plan_mask(
         inits.append(numpy_helper.from_array(np.array(value, dtype=np.int64), name))
         return name
 
+    def _scaled(source: str, factor: float, elem: int) -> str:
+        name = edit.unique(f"{base}/bias_scale")
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+        inits.append(numpy_helper.from_array(np.array(factor, dtype=dtype), name))
+        return add("Mul", [source, name])
+
     def unwindow(source: str, windows_per_image: int) -> str:
         """bias [1|B, nW, h, n, m] as the node sees it: [B·nW, h, n, m] (B from Q's batch)."""
         shape = index.shape(source)
@@ -83,6 +100,16 @@ def plan_mask(
             raise Unsupported("the additive masks/biases have different or unknown element types")
         sources = [
             unwindow(b.source, windows[id(b)]) if id(b) in windows else b.source for b in biases
+        ]
+        if regroup is not None:
+            sources = [
+                view_bias(edit, base, regroup, t, nodes, inits) if id(b) in regroup.before else t
+                for b, t in zip(biases, sources, strict=True)
+            ]
+        factors = _later_scales(match)
+        sources = [
+            _scaled(t, factors[id(b)], index.elem_type(t)) if id(b) in factors else t
+            for b, t in zip(biases, sources, strict=True)
         ]
         bias = sources[0]
         for extra in sources[1:]:  # (s + m1) + m2 as s + (m1 + m2): same to rounding
@@ -109,17 +136,17 @@ def plan_mask(
     elif bias is None:
         plan = MaskPlan(keep, fill, tuple(nodes), tuple(inits), describe="boolean mask")
     else:
-        if fill != -math.inf and not _keeps_a_key_per_row(index, wheres, fill):
-            raise Unsupported(
-                f"a Where mask with the finite fill {fill:g} combined with an additive bias: "
-                "folding them into one mask would change rows whose every key is blocked"
-            )
-        elem = index.elem_type(bias)
-        blocked = edit.unique(f"{base}/blocked_fill")
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
-        inits.append(numpy_helper.from_array(np.array(fill, dtype=dtype), blocked))
-        mask = add("Where", [keep, bias, blocked])
-        plan = MaskPlan(mask, None, tuple(nodes), tuple(inits), describe="boolean mask with bias")
+        describe = "boolean mask with bias"
+        if fill == -math.inf or _keeps_a_key_per_row(index, wheres, fill):
+            elem = index.elem_type(bias)
+            blocked = edit.unique(f"{base}/blocked_fill")
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+            inits.append(numpy_helper.from_array(np.array(fill, dtype=dtype), blocked))
+            mask = add("Where", [keep, bias, blocked])
+        else:
+            mask = finite_fill_mask(edit, match, base, keep, bias, fill, nodes, inits)
+            describe = f"boolean mask (finite fill {fill:g}) with bias, one float32 mask"
+        plan = MaskPlan(mask, None, tuple(nodes), tuple(inits), describe=describe)
     single = wheres[0] if len(wheres) == 1 and not biases else None
     source = (
         single.source if single else (biases[0].source if len(biases) == 1 and not wheres else None)
@@ -135,6 +162,19 @@ def plan_mask(
     ):
         return MaskPlan(None, None, causal=True)
     return plan
+
+
+def _later_scales(match: AttentionMatch) -> dict[int, float]:
+    """id(BiasStep) → the product of the score scales that follow it: (s + b)·c is c·s + c·b,
+    the node's scale on s and a scaled bias (fused_plugin lets a scale follow biases only)."""
+    factors: dict[int, float] = {}
+    after = 1.0
+    for step in reversed(match.steps):
+        if isinstance(step, ScaleStep) and step.side is ScaleSide.SCORES and step.factor:
+            after *= step.factor
+        elif isinstance(step, BiasStep) and after != 1.0:
+            factors[id(step)] = after
+    return factors
 
 
 def _keeps_a_key_per_row(index: GraphIndex, wheres: list[MaskStep], fill: float) -> bool:
@@ -164,6 +204,8 @@ def _windowed_biases(match: AttentionMatch) -> dict[int, int]:
     windows: int | None = None
     outer: tuple[int, ...] | None = None
     for step in match.steps:
+        if isinstance(step, ReshapeStep) and _not_a_window_view(step):
+            continue  # identity or batch·heads views: find_regroup reads them
         if isinstance(step, ReshapeStep):
             target = step.target
             if windows is None and target is not None and len(target) == 5 and target[1] > 0:
@@ -186,6 +228,11 @@ def _windowed_biases(match: AttentionMatch) -> dict[int, int]:
     if windows is not None:
         raise Unsupported("the scores stay in a window view up to the Softmax")
     return windowed
+
+
+def _not_a_window_view(step: ReshapeStep) -> bool:
+    ranks = {len(s) for s in (step.input_shape, step.output_shape) if s is not None}
+    return is_identity(step) or 3 in ranks
 
 
 def _agrees(dims: tuple, target: tuple[int, ...]) -> bool:

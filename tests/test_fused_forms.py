@@ -1,0 +1,227 @@
+"""fused_plugin on the chain forms of issue 21, on minimal graphs written next to each test:
+each rewritten graph computes what the original did (graphfix's reference ops in
+onnxruntime), and each form that cannot be expressed exactly falls back with its reason."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import parser
+
+import graphfix
+from graphfix.plugins.spec import ATTENTION
+
+HEADER = '<ir_version: 8, opset_import: ["" : 17]>'
+FLOAT32_MIN = "-3.4028234663852886e38"
+
+
+def _model(signature: str, body: str) -> onnx.ModelProto:
+    inputs, outputs = signature.split(" => ")
+    model = parser.parse_model(f"{HEADER}\ng ({inputs}) => {outputs} {{\n{body}\n}}")
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _feeds(model: onnx.ModelProto, **given: np.ndarray) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    feeds = dict(given)
+    for value in model.graph.input:
+        if value.name in feeds:
+            continue
+        t = value.type.tensor_type
+        shape = [d.dim_value for d in t.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)
+        feeds[value.name] = rng.standard_normal(shape).astype(dtype)
+    return feeds
+
+
+def _fused(model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, tolerance: float = 1e-6):
+    """The fused_plugin rewrite of `model`: one GraphfixAttention node, same outputs."""
+    result = graphfix.fix_attention(model, strategy="fused_plugin")
+    (block,) = result.report.blocks
+    assert not block.detail.startswith("fell back"), block.detail
+    assert [n.op_type for n in result.model.graph.node].count(ATTENTION.op_type) == 1
+    assert "Softmax" not in [n.op_type for n in result.model.graph.node]
+    onnx.checker.check_model(result.model, full_check=True)
+    run = lambda m: ort.InferenceSession(m.SerializeToString()).run(None, feeds)  # noqa: E731
+    for want, got in zip(run(model), run(graphfix.with_reference_ops(result.model)), strict=True):
+        np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
+    return block
+
+
+def _fell_back(model: onnx.ModelProto) -> str:
+    (block,) = graphfix.fix_attention(model, strategy="fused_plugin").report.blocks
+    assert block.rewritten and block.detail.startswith("fell back"), block.detail
+    return block.detail
+
+
+# --- a Where mask with a finite fill and an additive bias ---------------------------------------
+QKV = "float[2,2,4,8] q, float[2,2,4,8] k, float[2,2,4,8] v"
+PRODUCT = """
+  kt = Transpose<perm=[0,1,3,2]>(k)
+  s = MatMul(q, kt)
+  c = Constant<value=float {0.35}>()
+  ss = Mul(s, c)
+"""
+
+
+def _keep_with_a_blocked_row() -> np.ndarray:
+    keep = np.random.default_rng(3).random((2, 1, 4, 4)) > 0.4
+    keep[1, 0, 2, :] = False  # every key of one row blocked: the original gives a uniform row
+    keep[0, 0, 1, :] = True
+    return keep
+
+
+def _bias() -> np.ndarray:
+    return (np.random.default_rng(4).standard_normal((2, 1, 4, 4)) * 3).astype(np.float32)
+
+
+@pytest.mark.parametrize("fill", [FLOAT32_MIN, "-10000.0"])
+def test_finite_fill_after_the_bias_is_one_float32_mask(fill: str) -> None:
+    model = _model(
+        f"{QKV}, bool[2,1,4,4] keep, float[2,1,4,4] bias => (float[2,2,4,8] y)",
+        PRODUCT
+        + f"""
+  a = Add(ss, bias)
+  fill = Constant<value=float {{{fill}}}>()
+  m = Where(keep, a, fill)
+  p = Softmax<axis=-1>(m)
+  y = MatMul(p, v)""",
+    )
+    block = _fused(model, _feeds(model, keep=_keep_with_a_blocked_row(), bias=_bias()))
+    assert "finite fill" in block.detail
+
+
+def test_finite_fill_before_the_bias_keeps_fill_plus_bias() -> None:
+    model = _model(
+        f"{QKV}, bool[2,1,4,4] keep, float[2,1,4,4] bias => (float[2,2,4,8] y)",
+        PRODUCT
+        + f"""
+  fill = Constant<value=float {{{FLOAT32_MIN}}}>()
+  m = Where(keep, ss, fill)
+  a = Add(m, bias)
+  p = Softmax<axis=-1>(a)
+  y = MatMul(p, v)""",
+    )
+    _fused(model, _feeds(model, keep=_keep_with_a_blocked_row(), bias=_bias()))
+
+
+def test_small_finite_fill_before_the_bias_falls_back() -> None:
+    """where(keep, s, -1e4) + b: a fully blocked row is softmax(b) in the original; the node
+    would show the scores through it."""
+    model = _model(
+        f"{QKV}, bool[2,1,4,4] keep, float[2,1,4,4] bias => (float[2,2,4,8] y)",
+        PRODUCT
+        + """
+  fill = Constant<value=float {-10000.0}>()
+  m = Where(keep, ss, fill)
+  a = Add(m, bias)
+  p = Softmax<axis=-1>(a)
+  y = MatMul(p, v)""",
+    )
+    assert "fill + bias" in _fell_back(model)
+
+
+# --- a scale after the bias (Falcon: (s + alibi)·c + mask) ---------------------------------------
+def test_scale_after_a_bias_scales_the_bias() -> None:
+    model = _model(
+        f"{QKV}, float[2,1,4,4] alibi, float[2,1,4,4] mask => (float[2,2,4,8] y)",
+        """
+  kt = Transpose<perm=[0,1,3,2]>(k)
+  s = MatMul(q, kt)
+  a = Add(s, alibi)
+  c = Constant<value=float {0.35}>()
+  ss = Mul(a, c)
+  m = Add(ss, mask)
+  p = Softmax<axis=-1>(m)
+  y = MatMul(p, v)""",
+    )
+    block = _fused(model, _feeds(model))
+    assert "scale 0.35" in block.detail
+
+
+def test_scale_after_a_where_mask_falls_back() -> None:
+    model = _model(
+        f"{QKV}, bool[2,1,4,4] keep => (float[2,2,4,8] y)",
+        """
+  kt = Transpose<perm=[0,1,3,2]>(k)
+  s = MatMul(q, kt)
+  fill = Constant<value=float {-10000.0}>()
+  m = Where(keep, s, fill)
+  c = Constant<value=float {0.35}>()
+  ss = Mul(m, c)
+  p = Softmax<axis=-1>(ss)
+  y = MatMul(p, v)""",
+    )
+    assert "scales the scores after the mask" in _fell_back(model)
+
+
+# --- views of batch·heads (BLOOM's baddbmm export) -----------------------------------------------
+BLOOM = """
+  kt = Transpose<perm=[0,2,1]>(k)
+  s = MatMul(q, kt)
+  c = Constant<value=float {0.25}>()
+  ss = Mul(s, c)
+  b = Add(ss, alibi)
+  split = Constant<value=int64[4] {2,2,4,-1}>()
+  s4 = Reshape(b, split)
+  m = Add(s4, mask)
+  p = Softmax<axis=-1>(m)
+"""
+
+
+def test_bloom_views_of_batch_heads() -> None:
+    """Q, K, V [B·H, S, D]; scores viewed as [B, H, S, T] for the mask and back for P·V."""
+    model = _model(
+        "float[4,4,8] q, float[4,4,8] k, float[4,4,8] v, float[4,1,4] alibi, "
+        "float[2,1,4,4] mask => (float[4,4,8] y)",
+        BLOOM
+        + """
+  fold = Constant<value=int64[3] {4,4,4}>()
+  p3 = Reshape(p, fold)
+  y = MatMul(p3, v)""",
+    )
+    block = _fused(model, _feeds(model))
+    assert "batch·heads viewed" in block.detail
+
+
+def test_view_of_batch_heads_with_a_4d_v() -> None:
+    """dynamo: the probabilities stay [B, H, S, T] and V is [B, H, T, D]."""
+    model = _model(
+        "float[4,4,8] q, float[4,4,8] k, float[2,2,4,8] v, float[1,1,4] alibi, "
+        "float[2,1,4,4] mask => (float[2,2,4,8] y)",
+        BLOOM + "  y = MatMul(p, v)",
+    )
+    _fused(model, _feeds(model))
+
+
+def test_a_view_that_moves_the_keys_falls_back() -> None:
+    model = _model(
+        "float[4,4,8] q, float[4,4,8] k, float[4,4,8] v => (float[4,4,8] y)",
+        """
+  kt = Transpose<perm=[0,2,1]>(k)
+  s = MatMul(q, kt)
+  split = Constant<value=int64[4] {2,2,2,8}>()
+  s4 = Reshape(s, split)
+  p = Softmax<axis=-1>(s4)
+  fold = Constant<value=int64[3] {4,4,4}>()
+  p3 = Reshape(p, fold)
+  y = MatMul(p3, v)""",
+    )
+    assert "not only regrouping batch and heads" in _fell_back(model)
+
+
+def test_identity_views_are_skipped() -> None:
+    model = _model(
+        f"{QKV} => (float[2,2,4,8] y)",
+        PRODUCT
+        + """
+  same = Constant<value=int64[4] {2,2,4,4}>()
+  s4 = Reshape(ss, same)
+  p = Softmax<axis=-1>(s4)
+  p4 = Reshape(p, same)
+  y = MatMul(p4, v)""",
+    )
+    _fused(model, _feeds(model))
