@@ -225,3 +225,25 @@ def test_identity_views_are_skipped() -> None:
   y = MatMul(p4, v)""",
     )
     _fused(model, _feeds(model))
+
+
+# --- a softcap before the sink Concat (the sink logit is not capped) -----------------------------
+def test_a_run_time_sink_after_a_softcap_falls_back() -> None:
+    """cap·atanh(sink / cap) undoes the node's softcap only for |sink| < cap, unknown here."""
+    model = _model(
+        f"{QKV}, float[2,2,4,1] sink => (float[2,2,4,8] y)",
+        PRODUCT
+        + """
+  cap = Constant<value=float {5.0}>()
+  d = Div(ss, cap)
+  t = Tanh(d)
+  capped = Mul(t, cap)
+  row = Concat<axis=-1>(capped, sink)
+  p5 = Softmax<axis=-1>(row)
+  starts = Constant<value=int64[1] {0}>()
+  ends = Constant<value=int64[1] {4}>()
+  axes = Constant<value=int64[1] {3}>()
+  p = Slice(p5, starts, ends, axes)
+  y = MatMul(p, v)""",
+    )
+    assert "computed at run time after a softcap" in _fell_back(model)

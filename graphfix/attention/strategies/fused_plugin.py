@@ -68,8 +68,7 @@ class FusedPluginStrategy:
         base = match.softmax or f"graphfix_attention_{match.index}"
         try:
             softcap = _read_steps(match)
-            if match.sink is not None:
-                check_sink_steps(edit, match, softcap)
+            uncap = match.sink is not None and check_sink_steps(edit, match, softcap)
             operands = plan_operands(edit, match, base)
             regroup = find_regroup(match)
             if regroup is not None:
@@ -79,7 +78,9 @@ class FusedPluginStrategy:
                 edit, match, base, operands.q, allow_causal=match.sink is None, regroup=regroup
             )
             if match.sink is not None:
-                operands, mask = add_sink_key(edit, match, base, operands, mask)
+                operands, mask = add_sink_key(
+                    edit, match, base, operands, mask, uncap=softcap if uncap else 0.0
+                )
             removed = _removed_positions(index, match, operands, mask)
         except Unsupported as reason:
             fallback = PluginStrategy().apply(edit, match)
