@@ -247,3 +247,31 @@ def test_a_run_time_sink_after_a_softcap_falls_back() -> None:
   y = MatMul(p, v)""",
     )
     assert "computed at run time after a softcap" in _fell_back(model)
+
+
+# --- a scale computed at run time (Swin v2's logit scale) ----------------------------------------
+def _logit_scaled(scale_shape: str, values: str) -> onnx.ModelProto:
+    return _model(
+        f"{QKV} => (float[2,2,4,8] y)",
+        f"""
+  kt = Transpose<perm=[0,1,3,2]>(k)
+  s = MatMul(q, kt)
+  logit = Constant<value=float{scale_shape} {{{values}}}>()
+  top = Constant<value=float {{4.6}}>()
+  clipped = Clip(logit, , top)
+  c = Exp(clipped)
+  ss = Mul(s, c)
+  p = Softmax<axis=-1>(ss)
+  y = MatMul(p, v)""",
+    )
+
+
+def test_a_run_time_scale_per_head_moves_onto_q() -> None:
+    model = _logit_scaled("[2,1,1]", "0.5, 1.5")
+    block = _fused(model, _feeds(model), tolerance=1e-5)
+    assert "computed at run time, moved onto Q" in block.detail
+
+
+def test_a_run_time_scale_along_the_keys_falls_back() -> None:
+    model = _logit_scaled("[1,4]", "0.5, 1.5, 1.0, 2.0")
+    assert "varies along the keys" in _fell_back(model)

@@ -190,7 +190,7 @@ def _read_steps(match: AttentionMatch) -> float:
         if isinstance(step, SinkStep):  # not a score step today (match.sink); kept for safety
             raise Unsupported("an attention sink among the score steps")
         order = _STAGE[type(step)]
-        if isinstance(step, ScaleStep) and only_biases:
+        if isinstance(step, ScaleStep) and only_biases and step.factor is not None:
             continue
         if order < stage:
             what = "scales" if order == 0 else "soft-caps"

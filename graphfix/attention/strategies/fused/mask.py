@@ -22,7 +22,7 @@ from graphfix.attention.match_types import (
     ScaleStep,
 )
 from graphfix.attention.strategies.fused.finite_fill import finite_fill_mask
-from graphfix.attention.strategies.fused.regroup import Regroup, is_identity, view_bias
+from graphfix.attention.strategies.fused.regroup import Regroup, folds_heads, is_identity, view_bias
 from graphfix.attention.strategies.fused.unsupported import Unsupported, node_of, shape_text
 from graphfix.graph.edit import GraphEdit
 from graphfix.graph.index import GraphIndex
@@ -204,7 +204,7 @@ def _windowed_biases(match: AttentionMatch) -> dict[int, int]:
     windows: int | None = None
     outer: tuple[int, ...] | None = None
     for step in match.steps:
-        if isinstance(step, ReshapeStep) and _not_a_window_view(step):
+        if isinstance(step, ReshapeStep) and (is_identity(step) or folds_heads(step)):
             continue  # identity or batch·heads views: find_regroup reads them
         if isinstance(step, ReshapeStep):
             target = step.target
@@ -228,11 +228,6 @@ def _windowed_biases(match: AttentionMatch) -> dict[int, int]:
     if windows is not None:
         raise Unsupported("the scores stay in a window view up to the Softmax")
     return windowed
-
-
-def _not_a_window_view(step: ReshapeStep) -> bool:
-    ranks = {len(s) for s in (step.input_shape, step.output_shape) if s is not None}
-    return is_identity(step) or 3 in ranks
 
 
 def _agrees(dims: tuple, target: tuple[int, ...]) -> bool:

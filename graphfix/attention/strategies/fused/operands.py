@@ -17,6 +17,7 @@ from graphfix.attention.match_types import (
     ScaleSide,
     ScaleStep,
 )
+from graphfix.attention.strategies.fused.runtime_scale import scale_q_at_run_time
 from graphfix.attention.strategies.fused.unsupported import Unsupported
 from graphfix.graph.edit import GraphEdit
 from graphfix.graph.index import GraphIndex
@@ -48,11 +49,8 @@ def plan_operands(edit: GraphEdit, match: AttentionMatch, base: str) -> Operands
     operand_factors = [
         s for s in match.steps if isinstance(s, ScaleStep) and s.side in (ScaleSide.Q, ScaleSide.K)
     ]
-    if any(s.factor is None for s in scores_factors):
-        raise Unsupported(
-            "the scale on the scores is computed at run time (`graphfix inspect` shows how)"
-        )
-    scale = math.prod(s.factor for s in scores_factors)
+    at_run_time = [s for s in scores_factors if s.factor is None]
+    scale = math.prod(s.factor for s in scores_factors if s.factor is not None)
     if any(s.factor is None for s in operand_factors):
         # √scale computed at run time on Q and Kᵀ (the legacy SDPA decomposition): keep those
         # Muls outside the node and read the operands as the product reads them.
@@ -66,6 +64,11 @@ def plan_operands(edit: GraphEdit, match: AttentionMatch, base: str) -> Operands
     if not ranks <= {3, 4}:
         raise Unsupported(f"Q/V ranks {sorted(r for r in ranks if r)} (the node takes 3-D or 4-D)")
     if layout.qk_op == "Einsum":
+        if at_run_time:
+            raise Unsupported(
+                "the scale on the scores is computed at run time in an Einsum layout "
+                "(`graphfix inspect` shows how)"
+            )
         if layout.pv_op != "Einsum":
             raise Unsupported("a MatMul P·V after an Einsum Q·Kᵀ")
         q, k, v, cast_to = _types(index, match, q, k_operand)
@@ -83,7 +86,11 @@ def plan_operands(edit: GraphEdit, match: AttentionMatch, base: str) -> Operands
             raise Unsupported("Kᵀ is not 3-D or 4-D")
         k, k_transposed = k_operand, True
     q, k, v, cast_to = _types(index, match, q, k)
-    return Operands(q, k, v, k_transposed, scale, cast_to)
+    if not at_run_time:
+        return Operands(q, k, v, k_transposed, scale, cast_to)
+    q, nodes = scale_q_at_run_time(edit, base, q, at_run_time)
+    describe = "a scale computed at run time, moved onto Q"
+    return Operands(q, k, v, k_transposed, scale, cast_to, nodes, describe=describe)
 
 
 def _types(

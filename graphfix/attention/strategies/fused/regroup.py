@@ -34,6 +34,12 @@ def is_identity(step: ReshapeStep) -> bool:
     )
 
 
+def folds_heads(step: ReshapeStep) -> bool:
+    """A view from or to a 3-D [B·H, S, T] tensor: find_regroup's to judge (any other view of
+    the scores is Swin's window view, fused/mask.py's)."""
+    return 3 in {len(s) for s in (step.input_shape, step.output_shape) if s is not None}
+
+
 @dataclass(frozen=True)
 class Regroup:
     """The scores' [B·H, S, T] → [B, H, S, T] view and the probabilities' view back."""
@@ -47,7 +53,11 @@ class Regroup:
 def find_regroup(match: AttentionMatch) -> Regroup | None:
     """The regrouping views of the chain; None when there is none.  Raises Unsupported for any
     other reshape of the scores or probabilities."""
-    scores = [s for s in match.steps if isinstance(s, ReshapeStep) and not is_identity(s)]
+    scores = [
+        s
+        for s in match.steps
+        if isinstance(s, ReshapeStep) and not is_identity(s) and folds_heads(s)
+    ]
     probs = [s for s in match.after if isinstance(s, ReshapeStep) and not is_identity(s)]
     if not scores and not probs:
         return None
