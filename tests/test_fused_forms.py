@@ -275,3 +275,27 @@ def test_a_run_time_scale_per_head_moves_onto_q() -> None:
 def test_a_run_time_scale_along_the_keys_falls_back() -> None:
     model = _logit_scaled("[1,4]", "0.5, 1.5, 1.0, 2.0")
     assert "varies along the keys" in _fell_back(model)
+
+
+# --- the scores also read by Shape -----------------------------------------------------------------
+def test_shape_of_the_scores_is_recomputed_from_q_and_k() -> None:
+    """A causal buffer sliced to the scores' own last two dims (GPT-2 in transformers 4)."""
+    model = _model(
+        "float[2,2,4,8] q, float[2,2,8,4] kt, float[2,2,4,8] v => (float[2,2,4,8] y)",
+        """
+  s = MatMul(q, kt)
+  c = Constant<value=float {0.35}>()
+  ss = Mul(s, c)
+  dims = Shape<start=-2>(ss)
+  buffer = Constant<value=bool[6,6] {1,0,0,0,0,0, 1,1,0,0,0,0, 1,1,1,0,0,0,
+                                     1,1,1,1,0,0, 1,1,1,1,1,0, 1,1,1,1,1,1}>()
+  zeros = Constant<value=int64[2] {0,0}>()
+  keep = Slice(buffer, zeros, dims)
+  fill = Constant<value=float {-10000.0}>()
+  m = Where(keep, ss, fill)
+  p = Softmax<axis=-1>(m)
+  y = MatMul(p, v)""",
+    )
+    result = graphfix.fix_attention(model, strategy="fused_plugin")
+    assert not any(n.input[:1] == ["ss"] for n in result.model.graph.node)
+    _fused(model, _feeds(model))

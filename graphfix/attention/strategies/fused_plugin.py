@@ -42,6 +42,7 @@ from graphfix.attention.strategies.base import Outcome
 from graphfix.attention.strategies.fused.mask import MaskPlan, plan_mask
 from graphfix.attention.strategies.fused.operands import Operands, plan_operands
 from graphfix.attention.strategies.fused.regroup import find_regroup, regroup_operands, view_back
+from graphfix.attention.strategies.fused.shape_readers import recompute_shapes, shape_readers
 from graphfix.attention.strategies.fused.sink import add_sink_key, check_sink_steps
 from graphfix.attention.strategies.fused.unsupported import Unsupported, node_of
 from graphfix.attention.strategies.plugin import PluginStrategy
@@ -81,7 +82,9 @@ class FusedPluginStrategy:
                 operands, mask = add_sink_key(
                     edit, match, base, operands, mask, uncap=softcap if uncap else 0.0
                 )
-            removed = _removed_positions(index, match, operands, mask)
+            readers = shape_readers(index, match)
+            removed = _removed_positions(index, match, operands, mask, set(readers))
+            shapes = recompute_shapes(edit, base, operands, readers)
         except Unsupported as reason:
             fallback = PluginStrategy().apply(edit, match)
             return Outcome(fallback.rewritten, f"fell back to {fallback.detail}: {reason}")
@@ -143,6 +146,8 @@ class FusedPluginStrategy:
             )
         for position in removed:
             edit.replace(position, nodes if position == match.chain_positions[-1] else [])
+        for position, recomputed in shapes.items():
+            edit.replace(position, recomputed)
         edit.drop_if_unused({i for p in removed for i in edit.node_at(p).input})
         edit.annotate(output)
         ensure_plugin_opset(edit.model)
@@ -215,16 +220,16 @@ def _read_steps(match: AttentionMatch) -> float:
 
 
 def _removed_positions(
-    index: GraphIndex, match: AttentionMatch, operands: Operands, mask: MaskPlan
+    index: GraphIndex, match: AttentionMatch, operands: Operands, mask: MaskPlan, readers: set[int]
 ) -> list[int]:
     """The chain, its NaN guard's IsNaN, and what fed only the chain; nothing else may read
-    a tensor inside the chain."""
+    a tensor inside the chain but the Shape `readers` (recomputed from Q and K)."""
     chain = [index.graph.node[p] for p in match.chain_positions]
     pv = chain[-1]
     removed = set(match.chain_positions)
     removed |= _guard_positions(index, match, chain)
     removed |= _shift_positions(index, match)
-    _check_nothing_escapes(index, match, removed, pv)
+    _check_nothing_escapes(index, removed, readers, pv)
     sources = (s.source for s in match.steps if isinstance(s, (MaskStep, BiasStep)))
     added = (i for n in (*operands.nodes, *mask.nodes) for i in n.input)
     keep = {operands.q, operands.k, operands.v, mask.tensor, *sources, *added}
@@ -283,7 +288,7 @@ def _reduces_key_axis(index: GraphIndex, reduce: onnx.NodeProto) -> bool:
 
 
 def _check_nothing_escapes(
-    index: GraphIndex, match: AttentionMatch, removed: set[int], pv: onnx.NodeProto
+    index: GraphIndex, removed: set[int], readers: set[int], pv: onnx.NodeProto
 ) -> None:
     for position in removed:
         node = index.graph.node[position]
@@ -293,7 +298,7 @@ def _check_nothing_escapes(
             if out in index.graph_outputs:
                 raise Unsupported(f"'{out}' inside the chain is a graph output")
             for consumer in index.consumers_of(out):
-                if index.position(consumer) not in removed:
+                if index.position(consumer) not in removed | readers:
                     raise Unsupported(
                         f"'{out}' inside the chain is also used by {consumer.op_type} "
                         f"'{consumer.name}' (e.g. returned attention probabilities)"

@@ -19,6 +19,7 @@ import onnx
 from onnx import numpy_helper
 
 from graphfix.attention.match_types import AttentionMatch, BiasStep, MaskStep
+from graphfix.attention.strategies.fused.nodes import node_adder
 from graphfix.attention.strategies.fused.unsupported import Unsupported
 from graphfix.graph.edit import GraphEdit
 
@@ -47,12 +48,7 @@ def finite_fill_mask(
     bias_first = order == sorted(order, key=lambda t: t is MaskStep)
     mask_first = order == sorted(order, key=lambda t: t is BiasStep)
 
-    def add(op: str, inputs: list[str], what: str, **attrs) -> str:
-        out = edit.unique(f"{base}/{what}")
-        nodes.append(
-            onnx.helper.make_node(op, inputs, [out], name=edit.unique(f"{base}/{op}"), **attrs)
-        )
-        return out
+    add = node_adder(edit, base, nodes)
 
     def const(value: float, what: str) -> str:
         name = edit.unique(f"{base}/{what}")

@@ -19,6 +19,7 @@ import onnx
 from onnx import numpy_helper
 
 from graphfix.attention.match_types import AttentionMatch, BiasStep, ReshapeStep
+from graphfix.attention.strategies.fused.nodes import node_adder
 from graphfix.attention.strategies.fused.operands import Operands
 from graphfix.attention.strategies.fused.unsupported import Unsupported, shape_text
 from graphfix.graph.edit import GraphEdit
@@ -179,21 +180,13 @@ class _adder:
     """Nodes and int64 constants named under `base`, appended to the given lists."""
 
     def __init__(self, edit: GraphEdit, base: str, nodes: list, inits: list) -> None:
-        self.edit, self.base, self.nodes, self.inits = edit, base, nodes, inits
+        self.edit, self.base, self.inits = edit, base, inits
+        self.node = node_adder(edit, base, nodes)
 
     def const(self, value: list[int]) -> str:
         name = self.edit.unique(f"{self.base}/view_dims")
         self.inits.append(numpy_helper.from_array(np.array(value, np.int64), name))
         return name
-
-    def node(self, op: str, inputs: list[str], what: str, **attrs) -> str:
-        out = self.edit.unique(f"{self.base}/{what}")
-        self.nodes.append(
-            onnx.helper.make_node(
-                op, inputs, [out], name=self.edit.unique(f"{self.base}/{op}"), **attrs
-            )
-        )
-        return out
 
     def heads(self, tensor: str, batch_heads: tuple[int, int], what: str) -> str:
         """[B·H, a, b] → [B, H, a, b]."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import onnx
 
 from graphfix.attention.match_types import ScaleOp, ScaleStep
+from graphfix.attention.strategies.fused.nodes import node_adder
 from graphfix.attention.strategies.fused.unsupported import Unsupported, shape_text
 from graphfix.graph.edit import GraphEdit
 
@@ -18,6 +19,7 @@ def scale_q_at_run_time(
     """Q multiplied (or divided) by each run-time factor in `steps`; the Q the node reads."""
     index = edit.index
     nodes: list[onnx.NodeProto] = []
+    add = node_adder(edit, base, nodes)
     q_rank, q_elem = index.rank(q), index.elem_type(q)
     for step in steps:
         shape = index.shape(step.scalar)
@@ -34,15 +36,7 @@ def scale_q_at_run_time(
             )
         factor = step.scalar
         if index.elem_type(factor) != q_elem:
-            factor = _node(edit, base, nodes, "Cast", [factor], "scale_typed", to=q_elem)
+            factor = add("Cast", [factor], "scale_typed", to=q_elem)
         op = "Mul" if step.op is ScaleOp.MUL else "Div"
-        q = _node(edit, base, nodes, op, [q, factor], "q_scaled")
+        q = add(op, [q, factor], "q_scaled")
     return q, tuple(nodes)
-
-
-def _node(edit: GraphEdit, base: str, nodes: list, op: str, inputs: list[str], what: str, **attrs):
-    out = edit.unique(f"{base}/{what}")
-    nodes.append(
-        onnx.helper.make_node(op, inputs, [out], name=edit.unique(f"{base}/{op}"), **attrs)
-    )
-    return out

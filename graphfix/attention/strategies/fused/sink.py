@@ -57,6 +57,7 @@ from graphfix.attention.match_types import (
     SoftcapStep,
 )
 from graphfix.attention.strategies.fused.mask import MaskPlan
+from graphfix.attention.strategies.fused.nodes import node_adder
 from graphfix.attention.strategies.fused.operands import Operands
 from graphfix.attention.strategies.fused.unsupported import Unsupported, node_of
 from graphfix.graph.edit import GraphEdit
@@ -65,20 +66,6 @@ PAD = 8  # extra head-dimension columns (the head dim stays a multiple of 8)
 # Terms of the split sink / scale per element type: float32 1, float16 2, bfloat16 3.
 _TERMS = {onnx.TensorProto.FLOAT: 1, onnx.TensorProto.FLOAT16: 2, onnx.TensorProto.BFLOAT16: 3}
 _MAX = {onnx.TensorProto.FLOAT: 3.4e38, onnx.TensorProto.FLOAT16: 65504.0}
-
-
-def _node_adder(edit: GraphEdit, base: str, nodes: list[onnx.NodeProto]):
-    """add(op, inputs, what, **attrs): appends a node named under `base` to `nodes` and returns
-    its one output, a fresh name ending in `what`."""
-
-    def add(op: str, inputs: list[str], what: str, **attrs) -> str:
-        out = edit.unique(f"{base}/{what}")
-        nodes.append(
-            onnx.helper.make_node(op, inputs, [out], name=edit.unique(f"{base}/{op}"), **attrs)
-        )
-        return out
-
-    return add
 
 
 def check_sink_steps(edit: GraphEdit, match: AttentionMatch, softcap: float) -> bool:
@@ -171,7 +158,7 @@ def add_sink_key(
                 "a sink logit that is not finite or overflows Q's type over the scale"
             )
 
-    add = _node_adder(edit, base, nodes)
+    add = node_adder(edit, base, nodes)
 
     def const(array: np.ndarray, what: str) -> str:
         name = edit.unique(f"{base}/{what}")
@@ -336,7 +323,7 @@ def _pad_mask(edit: GraphEdit, match: AttentionMatch, base: str, mask: MaskPlan)
     nodes: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
 
-    add = _node_adder(edit, base, nodes)
+    add = node_adder(edit, base, nodes)
 
     pads = edit.unique(f"{base}/mask_sink_pads")
     inits.append(numpy_helper.from_array(np.array([0] * (2 * rank - 1) + [1], np.int64), pads))
