@@ -299,3 +299,31 @@ def test_shape_of_the_scores_is_recomputed_from_q_and_k() -> None:
     result = graphfix.fix_attention(model, strategy="fused_plugin")
     assert not any(n.input[:1] == ["ss"] for n in result.model.graph.node)
     _fused(model, _feeds(model))
+
+
+# --- Q and K in float32, V in float16 -------------------------------------------------------------
+def test_float16_v_after_float32_scores_is_widened_for_the_node() -> None:
+    """The original rounds P to float16 for P·V; the node keeps it in float32."""
+    model = _model(
+        "float[2,2,4,8] q, float[2,2,4,8] k, float16[2,2,4,8] v => (float16[2,2,4,8] y)",
+        PRODUCT
+        + """
+  p = Softmax<axis=-1>(ss)
+  p16 = Cast<to=10>(p)
+  y = MatMul(p16, v)""",
+    )
+    block = _fused(model, _feeds(model), tolerance=2e-3)
+    assert "V widened to float32" in block.detail
+
+
+def test_float32_v_after_float16_scores_falls_back() -> None:
+    model = _model(
+        "float16[2,2,4,8] q, float16[2,2,4,8] k, float[2,2,4,8] v => (float[2,2,4,8] y)",
+        """
+  kt = Transpose<perm=[0,1,3,2]>(k)
+  s = MatMul(q, kt)
+  p = Softmax<axis=-1>(s)
+  p32 = Cast<to=1>(p)
+  y = MatMul(p32, v)""",
+    )
+    assert "must share one of float32/float16/bfloat16" in _fell_back(model)

@@ -155,7 +155,7 @@ class FusedPluginStrategy:
         if mask.describe:
             features.append(mask.describe)
         features += [f for f, on in (("causal", mask.causal), ("softcap", softcap)) if on]
-        if operands.cast_output_to is not None:
+        if operands.cast_output_to is not None and not operands.v_widened:
             features.append("float16 V read before the exporter's float32 promotion")
         if operands.describe:
             features.append(operands.describe)
@@ -229,7 +229,9 @@ def _removed_positions(
     removed = set(match.chain_positions)
     removed |= _guard_positions(index, match, chain)
     removed |= _shift_positions(index, match)
-    _check_nothing_escapes(index, removed, readers, pv)
+    positions = match.chain_positions
+    probabilities = set(positions[positions.index(match.softmax_position) :])
+    _check_nothing_escapes(index, removed, readers, probabilities, pv)
     sources = (s.source for s in match.steps if isinstance(s, (MaskStep, BiasStep)))
     added = (i for n in (*operands.nodes, *mask.nodes) for i in n.input)
     keep = {operands.q, operands.k, operands.v, mask.tensor, *sources, *added}
@@ -288,13 +290,22 @@ def _reduces_key_axis(index: GraphIndex, reduce: onnx.NodeProto) -> bool:
 
 
 def _check_nothing_escapes(
-    index: GraphIndex, removed: set[int], readers: set[int], pv: onnx.NodeProto
+    index: GraphIndex,
+    removed: set[int],
+    readers: set[int],
+    probabilities: set[int],
+    pv: onnx.NodeProto,
 ) -> None:
     for position in removed:
         node = index.graph.node[position]
         if node is pv:
             continue
         for out in node.output:
+            if out in index.graph_outputs and position in probabilities:
+                raise Unsupported(
+                    f"the probabilities '{out}' are also a graph output (returned attention "
+                    "weights), which the node does not produce; GraphfixSoftmax keeps them"
+                )
             if out in index.graph_outputs:
                 raise Unsupported(f"'{out}' inside the chain is a graph output")
             for consumer in index.consumers_of(out):

@@ -36,6 +36,7 @@ class Operands:
     initializers: tuple[onnx.TensorProto, ...] = ()
     output_perm: tuple[int, ...] | None = None  # Transpose the node's output into the graph's
     describe: str = ""
+    v_widened: bool = False  # V (float16/bfloat16) Cast to Q's float32 by the rewrite
 
 
 def plan_operands(edit: GraphEdit, match: AttentionMatch, base: str) -> Operands:
@@ -72,6 +73,8 @@ def plan_operands(edit: GraphEdit, match: AttentionMatch, base: str) -> Operands
         if layout.pv_op != "Einsum":
             raise Unsupported("a MatMul P·V after an Einsum Q·Kᵀ")
         q, k, v, cast_to = _types(index, match, q, k_operand)
+        if index.elem_type(v) != index.elem_type(q):
+            raise Unsupported("Q and K float32 with V float16 in an Einsum layout")
         return _einsum_operands(edit, base, layout, q, k, v, scale, cast_to)
     elif layout.pv_op == "Einsum":
         raise Unsupported("an Einsum P·V after a MatMul Q·Kᵀ")
@@ -86,18 +89,33 @@ def plan_operands(edit: GraphEdit, match: AttentionMatch, base: str) -> Operands
             raise Unsupported("Kᵀ is not 3-D or 4-D")
         k, k_transposed = k_operand, True
     q, k, v, cast_to = _types(index, match, q, k)
-    if not at_run_time:
-        return Operands(q, k, v, k_transposed, scale, cast_to)
-    q, nodes = scale_q_at_run_time(edit, base, q, at_run_time)
-    describe = "a scale computed at run time, moved onto Q"
-    return Operands(q, k, v, k_transposed, scale, cast_to, nodes, describe=describe)
+    nodes: tuple[onnx.NodeProto, ...] = ()
+    notes = []
+    widened = index.elem_type(v) != index.elem_type(q)
+    if widened:
+        wide = edit.unique(f"{base}/v_float32")
+        cast = onnx.helper.make_node(
+            "Cast", [v], [wide], name=edit.unique(f"{base}/widen_v"), to=onnx.TensorProto.FLOAT
+        )
+        v, nodes = wide, (cast,)
+        notes.append("Q and K float32, V widened to float32 and the output Cast back")
+    if at_run_time:
+        q, scaled = scale_q_at_run_time(edit, base, q, at_run_time)
+        nodes += scaled
+        notes.append("a scale computed at run time, moved onto Q")
+    return Operands(
+        q, k, v, k_transposed, scale, cast_to, nodes, describe=", ".join(notes), v_widened=widened
+    )
 
 
 def _types(
     index: GraphIndex, match: AttentionMatch, q: str, k: str
 ) -> tuple[str, str, str, int | None]:
     """Q, K and V of one element type; a float16 V the legacy exporter Cast to float32 (with
-    everything after it) is read before the Cast, and the node's output is Cast to float32."""
+    everything after it) is read before the Cast, and the node's output is Cast to float32.
+    Q and K in float32 with V in float16/bfloat16 (P Cast down for P·V): V is returned as it is
+    with cast_to its type; the caller widens it to float32 (exact) and the node's output is Cast
+    back to P·V's type, so the node's P keeps float32 where the original rounded it."""
     v = match.v
     pv = index.graph.node[match.chain_positions[-1]]
     types = {name: index.elem_type(name) for name in (q, k, v)}
@@ -113,16 +131,21 @@ def _types(
             and len(index.consumers_of(v)) == 1
         ):
             cast_to, v = types[v], producer.input[0]
-            types[v] = types[q]
-    if len({types[q], types[k], types[v]}) != 1 or types[q] not in PLUGIN_ELEMENT_TYPES:
+        elif types[q] == onnx.TensorProto.FLOAT and types[v] in _NARROW:
+            cast_to = types[v]  # V is widened by the caller
+    v_type = types[q] if cast_to is not None else types[v]
+    if len({types[q], types[k], v_type}) != 1 or types[q] not in PLUGIN_ELEMENT_TYPES:
         raise Unsupported(
             "Q, K and V must share one of float32/float16/bfloat16, got "
-            + ", ".join(onnx.TensorProto.DataType.Name(types[t]) for t in (q, k, v))
+            + ", ".join(onnx.TensorProto.DataType.Name(index.elem_type(t)) for t in (q, k, v))
         )
     out = index.elem_type(pv.output[0])
     if out is not None and out != (cast_to or types[q]):
         raise Unsupported("P·V's element type differs from Q's")
     return q, k, v, cast_to
+
+
+_NARROW = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 
 
 def _swaps_last_two(perm: tuple[int, ...] | None, rank: int | None) -> bool:
