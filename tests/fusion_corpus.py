@@ -290,7 +290,7 @@ ENTRIES: tuple[CorpusEntry, ...] = (
     *model_corpus._both(_swin_hf, Expected(self_attention=2), library="transformers"),
     *model_corpus._both(_pvt_v2, Expected(self_attention=2), library="timm"),
     *model_corpus._both(_segformer, Expected(self_attention=2), library="transformers"),
-    *model_corpus._both(_cait, Expected(cross_attention=1, other_softmax=2), library="timm"),
+    *model_corpus._both(_cait, Expected(self_attention=2, cross_attention=1), library="timm"),
 )
 
 

@@ -11,6 +11,7 @@ import pytest
 from onnx import parser
 
 import graphfix
+from graphfix.attention.match_types import HeadMixStep
 from graphfix.plugins.spec import ATTENTION
 
 HEADER = '<ir_version: 8, opset_import: ["" : 17]>'
@@ -327,3 +328,43 @@ def test_float32_v_after_float16_scores_falls_back() -> None:
   y = MatMul(p32, v)""",
     )
     assert "must share one of float32/float16/bfloat16" in _fell_back(model)
+
+
+# --- talking heads (CaiT): a projection across the heads around the Softmax ----------------------
+def _talking_heads(back: str) -> onnx.ModelProto:
+    return _model(
+        f"{QKV} => (float[2,2,4,8] y)",
+        PRODUCT
+        + f"""
+  wl = Constant<value=float[2,2] {{0.9, 0.2, -0.3, 1.1}}>()
+  bl = Constant<value=float[2] {{0.1, -0.2}}>()
+  sl = Transpose<perm=[0,2,3,1]>(ss)
+  ml = MatMul(sl, wl)
+  al = Add(ml, bl)
+  mixed = Transpose<perm=[0,3,1,2]>(al)
+  p = Softmax<axis=-1>(mixed)
+  ww = Constant<value=float[2,2] {{1.2, -0.1, 0.4, 0.8}}>()
+  pl = Transpose<perm=[0,2,3,1]>(p)
+  mw = MatMul(pl, ww)
+  pm = Transpose<perm={back}>(mw)
+  y = MatMul(pm, v)""",
+    )
+
+
+def test_talking_heads_is_matched_and_left_to_graphfix_softmax() -> None:
+    model = _talking_heads("[0,3,1,2]")
+    (match,) = graphfix.find_attention(model)
+    assert [type(s) for s in match.after] == [HeadMixStep]
+    assert HeadMixStep in [type(s) for s in match.steps]
+    assert "a head-mixing projection (talking heads" in _fell_back(model)
+    fixed = graphfix.fix_attention(model, strategy="plugin").model
+    feeds = _feeds(model)
+    run = lambda m: ort.InferenceSession(m.SerializeToString()).run(None, feeds)  # noqa: E731
+    np.testing.assert_allclose(
+        run(graphfix.with_reference_ops(fixed))[0], run(model)[0], rtol=1e-6, atol=1e-6
+    )
+
+
+def test_a_transpose_that_does_not_move_the_heads_back_is_not_talking_heads() -> None:
+    model = _talking_heads("[0,3,2,1]")
+    assert graphfix.find_attention(model) == []

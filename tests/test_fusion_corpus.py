@@ -22,7 +22,10 @@ from graphfix.plugins.spec import ATTENTION
 # Expected.self_attention
 REDUCED_KEYS = {"pvt_v2": 1, "segformer": 1}
 # model → (blocks falling back from fused_plugin, words of the reason)
-FALLBACKS = {"returns_probabilities": (1, "are also a graph output (returned attention weights)")}
+FALLBACKS = {
+    "returns_probabilities": (1, "are also a graph output (returned attention weights)"),
+    "cait": (2, "a head-mixing projection (talking heads"),
+}
 # The original rounds the probabilities to float16 for P·V; the node keeps them in float32.
 LOOSER = {"mixed_type_v": 1e-3}
 

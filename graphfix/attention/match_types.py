@@ -187,6 +187,17 @@ class ShiftStep:
     step: str = field(default="shift", init=False)  # names the step in JSON
 
 
+@dataclass(frozen=True)
+class HeadMixStep:
+    """Talking heads (CaiT): Transpose → MatMul by a constant [H, H] weight (→ Add a constant
+    bias) → Transpose back, a linear map across the heads of the scores or probabilities."""
+
+    nodes: tuple[str, ...]  # the Transpose, MatMul, Add (if any) and Transpose
+    weight: str
+    output: str
+    step: str = field(default="head_mix", init=False)  # names the step in JSON
+
+
 ChainStep = (
     ScaleStep
     | MaskStep
@@ -199,6 +210,7 @@ ChainStep = (
     | SinkStep
     | NanGuardStep
     | ShiftStep
+    | HeadMixStep
 )
 
 

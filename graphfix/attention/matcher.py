@@ -333,6 +333,13 @@ def _trace_probabilities(
                     return consumer, v, path[tensor], nan_guard
                 if op == "IsNaN":
                     continue
+                if op == "Transpose":
+                    mix = _head_mix_down(index, consumer)
+                    if mix is not None:
+                        out = mix[-1].output[0]
+                        path[out] = [*path[tensor], *mix]
+                        next_frontier.append(out)
+                    continue
                 if op == "Where" and _is_nan_guard(index, consumer, tensor):
                     nan_guard = consumer
                 elif op not in _PASS_THROUGH_DOWN:
@@ -396,6 +403,9 @@ def _trace_scores(index: GraphIndex, tensor: str, chain: _ScoreChain, depth: int
         return _trace_scores(index, quantize.input[0], chain, depth + 1)
     if op == "Concat" and len(node.input) == 2 and chain.sink_concat is None:
         return _trace_sink_concat(index, node, chain, depth)
+    if op == "Transpose" and (mix := _head_mix_up(index, node)) is not None:
+        chain.nodes.extend(reversed(mix))
+        return _trace_scores(index, mix[0].input[0], chain, depth + 1)
     if op == "Tanh":
         chain.nodes.append(node)
         chain.tanh = node
@@ -475,6 +485,61 @@ def _merge(chain: _ScoreChain, trial: _ScoreChain) -> None:
     chain.scale_factors.extend(trial.scale_factors)
     chain.tanh = chain.tanh or trial.tanh
     chain.sink_concat = chain.sink_concat or trial.sink_concat
+
+
+# --- talking heads: Transpose → MatMul(constant [H, H]) [→ Add(constant)] → Transpose back ---------
+def _head_mix_down(index: GraphIndex, first: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+    """The talking-heads nodes from their first Transpose, or None."""
+    nodes = [first]
+    while len(nodes) < 4:
+        consumers = index.consumers_of(nodes[-1].output[0])
+        if len(consumers) != 1:
+            return None
+        nodes.append(consumers[0])
+        if nodes[-1].op_type == "Transpose":
+            break
+    return nodes if _is_head_mix(index, nodes) else None
+
+
+def _head_mix_up(index: GraphIndex, last: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+    """The talking-heads nodes ending at the Transpose `last`, in graph order, or None."""
+    nodes = [last]
+    while len(nodes) < 4:
+        producer = index.producer_of(_data_input(index, nodes[0]))
+        if producer is None:
+            return None
+        nodes.insert(0, producer)
+        if producer.op_type == "Transpose":
+            break
+    return nodes if _is_head_mix(index, nodes) else None
+
+
+def _data_input(index: GraphIndex, node: onnx.NodeProto) -> str:
+    return next((i for i in node.input if i and not index.is_constant(i)), node.input[0])
+
+
+def _is_head_mix(index: GraphIndex, nodes: list[onnx.NodeProto]) -> bool:
+    ops = [n.op_type for n in nodes]
+    if ops not in (
+        ["Transpose", "MatMul", "Transpose"],
+        ["Transpose", "MatMul", "Add", "Transpose"],
+    ):
+        return False
+    matmul = nodes[1]
+    if matmul.input[0] != nodes[0].output[0] or not index.is_constant(matmul.input[1]):
+        return False
+    if ops[2] == "Add" and not any(index.is_constant(i) for i in nodes[2].input):
+        return False
+    perms = [next((list(a.ints) for a in n.attribute if a.name == "perm"), None) for n in nodes]
+    there, back = perms[0], perms[-1]
+    # the heads axis (1) moved last, where the MatMul mixes it, then moved back
+    return (
+        there is not None
+        and back is not None
+        and len(there) == len(back)
+        and there[-1] == 1
+        and [there[p] for p in back] == list(range(len(there)))
+    )
 
 
 def _require_max_subtract(index: GraphIndex, sub: onnx.NodeProto) -> None:

@@ -27,6 +27,7 @@ from graphfix.attention.match_types import (
     AttentionMatch,
     BiasStep,
     CastStep,
+    HeadMixStep,
     MaskStep,
     NanGuardStep,
     PassStep,
@@ -192,6 +193,8 @@ def _read_steps(match: AttentionMatch) -> float:
                 f"the scores are quantized ({step.quantize} → {step.dequantize}); the node has "
                 "no Q/DQ inside"
             )
+        if isinstance(step, HeadMixStep):
+            raise _head_mix(step, "Q·Kᵀ and the Softmax")
         if isinstance(step, SinkStep):  # not a score step today (match.sink); kept for safety
             raise Unsupported("an attention sink among the score steps")
         order = _STAGE[type(step)]
@@ -210,6 +213,8 @@ def _read_steps(match: AttentionMatch) -> float:
     for step in match.after:
         if isinstance(step, (CastStep, PassStep, NanGuardStep, ReshapeStep)):
             continue  # a reshape: find_regroup reads it
+        if isinstance(step, HeadMixStep):
+            raise _head_mix(step, "the Softmax and P·V")
         if isinstance(step, QdqStep):
             raise Unsupported(
                 f"the probabilities are quantized ({step.quantize} → {step.dequantize}) before "
@@ -217,6 +222,13 @@ def _read_steps(match: AttentionMatch) -> float:
             )
         raise Unsupported(f"{step.op} '{step.node}' between the Softmax and P·V")
     return softcap
+
+
+def _head_mix(step: HeadMixStep, where: str) -> Unsupported:
+    return Unsupported(
+        f"a head-mixing projection (talking heads, '{step.weight}') between {where}: the node "
+        "keeps heads apart; GraphfixSoftmax covers it under `plugin`"
+    )
 
 
 def _removed_positions(
