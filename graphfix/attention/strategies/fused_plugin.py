@@ -3,14 +3,16 @@
 Myelin cannot see inside a plugin, so the fusion is broken as surely as with the softmax plugin,
 but the plugin is itself a fused kernel: no unfused MatMul→Softmax→MatMul chain at run time.
 The node is built from the match's typed steps (match_types.ChainStep), read in order; a chain
-with a step the node cannot express (a Reshape of the scores, Q/DQ on the scores or
-probabilities, a scale computed at run time on the scores, probabilities used elsewhere, ...)
-falls back to the GraphfixSoftmax plugin, and the report says why.
+with a step the node cannot express (a reshape of the scores other than Swin's windows or a view
+of batch·heads, Q/DQ on the scores or probabilities, talking heads, probabilities used
+elsewhere, ...) falls back to the GraphfixSoftmax plugin, and the report says why.
 
 Masks and biases combine outside the node into its one mask input, with standard ONNX ops, where
 that is exact: several biases are summed; several boolean masks with one fill are And-ed;
-boolean masks with fill -inf and biases become Where(keep, Σ bias, -inf) (a finite fill would
-change rows whose every key is blocked, so that falls back).
+boolean masks with fill -inf and biases become Where(keep, Σ bias, -inf), with a finite fill
+one float32 mask (fused/finite_fill.py); a bias before a scale is scaled by it.  Around the
+node: views of batch·heads (fused/regroup.py), a run-time scale moved onto Q
+(fused/runtime_scale.py), Shape readers of the scores recomputed (fused/shape_readers.py).
 
 An attention sink (GPT-OSS) becomes one more key with a zero value row, its logit carried by 8
 extra head-dimension columns of Q and K (fused/sink.py): exact, at the cost of copying Q, K and V.
