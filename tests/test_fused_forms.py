@@ -368,3 +368,17 @@ def test_talking_heads_is_matched_and_left_to_graphfix_softmax() -> None:
 def test_a_transpose_that_does_not_move_the_heads_back_is_not_talking_heads() -> None:
     model = _talking_heads("[0,3,2,1]")
     assert graphfix.find_attention(model) == []
+
+
+def test_probabilities_folded_for_a_3d_v() -> None:
+    """dynamo `view`: 4-D Q·Kᵀ, the probabilities folded to [B·H, S, T] for a 3-D V."""
+    model = _model(
+        f"{QKV.replace('float[2,2,4,8] v', 'float[4,4,8] v')} => (float[4,4,8] y)",
+        PRODUCT
+        + """
+  p = Softmax<axis=-1>(ss)
+  fold = Constant<value=int64[3] {4,4,4}>()
+  p3 = Reshape(p, fold)
+  y = MatMul(p3, v)""",
+    )
+    _fused(model, _feeds(model))

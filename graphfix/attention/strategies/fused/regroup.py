@@ -43,10 +43,12 @@ def folds_heads(step: ReshapeStep) -> bool:
 
 @dataclass(frozen=True)
 class Regroup:
-    """The scores' [B·H, S, T] → [B, H, S, T] view and the probabilities' view back."""
+    """The scores' [B·H, S, T] → [B, H, S, T] view and the probabilities' view back; either
+    may be missing (dynamo: a 4-D Q·Kᵀ with the probabilities folded for a 3-D V, or folded
+    scores with a 4-D V)."""
 
-    scores: ReshapeStep
-    probs: ReshapeStep | None  # None: P·V reads the [B, H, S, T] view with a 4-D V (dynamo)
+    scores: ReshapeStep | None  # None: Q and K are 4-D already
+    probs: ReshapeStep | None  # None: P·V reads the [B, H, S, T] view with a 4-D V
     batch_heads: tuple[int, int]  # (B, H) as the view's target gives them (-1 allowed once)
     before: frozenset[int]  # id() of the BiasSteps added before the view
 
@@ -62,25 +64,32 @@ def find_regroup(match: AttentionMatch) -> Regroup | None:
     probs = [s for s in match.after if isinstance(s, ReshapeStep) and not is_identity(s)]
     if not scores and not probs:
         return None
-    if len(scores) != 1 or len(probs) > 1:
-        step = (scores or probs)[0]
+    if len(scores) > 1 or len(probs) > 1:
+        step = (scores or probs)[1 if len(scores) > 1 else 0]
         raise Unsupported(
             f"{step.op} '{step.node}' reshapes the scores or probabilities "
             f"({shape_text(step.input_shape)} → {shape_text(step.output_shape)}) other than one "
             "view of batch·heads as batch, heads and back"
         )
-    (view,), back = scores, (probs[0] if probs else None)
-    folds_back = back is None or _splits(back.output_shape, back.input_shape)
-    if not _splits(view.input_shape, view.output_shape) or not folds_back:
-        step = view if folds_back else back
-        raise Unsupported(
-            f"{step.op} '{step.node}' reshapes the scores inside the chain "
-            f"({shape_text(step.input_shape)} → {shape_text(step.output_shape)}), not only "
-            "regrouping batch and heads"
-        )
-    batch_heads = _batch_heads(view)
-    position = match.steps.index(view)
-    before = frozenset(id(s) for s in match.steps[:position] if isinstance(s, BiasStep))
+    view = scores[0] if scores else None
+    back = probs[0] if probs else None
+    for step, folded, split in (
+        (view, "input_shape", "output_shape"),
+        (back, "output_shape", "input_shape"),
+    ):
+        if step is not None and not _splits(getattr(step, folded), getattr(step, split)):
+            raise Unsupported(
+                f"{step.op} '{step.node}' reshapes the scores inside the chain "
+                f"({shape_text(step.input_shape)} → {shape_text(step.output_shape)}), not only "
+                "regrouping batch and heads"
+            )
+    if view is not None:
+        batch_heads = _batch_heads(view.output_shape, view.target, view.node)
+        position = match.steps.index(view)
+        before = frozenset(id(s) for s in match.steps[:position] if isinstance(s, BiasStep))
+    else:
+        batch_heads = _batch_heads(back.input_shape, None, back.node)
+        before = frozenset()
     return Regroup(view, back, batch_heads, before)
 
 
@@ -94,17 +103,15 @@ def _splits(folded: tuple | None, split: tuple | None) -> bool:
     return not all(isinstance(d, int) for d in dims) or dims[0] == dims[1] * dims[2]
 
 
-def _batch_heads(view: ReshapeStep) -> tuple[int, int]:
-    shape = view.output_shape or ()
-    target = view.target or ()
+def _batch_heads(shape: tuple | None, target: tuple | None, node: str) -> tuple[int, int]:
+    """(B, H) of a [B, H, S, T] view: static dims, else the Reshape's constant target."""
+    shape, target = shape or (), target or ()
     pair = [
         shape[i] if isinstance(shape[i], int) else (target[i] if len(target) > i else 0)
         for i in (0, 1)
     ]
     if any(d == 0 or not isinstance(d, int) for d in pair) or pair.count(-1) > 1:
-        raise Unsupported(
-            f"the view '{view.node}' of the scores does not say batch and heads as constants"
-        )
+        raise Unsupported(f"the view '{node}' does not say batch and heads as constants")
     return pair[0], pair[1]
 
 
@@ -114,8 +121,9 @@ def regroup_operands(edit: GraphEdit, base: str, regroup: Regroup, operands: Ope
     index = edit.index
     if operands.output_perm is not None:
         raise Unsupported("a view of batch·heads with an Einsum layout")
+    qk_rank = 3 if regroup.scores is not None else 4
     v_rank = 3 if regroup.probs is not None else 4
-    for name, rank in ((operands.q, 3), (operands.k, 3), (operands.v, v_rank)):
+    for name, rank in ((operands.q, qk_rank), (operands.k, qk_rank), (operands.v, v_rank)):
         if index.rank(name) != rank:
             raise Unsupported(
                 f"'{name}' is not {rank}-D under a view of batch·heads as batch, heads"
@@ -123,11 +131,16 @@ def regroup_operands(edit: GraphEdit, base: str, regroup: Regroup, operands: Ope
     nodes: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
     split = _adder(edit, base, nodes, inits)
-    v = operands.v if regroup.probs is None else split.heads(operands.v, regroup.batch_heads, "v")
+    q, k, v = operands.q, operands.k, operands.v
+    if regroup.scores is not None:
+        q = split.heads(q, regroup.batch_heads, "q")
+        k = split.heads(k, regroup.batch_heads, "k")
+    if regroup.probs is not None:
+        v = split.heads(v, regroup.batch_heads, "v")
     return dataclasses.replace(
         operands,
-        q=split.heads(operands.q, regroup.batch_heads, "q"),
-        k=split.heads(operands.k, regroup.batch_heads, "k"),
+        q=q,
+        k=k,
         v=v,
         nodes=(*operands.nodes, *nodes),
         initializers=(*operands.initializers, *inits),
