@@ -1,6 +1,7 @@
 """The exports of tests/fusion_corpus.py (issue 21's families): the labels the matcher gives
-their blocks, and `fused_plugin` making each block one GraphfixAttention node, the rewritten
-model computing what the original did (graphfix's reference ops in onnxruntime)."""
+their blocks, and `fused_plugin` making each block one GraphfixAttention node (`plugin` one
+GraphfixSoftmax), the rewritten model computing what the original did (graphfix's reference ops
+in onnxruntime)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from test_real_models import SEED, TOLERANCE, _run
 
 import graphfix
 from graphfix.attention.match_types import AttentionKind
-from graphfix.plugins.spec import ATTENTION
+from graphfix.plugins.spec import ATTENTION, SOFTMAX
 
 # model → blocks labelled `self (reduced keys)` (spatial-reduction attention), counted within
 # Expected.self_attention
@@ -55,18 +56,22 @@ def test_blocks_and_labels(entry: model_corpus.CorpusEntry, corpus_dir: Path) ->
     assert len(scan.skipped) == expected.other_softmax, scan.skipped
 
 
+@pytest.mark.parametrize("strategy", ["plugin", "fused_plugin"])
 @pytest.mark.parametrize("entry", _cases())
-def test_fused_plugin_computes_what_the_original_did(
-    entry: model_corpus.CorpusEntry, corpus_dir: Path
+def test_rewrite_computes_what_the_original_did(
+    entry: model_corpus.CorpusEntry, strategy: str, corpus_dir: Path
 ) -> None:
     original = onnx.load(str(fusion_corpus.model_path(entry, cache_dir=corpus_dir)))
-    result = graphfix.fix_attention(original, strategy="fused_plugin")
+    result = graphfix.fix_attention(original, strategy=strategy)
     blocks = result.report.blocks
+    assert blocks and all(b.rewritten for b in blocks)
     fell_back = [b.detail for b in blocks if b.detail.startswith("fell back")]
-    count, words = FALLBACKS.get(entry.model, (0, ""))
+    count, words = FALLBACKS.get(entry.model, (0, "")) if strategy == "fused_plugin" else (0, "")
     assert len(fell_back) == count and all(words in d for d in fell_back), fell_back
     nodes = Counter(n.op_type for n in result.model.graph.node)
-    assert nodes[ATTENTION.op_type] == len(blocks) - count
+    fused = nodes[ATTENTION.op_type]
+    assert fused == (len(blocks) - count if strategy == "fused_plugin" else 0)
+    assert nodes[SOFTMAX.op_type] == len(blocks) - fused
     onnx.checker.check_model(result.model)
     feed = model_corpus.random_feed(original, np.random.default_rng(SEED))
     want = _run(original, feed)
