@@ -382,3 +382,34 @@ def test_probabilities_folded_for_a_3d_v() -> None:
   y = MatMul(p3, v)""",
     )
     _fused(model, _feeds(model))
+
+
+def test_a_float32_finite_fill_mask_gets_the_sink_column_in_float32() -> None:
+    """float16 chain: bias, Where(keep, ·, -65504), then a sink: the mask the node reads is
+    float32 (fused/finite_fill.py), so is its neutral sink column."""
+    model = _model(
+        "float16[2,2,4,8] q, float16[2,2,4,8] k, float16[2,2,4,8] v, bool[2,1,4,4] keep, "
+        "float16[2,1,4,4] bias => (float16[2,2,4,8] y)",
+        """
+  kt = Transpose<perm=[0,1,3,2]>(k)
+  s = MatMul(q, kt)
+  c32 = Constant<value=float {0.35}>()
+  c = Cast<to=10>(c32)
+  ss = Mul(s, c)
+  a = Add(ss, bias)
+  fill32 = Constant<value=float {-65504.0}>()
+  fill = Cast<to=10>(fill32)
+  m = Where(keep, a, fill)
+  sink32 = Constant<value=float[2,2,4,1] {0.5,0.5,0.5,0.5,-1,-1,-1,-1,0.5,0.5,0.5,0.5,-1,-1,-1,-1}>()
+  sink = Cast<to=10>(sink32)
+  row = Concat<axis=-1>(m, sink)
+  p5 = Softmax<axis=-1>(row)
+  starts = Constant<value=int64[1] {0}>()
+  ends = Constant<value=int64[1] {4}>()
+  axes = Constant<value=int64[1] {3}>()
+  p = Slice(p5, starts, ends, axes)
+  y = MatMul(p, v)""",
+    )
+    feeds = _feeds(model, keep=_keep_with_a_blocked_row(), bias=_bias().astype(np.float16))
+    block = _fused(model, feeds, tolerance=2e-3)
+    assert "finite fill" in block.detail and "sink" in block.detail

@@ -38,6 +38,7 @@ class MaskPlan:
     initializers: tuple[onnx.TensorProto, ...] = ()
     causal: bool = False
     describe: str = ""
+    float32: bool = False  # an additive mask built in float32 whatever the biases' type
 
 
 def plan_mask(
@@ -136,7 +137,7 @@ def plan_mask(
     elif bias is None:
         plan = MaskPlan(keep, fill, tuple(nodes), tuple(inits), describe="boolean mask")
     else:
-        describe = "boolean mask with bias"
+        describe, float32 = "boolean mask with bias", False
         if fill == -math.inf or _keeps_a_key_per_row(index, wheres, fill):
             elem = index.elem_type(bias)
             blocked = edit.unique(f"{base}/blocked_fill")
@@ -146,7 +147,8 @@ def plan_mask(
         else:
             mask = finite_fill_mask(edit, match, base, keep, bias, fill, nodes, inits)
             describe = f"boolean mask (finite fill {fill:g}) with bias, one float32 mask"
-        plan = MaskPlan(mask, None, tuple(nodes), tuple(inits), describe=describe)
+            float32 = True
+        plan = MaskPlan(mask, None, tuple(nodes), tuple(inits), describe=describe, float32=float32)
     single = wheres[0] if len(wheres) == 1 and not biases else None
     source = (
         single.source if single else (biases[0].source if len(biases) == 1 and not wheres else None)
