@@ -7,6 +7,8 @@ Falcon's baddbmm exports, dynamo's `view`), read into the node's [B, H, S, D] la
   takes Q, K, V reshaped to [B, H, ·, ·] (B and H from the scores' view), its output is reshaped
   back to [B·H, S, Dv], and a bias added before the view (ALiBi, [B·H | 1, 1 | S, T]) is
   reshaped like the scores.  Pure data movement: exact.
+- dynamo: only one side may be viewed (folded scores with a 4-D V, or 4-D scores whose
+  probabilities are folded for a 3-D V); only that side's operands are reshaped.
 """
 
 from __future__ import annotations
@@ -169,6 +171,12 @@ def view_bias(
     add = _adder(edit, base, nodes, inits)
     if shape[0] == 1:
         return add.node("Unsqueeze", [source, add.const([0])], "bias_heads")
+    batch, heads = regroup.batch_heads
+    if batch > 0 and heads > 0 and shape[0] != batch * heads:
+        raise Unsupported(
+            f"the bias '{source}' before the view of batch·heads has {shape[0]} rows, not "
+            f"batch·heads = {batch * heads}"
+        )
     return add.heads(source, regroup.batch_heads, "bias")
 
 
