@@ -143,6 +143,12 @@ def _bloom() -> Exportable:
     return model_corpus._hf_text_model(config, "eager")
 
 
+def _bloom_fp16() -> Exportable:
+    """BLOOM in float16: the views around the float32 softmax (`softmax(dtype=float32)`)."""
+    plain = _bloom()
+    return Exportable(plain.module.half(), plain.args, plain.input_names)
+
+
 def _falcon() -> Exportable:
     """Falcon with ALiBi (eager): the scores and probabilities viewed as [B, H, S, T], the ALiBi
     bias added before the scale.  transformers rounds the ALiBi slopes·positions through
@@ -285,6 +291,9 @@ ENTRIES: tuple[CorpusEntry, ...] = (
     *model_corpus._both(_returns_probabilities, Expected(self_attention=1)),
     model_corpus._both(_scores_shape, Expected(causal_attention=1))[0],
     *model_corpus._both(_bloom, Expected(causal_attention=2), library="transformers"),
+    *model_corpus._both(
+        _bloom_fp16, Expected(causal_attention=2, dtype="float16"), library="transformers"
+    ),
     *model_corpus._both(_falcon, Expected(causal_attention=2), library="transformers"),
     *model_corpus._both(_swin_v2, Expected(self_attention=2), library="timm"),
     *model_corpus._both(_swin_hf, Expected(self_attention=2), library="transformers"),

@@ -54,6 +54,8 @@ def test_blocks_and_labels(entry: model_corpus.CorpusEntry, corpus_dir: Path) ->
         }
     ), [(m.softmax, m.kind.value) for m in scan.matches]
     assert len(scan.skipped) == expected.other_softmax, scan.skipped
+    assert {m.dtype for m in scan.matches} == {expected.dtype}
+    assert {m.cast_island for m in scan.matches} == {expected.cast_island}
 
 
 @pytest.mark.parametrize("strategy", ["plugin", "fused_plugin"])
