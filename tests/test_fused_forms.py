@@ -11,7 +11,7 @@ import pytest
 from onnx import parser
 
 import graphfix
-from graphfix.attention.match_types import HeadMixStep
+from graphfix.attention.match_types import HeadMixStep, ReshapeStep
 from graphfix.plugins.spec import ATTENTION
 
 HEADER = '<ir_version: 8, opset_import: ["" : 17]>'
@@ -413,3 +413,38 @@ def test_a_float32_finite_fill_mask_gets_the_sink_column_in_float32() -> None:
     feeds = _feeds(model, keep=_keep_with_a_blocked_row(), bias=_bias().astype(np.float16))
     block = _fused(model, feeds, tolerance=2e-3)
     assert "finite fill" in block.detail and "sink" in block.detail
+
+
+# --- Swin's window view with a run-time shape (transformers Swin v2, legacy export) --------------
+def test_window_view_with_a_run_time_window_count() -> None:
+    """scores [B·nW, H, N, N] viewed as [B, nW, H, N, N] by a shape computed at run time from
+    the window mask's; the node gets the mask tiled over the images, nW read at run time."""
+    model = _model(
+        f"{QKV}, float[1,W,1,4,4] windows => (float[2,2,4,8] y)",
+        PRODUCT
+        + """
+  zero = Constant<value=int64[1] {0}>()
+  one = Constant<value=int64[1] {1}>()
+  rest = Constant<value=int64[3] {2,4,4}>()
+  rows = Gather<axis=0>(scores_shape, zero)
+  scores_shape = Shape(ss)
+  mask_shape = Shape(windows)
+  count = Gather<axis=0>(mask_shape, one)
+  images = Div(rows, count)
+  view = Concat<axis=0>(images, count, rest)
+  s5 = Reshape(ss, view)
+  b5 = Add(s5, windows)
+  back = Constant<value=int64[4] {-1,2,4,4}>()
+  s4 = Reshape(b5, back)
+  p = Softmax<axis=-1>(s4)
+  y = MatMul(p, v)""".replace(
+            "  rows = Gather<axis=0>(scores_shape, zero)\n  scores_shape = Shape(ss)\n",
+            "  scores_shape = Shape(ss)\n  rows = Gather<axis=0>(scores_shape, zero)\n",
+        ),
+    )
+    (match,) = graphfix.find_attention(model)
+    view = next(s for s in match.steps if isinstance(s, ReshapeStep))
+    assert view.target is None and not isinstance(view.output_shape[1], int)  # nW at run time
+    windows = np.random.default_rng(5).standard_normal((1, 2, 1, 4, 4)).astype(np.float32)
+    block = _fused(model, _feeds(model, windows=windows))
+    assert "per-window mask tiled over images" in block.detail

@@ -87,7 +87,9 @@ class FusedPluginStrategy:
                 )
             readers = shape_readers(index, match)
             removed = _removed_positions(index, match, operands, mask, set(readers))
-            shapes = recompute_shapes(edit, base, operands, readers)
+            # a reader that fed only the chain (a Reshape's shape) goes with it
+            outside = {p: t for p, t in readers.items() if p not in removed}
+            shapes = recompute_shapes(edit, base, operands, outside)
         except Unsupported as reason:
             fallback = PluginStrategy().apply(edit, match)
             return Outcome(fallback.rewritten, f"fell back to {fallback.detail}: {reason}")

@@ -83,15 +83,17 @@ def plan_mask(
         return add("Mul", [source, name])
 
     def unwindow(source: str, windows_per_image: int) -> str:
-        """bias [1|B, nW, h, n, m] as the node sees it: [B·nW, h, n, m] (B from Q's batch)."""
+        """bias [1|B, nW, h, n, m] as the node sees it: [B·nW, h, n, m] (B from Q's batch;
+        nW read from the bias at run time when the view does not say it)."""
         shape = index.shape(source)
         if shape is None or len(shape) != 5 or not all(isinstance(d, int) for d in shape[2:]):
             raise Unsupported(f"the windowed mask '{source}' has no static 5-D shape")
-        images = add(
-            "Div",
-            [add("Gather", [add("Shape", [q]), const([0])], axis=0), const([windows_per_image])],
-        )
-        target = add("Concat", [images, const([windows_per_image, 1, 1, 1])], axis=0)
+        if windows_per_image == FROM_MASK:
+            windows = add("Shape", [source], start=1, end=2)
+        else:
+            windows = const([windows_per_image])
+        images = add("Div", [add("Gather", [add("Shape", [q]), const([0])], axis=0), windows])
+        target = add("Concat", [images, windows, const([1, 1, 1])], axis=0)
         return add("Reshape", [add("Expand", [source, target]), const([-1, *shape[2:]])])
 
     bias = None
@@ -210,11 +212,12 @@ def _windowed_biases(match: AttentionMatch) -> dict[int, int]:
             continue  # identity or batch·heads views: find_regroup reads them
         if isinstance(step, ReshapeStep):
             target = step.target
-            if windows is None and target is not None and len(target) == 5 and target[1] > 0:
-                inner = step.input_shape
-                if inner is None or len(inner) != 4 or not _agrees(inner[1:], target[2:]):
-                    raise _reshape_unsupported(step)
-                windows, outer = target[1], target[2:]
+            view = target if target is not None else step.output_shape
+            if windows is None and view is not None and len(view) == 5:
+                outer = _window_dims(step, view)
+                # the view's window count; where the exporter computes it at run time, the
+                # windowed mask's (the original's Add broadcasts only with that many windows)
+                windows = view[1] if isinstance(view[1], int) and view[1] > 0 else FROM_MASK
                 continue
             if windows is not None and target is not None and len(target) == 4:
                 if target[0] != -1 or tuple(target[1:]) != tuple(outer):
@@ -232,8 +235,22 @@ def _windowed_biases(match: AttentionMatch) -> dict[int, int]:
     return windowed
 
 
-def _agrees(dims: tuple, target: tuple[int, ...]) -> bool:
-    return all(not isinstance(d, int) or d == t for d, t in zip(dims, target, strict=True))
+FROM_MASK = 0  # _windowed_biases: the window count is the windowed mask's dim 1
+
+
+def _window_dims(step: ReshapeStep, view: tuple) -> tuple[int, ...]:
+    """H, N, N of a [B·nW, H, N, N] → [B, nW, H, N, N] view: static, and the same on both
+    sides where both say them."""
+    inner = step.input_shape
+    if inner is None or len(inner) != 4:
+        raise _reshape_unsupported(step)
+    dims = []
+    for a, b in zip(inner[1:], view[2:], strict=True):
+        known = {d for d in (a, b) if isinstance(d, int) and d > 0}
+        if len(known) != 1:
+            raise _reshape_unsupported(step)
+        dims.append(known.pop())
+    return tuple(dims)
 
 
 def _reshape_unsupported(step: ReshapeStep) -> Unsupported:
