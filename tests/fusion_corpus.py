@@ -219,6 +219,21 @@ def _swin_v2() -> Exportable:
     return _image_model(model)
 
 
+def _swin_v2_hf() -> Exportable:
+    """transformers Swin v2: the window view's shape and the window mask are computed at run
+    time (legacy), the mask added twice, the logit scale clamped and exponentiated."""
+    transformers = model_corpus._transformers()
+    config = transformers.Swinv2Config(
+        image_size=32,
+        patch_size=4,
+        embed_dim=16,
+        depths=[2],
+        num_heads=[2],
+        window_size=4,
+    )
+    return _hf_image_model(config, "Swinv2Model")
+
+
 def _swin_hf() -> Exportable:
     """transformers Swin v1: the shifted block views the scores per window for its mask."""
     transformers = model_corpus._transformers()
@@ -296,6 +311,7 @@ ENTRIES: tuple[CorpusEntry, ...] = (
     ),
     *model_corpus._both(_falcon, Expected(causal_attention=2), library="transformers"),
     *model_corpus._both(_swin_v2, Expected(self_attention=2), library="timm"),
+    *model_corpus._both(_swin_v2_hf, Expected(self_attention=2), library="transformers"),
     *model_corpus._both(_swin_hf, Expected(self_attention=2), library="transformers"),
     *model_corpus._both(_pvt_v2, Expected(self_attention=2), library="timm"),
     *model_corpus._both(_segformer, Expected(self_attention=2), library="transformers"),
