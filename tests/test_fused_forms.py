@@ -76,53 +76,65 @@ def _keep_with_a_blocked_row() -> np.ndarray:
 
 
 def _bias() -> np.ndarray:
-    return (np.random.default_rng(4).standard_normal((2, 1, 4, 4)) * 3).astype(np.float32)
+    """A bias with finfo.min on every kept key of some rows (padding on the left, GPT-Neo)."""
+    bias = (np.random.default_rng(4).standard_normal((2, 1, 4, 4)) * 3).astype(np.float32)
+    bias[0, 0, :2, :] = np.finfo(np.float32).min
+    return bias
 
 
-@pytest.mark.parametrize("fill", [FLOAT32_MIN, "-10000.0"])
-def test_finite_fill_after_the_bias_is_one_float32_mask(fill: str) -> None:
-    model = _model(
-        f"{QKV}, bool[2,1,4,4] keep, float[2,1,4,4] bias => (float[2,2,4,8] y)",
-        PRODUCT
-        + f"""
+def _fill_and_bias(fill: str, *, mask_first: bool) -> onnx.ModelProto:
+    steps = (
+        f"""
+  fill = Constant<value=float {{{fill}}}>()
+  m = Where(keep, ss, fill)
+  a = Add(m, bias)
+  p = Softmax<axis=-1>(a)"""
+        if mask_first
+        else f"""
   a = Add(ss, bias)
   fill = Constant<value=float {{{fill}}}>()
   m = Where(keep, a, fill)
-  p = Softmax<axis=-1>(m)
-  y = MatMul(p, v)""",
+  p = Softmax<axis=-1>(m)"""
     )
-    block = _fused(model, _feeds(model, keep=_keep_with_a_blocked_row(), bias=_bias()))
-    assert "finite fill" in block.detail
-
-
-def test_finite_fill_before_the_bias_keeps_fill_plus_bias() -> None:
-    model = _model(
+    return _model(
         f"{QKV}, bool[2,1,4,4] keep, float[2,1,4,4] bias => (float[2,2,4,8] y)",
+        PRODUCT + steps + "\n  y = MatMul(p, v)",
+    )
+
+
+@pytest.mark.parametrize("mask_first", [False, True], ids=["bias_first", "mask_first"])
+def test_finfo_min_fill_and_a_bias_are_one_mask(mask_first: bool) -> None:
+    model = _fill_and_bias(FLOAT32_MIN, mask_first=mask_first)
+    block = _fused(model, _feeds(model, keep=_keep_with_a_blocked_row(), bias=_bias()))
+    assert "boolean mask (fill -3.40282e+38) with bias" in block.detail
+
+
+def test_a_constant_causal_keep_with_a_padding_bias_keeps_the_original_rows() -> None:
+    """GPT-Neo (legacy): Where(causal, s, finfo.min) + padding bias.  Rows whose causal keys are
+    all padded are uniform over those keys in the original, not over every key."""
+    causal = np.tril(np.ones((4, 4), bool))[None, None]
+    model = _model(
+        f"{QKV}, float[2,1,4,4] bias => (float[2,2,4,8] y)",
         PRODUCT
         + f"""
+  keep = Constant<value=bool[1,1,4,4] {{{", ".join(str(int(v)) for v in causal.reshape(-1))}}}>()
   fill = Constant<value=float {{{FLOAT32_MIN}}}>()
   m = Where(keep, ss, fill)
   a = Add(m, bias)
   p = Softmax<axis=-1>(a)
   y = MatMul(p, v)""",
     )
-    _fused(model, _feeds(model, keep=_keep_with_a_blocked_row(), bias=_bias()))
+    bias = np.zeros((2, 1, 4, 4), np.float32)
+    bias[0, ..., :2] = np.finfo(np.float32).min  # left padding: rows 0 and 1 see only padding
+    _fused(model, _feeds(model, bias=bias))
 
 
-def test_small_finite_fill_before_the_bias_falls_back() -> None:
-    """where(keep, s, -1e4) + b: a fully blocked row is softmax(b) in the original; the node
-    would show the scores through it."""
-    model = _model(
-        f"{QKV}, bool[2,1,4,4] keep, float[2,1,4,4] bias => (float[2,2,4,8] y)",
-        PRODUCT
-        + """
-  fill = Constant<value=float {-10000.0}>()
-  m = Where(keep, ss, fill)
-  a = Add(m, bias)
-  p = Softmax<axis=-1>(a)
-  y = MatMul(p, v)""",
-    )
-    assert "fill + bias" in _fell_back(model)
+@pytest.mark.parametrize("mask_first", [False, True], ids=["bias_first", "mask_first"])
+def test_a_small_finite_fill_with_a_bias_falls_back(mask_first: bool) -> None:
+    """-1e4 (or float16's -65504): where the bias pushes kept keys below the fill, the node
+    would let the scores show through it."""
+    model = _fill_and_bias("-10000.0", mask_first=mask_first)
+    assert "exact only for a float32 fill of finfo(float32).min" in _fell_back(model)
 
 
 # --- a scale after the bias (Falcon: (s + alibi)·c + mask) ---------------------------------------
@@ -382,37 +394,6 @@ def test_probabilities_folded_for_a_3d_v() -> None:
   y = MatMul(p3, v)""",
     )
     _fused(model, _feeds(model))
-
-
-def test_a_float32_finite_fill_mask_gets_the_sink_column_in_float32() -> None:
-    """float16 chain: bias, Where(keep, ·, -65504), then a sink: the mask the node reads is
-    float32 (fused/finite_fill.py), so is its neutral sink column."""
-    model = _model(
-        "float16[2,2,4,8] q, float16[2,2,4,8] k, float16[2,2,4,8] v, bool[2,1,4,4] keep, "
-        "float16[2,1,4,4] bias => (float16[2,2,4,8] y)",
-        """
-  kt = Transpose<perm=[0,1,3,2]>(k)
-  s = MatMul(q, kt)
-  c32 = Constant<value=float {0.35}>()
-  c = Cast<to=10>(c32)
-  ss = Mul(s, c)
-  a = Add(ss, bias)
-  fill32 = Constant<value=float {-65504.0}>()
-  fill = Cast<to=10>(fill32)
-  m = Where(keep, a, fill)
-  sink32 = Constant<value=float[2,2,4,1] {0.5,0.5,0.5,0.5,-1,-1,-1,-1,0.5,0.5,0.5,0.5,-1,-1,-1,-1}>()
-  sink = Cast<to=10>(sink32)
-  row = Concat<axis=-1>(m, sink)
-  p5 = Softmax<axis=-1>(row)
-  starts = Constant<value=int64[1] {0}>()
-  ends = Constant<value=int64[1] {4}>()
-  axes = Constant<value=int64[1] {3}>()
-  p = Slice(p5, starts, ends, axes)
-  y = MatMul(p, v)""",
-    )
-    feeds = _feeds(model, keep=_keep_with_a_blocked_row(), bias=_bias().astype(np.float16))
-    block = _fused(model, feeds, tolerance=2e-3)
-    assert "finite fill" in block.detail and "sink" in block.detail
 
 
 # --- Swin's window view with a run-time shape (transformers Swin v2, legacy export) --------------

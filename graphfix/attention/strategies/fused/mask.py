@@ -38,7 +38,6 @@ class MaskPlan:
     initializers: tuple[onnx.TensorProto, ...] = ()
     causal: bool = False
     describe: str = ""
-    float32: bool = False  # an additive mask built in float32 whatever the biases' type
 
 
 def plan_mask(
@@ -139,18 +138,17 @@ def plan_mask(
     elif bias is None:
         plan = MaskPlan(keep, fill, tuple(nodes), tuple(inits), describe="boolean mask")
     else:
-        describe, float32 = "boolean mask with bias", False
-        if fill == -math.inf or _keeps_a_key_per_row(index, wheres, fill):
+        if fill == -math.inf:
             elem = index.elem_type(bias)
             blocked = edit.unique(f"{base}/blocked_fill")
             dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
             inits.append(numpy_helper.from_array(np.array(fill, dtype=dtype), blocked))
             mask = add("Where", [keep, bias, blocked])
+            describe = "boolean mask with bias"
         else:
             mask = finite_fill_mask(edit, match, base, keep, bias, fill, nodes, inits)
-            describe = f"boolean mask (finite fill {fill:g}) with bias, one float32 mask"
-            float32 = True
-        plan = MaskPlan(mask, None, tuple(nodes), tuple(inits), describe=describe, float32=float32)
+            describe = f"boolean mask (fill {fill:g}) with bias"
+        plan = MaskPlan(mask, None, tuple(nodes), tuple(inits), describe=describe)
     single = wheres[0] if len(wheres) == 1 and not biases else None
     source = (
         single.source if single else (biases[0].source if len(biases) == 1 and not wheres else None)
@@ -179,25 +177,6 @@ def _later_scales(match: AttentionMatch) -> dict[int, float]:
         elif isinstance(step, BiasStep) and after != 1.0:
             factors[id(step)] = after
     return factors
-
-
-def _keeps_a_key_per_row(index: GraphIndex, wheres: list[MaskStep], fill: float) -> bool:
-    """Constant Where masks that leave every row a kept key, with a fill that is -inf in effect.
-
-    Then where(keep, s, fill) + b and s + where(keep, b, fill) give the same probabilities: a
-    blocked score is fill (+ a bias that rounds away) on both sides, exp(fill - row max)
-    underflows to 0 because the row max is a kept, finite score, and no row is all blocked.
-    """
-    if fill > -1e4:
-        return False
-    keep = None
-    for where in wheres:
-        value = index.constant_value(where.source)
-        if value is None or value.dtype != bool:
-            return False
-        this = ~value if where.kind is MaskKind.BLOCKED else value
-        keep = this if keep is None else keep & this
-    return keep is not None and keep.ndim >= 1 and bool(keep.any(axis=-1).all())
 
 
 def _windowed_biases(match: AttentionMatch) -> dict[int, int]:

@@ -334,7 +334,7 @@ def _pad_mask(edit: GraphEdit, match: AttentionMatch, base: str, mask: MaskPlan)
         padded = add("Pad", [as_int, pads, neutral], "mask_sink_int")
         tensor = add("Cast", [padded], "mask_sink", to=onnx.TensorProto.BOOL)
     else:
-        elem = onnx.TensorProto.FLOAT if mask.float32 else _mask_elem(index, match)
+        elem = _mask_elem(index, match)
         dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
         inits.append(numpy_helper.from_array(np.array(0, dtype), neutral))
         tensor = add("Pad", [mask.tensor, pads, neutral], "mask_sink")
