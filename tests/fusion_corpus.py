@@ -1,12 +1,13 @@
 """Real exports of the attention forms issue 21 names, for `fused_plugin` and the labels.
 
-BLOOM and Falcon (baddbmm-style: a Reshape between Q·Kᵀ and the Softmax and between the Softmax
-and P·V), Swin v2 (a logit scale computed at run time, the CPB MLP's bias), GPT-OSS-style sinks
-after a softcap, PVT v2 and SegFormer (spatial-reduction attention: keys from a strided conv of
-the same tokens), CaiT (talking heads), Q and K in float32 with V in float16, a model returning
-its attention probabilities, and scores also read by `Shape`.  Entries are
-`model_corpus.CorpusEntry`s cached in the corpus folder under a key of this file's source, so
-editing this file re-exports only these.
+GPT-Neo (a finfo.min Where mask with a padding bias), BLOOM and Falcon (baddbmm-style: a
+Reshape between Q·Kᵀ and the Softmax and between the Softmax and P·V), Swin v2 (a logit scale
+computed at run time, the CPB MLP's bias; transformers': the window view's shape computed at
+run time), GPT-OSS-style sinks after a softcap, PVT v2 and SegFormer (spatial-reduction
+attention: keys from a strided conv of the same tokens), CaiT (talking heads), Q and K in
+float32 with V in float16, a model returning its attention probabilities, and scores also read
+by `Shape`.  Entries are `model_corpus.CorpusEntry`s cached in the corpus folder under a key of
+this file's source, so editing this file re-exports only these.
 
     python tests/fusion_corpus.py               # build everything, print name and path
 """
@@ -135,6 +136,21 @@ def _scores_shape() -> Exportable:
 
 
 # --- library models -------------------------------------------------------------------------------
+def _gpt_neo() -> Exportable:
+    """GPT-Neo: `where(causal, s, finfo.min) + padding bias` (legacy: a constant causal mask);
+    the padding bias is finfo.min on every causal key of a left-padded row."""
+    transformers = model_corpus._transformers()
+    config = transformers.GPTNeoConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        attention_types=[[["global", "local"], 1]],
+        window_size=4,
+    )
+    return model_corpus._hf_text_model(config, "eager")
+
+
 def _bloom() -> Exportable:
     """BLOOM: ALiBi through baddbmm on [B·H, S, T] scores, viewed as [B, H, S, T] for the mask
     and back to [B·H, S, T] for P·V."""
@@ -305,6 +321,7 @@ ENTRIES: tuple[CorpusEntry, ...] = (
     *model_corpus._both(_mixed_type_v, Expected(self_attention=1)),
     *model_corpus._both(_returns_probabilities, Expected(self_attention=1)),
     model_corpus._both(_scores_shape, Expected(causal_attention=1))[0],
+    *model_corpus._both(_gpt_neo, Expected(causal_attention=2), library="transformers"),
     *model_corpus._both(_bloom, Expected(causal_attention=2), library="transformers"),
     *model_corpus._both(
         _bloom_fp16, Expected(causal_attention=2, dtype="float16"), library="transformers"

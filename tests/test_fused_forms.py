@@ -429,3 +429,39 @@ def test_window_view_with_a_run_time_window_count() -> None:
     windows = np.random.default_rng(5).standard_normal((1, 2, 1, 4, 4)).astype(np.float32)
     block = _fused(model, _feeds(model, windows=windows))
     assert "per-window mask tiled over images" in block.detail
+
+
+def test_a_where_mask_with_two_biases() -> None:
+    """The summed biases are a new tensor: its element type comes from the biases."""
+    model = _model(
+        f"{QKV}, bool[2,1,4,4] keep, float[2,1,4,4] bias, float[1,2,4,4] position "
+        "=> (float[2,2,4,8] y)",
+        PRODUCT
+        + """
+  a = Add(ss, bias)
+  b = Add(a, position)
+  fill = Constant<value=float {-inf}>()
+  m = Where(keep, b, fill)
+  p = Softmax<axis=-1>(m)
+  y = MatMul(p, v)""",
+    )
+    keep = _keep_with_a_blocked_row()
+    keep[1, 0, 2, 0] = True  # no row all blocked: -inf would give NaN in both
+    _fused(model, _feeds(model, keep=keep))
+
+
+@pytest.mark.parametrize("rows", [4, 1])
+def test_a_bias_of_run_time_rows_before_the_view(rows: int) -> None:
+    """DeBERTa: the relative-attention bias is [B·H, S, T] with B·H unknown to shape inference
+    (1 or B·H at run time): expanded to B·H rows, then viewed like the scores."""
+    model = _model(
+        "float[4,4,8] q, float[4,4,8] k, float[4,4,8] v, float[R,4,4] alibi, "
+        "float[2,1,4,4] mask => (float[4,4,8] y)",
+        BLOOM
+        + """
+  fold = Constant<value=int64[3] {4,4,4}>()
+  p3 = Reshape(p, fold)
+  y = MatMul(p3, v)""",
+    )
+    alibi = np.random.default_rng(6).standard_normal((rows, 4, 4)).astype(np.float32)
+    _fused(model, _feeds(model, alibi=alibi))

@@ -33,14 +33,14 @@ def finite_fill_mask(
     base: str,
     keep: str,
     bias: str,
+    bias_elem: int,
     fill: float,
     nodes: list[onnx.NodeProto],
     inits: list[onnx.TensorProto],
 ) -> str:
-    """The additive mask equal to the chain's Where(keep, ·, fill) and its bias `bias`; appends
-    the ops that build it to `nodes`/`inits`."""
-    index = edit.index
-    if fill > -_HUGE or index.elem_type(bias) != onnx.TensorProto.FLOAT:
+    """The additive mask equal to the chain's Where(keep, ·, fill) and its bias `bias` (of
+    element type `bias_elem`); appends the ops that build it to `nodes`/`inits`."""
+    if fill > -_HUGE or bias_elem != onnx.TensorProto.FLOAT:
         raise Unsupported(
             f"a Where mask with the finite fill {fill:g} combined with an additive bias: the "
             "node would let the scores show through the fill; exact only for a float32 fill of "

@@ -96,21 +96,25 @@ def plan_mask(
         return add("Reshape", [add("Expand", [source, target]), const([-1, *shape[2:]])])
 
     bias = None
+    bias_elem = None  # the biases' one element type (the tensors built from them have it too)
     if biases:
         types = {index.elem_type(b.source) for b in biases}
         if len(types) != 1 or None in types:
             raise Unsupported("the additive masks/biases have different or unknown element types")
+        (bias_elem,) = types
         sources = [
             unwindow(b.source, windows[id(b)]) if id(b) in windows else b.source for b in biases
         ]
         if regroup is not None:
             sources = [
-                view_bias(edit, base, regroup, t, nodes, inits) if id(b) in regroup.before else t
+                view_bias(edit, base, regroup, t, match.q, nodes, inits)
+                if id(b) in regroup.before
+                else t
                 for b, t in zip(biases, sources, strict=True)
             ]
         factors = _later_scales(match)
         sources = [
-            _scaled(t, factors[id(b)], index.elem_type(t)) if id(b) in factors else t
+            _scaled(t, factors[id(b)], bias_elem) if id(b) in factors else t
             for b, t in zip(biases, sources, strict=True)
         ]
         bias = sources[0]
@@ -139,14 +143,13 @@ def plan_mask(
         plan = MaskPlan(keep, fill, tuple(nodes), tuple(inits), describe="boolean mask")
     else:
         if fill == -math.inf:
-            elem = index.elem_type(bias)
             blocked = edit.unique(f"{base}/blocked_fill")
-            dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(bias_elem)
             inits.append(numpy_helper.from_array(np.array(fill, dtype=dtype), blocked))
             mask = add("Where", [keep, bias, blocked])
             describe = "boolean mask with bias"
         else:
-            mask = finite_fill_mask(edit, match, base, keep, bias, fill, nodes, inits)
+            mask = finite_fill_mask(edit, match, base, keep, bias, bias_elem, fill, nodes, inits)
             describe = f"boolean mask (fill {fill:g}) with bias"
         plan = MaskPlan(mask, None, tuple(nodes), tuple(inits), describe=describe)
     single = wheres[0] if len(wheres) == 1 and not biases else None

@@ -157,18 +157,25 @@ def view_bias(
     base: str,
     regroup: Regroup,
     source: str,
+    folded_q: str,
     nodes: list[onnx.NodeProto],
     inits: list[onnx.TensorProto],
 ) -> str:
-    """A bias added to the [B·H, S, T] scores, as the [B, H, S, T] view sees it."""
+    """A bias added to the [B·H, S, T] scores, as the [B, H, S, T] view sees it; `folded_q` is
+    Q as [B·H, S, D]."""
     shape = edit.index.shape(source)
     if shape is None:
         raise Unsupported(f"the bias '{source}' before the view of batch·heads has no known shape")
     if len(shape) < 3:
         return source  # broadcast over batch·heads: the same over batch and heads
-    if len(shape) != 3 or not isinstance(shape[0], int):
+    if len(shape) != 3:
         raise Unsupported(f"the bias '{source}' before the view of batch·heads is not 3-D")
     add = _adder(edit, base, nodes, inits)
+    if not isinstance(shape[0], int):  # 1 or B·H at run time (DeBERTa's relative attention)
+        rows = add.node("Shape", [folded_q], "q_rows", end=1)
+        target = add.node("Concat", [rows, add.const([1, 1])], "bias_rows", axis=0)
+        expanded = add.node("Expand", [source, target], "bias_expanded")
+        return add.heads(expanded, regroup.batch_heads, "bias")
     if shape[0] == 1:
         return add.node("Unsqueeze", [source, add.const([0])], "bias_heads")
     batch, heads = regroup.batch_heads
