@@ -1,13 +1,13 @@
 """Real exports of the attention forms issue 21 names, for `fused_plugin` and the labels.
 
-GPT-Neo (a finfo.min Where mask with a padding bias), BLOOM and Falcon (baddbmm-style: a
-Reshape between Q·Kᵀ and the Softmax and between the Softmax and P·V), Swin v2 (a logit scale
-computed at run time, the CPB MLP's bias; transformers': the window view's shape computed at
-run time), GPT-OSS-style sinks after a softcap, PVT v2 and SegFormer (spatial-reduction
-attention: keys from a strided conv of the same tokens), CaiT (talking heads), Q and K in
-float32 with V in float16, a model returning its attention probabilities, and scores also read
-by `Shape`.  Entries are `model_corpus.CorpusEntry`s cached in the corpus folder under a key of
-this file's source, so editing this file re-exports only these.
+GPT-Neo (a finfo.min Where mask with a padding bias), DeBERTa v2, BLOOM and Falcon
+(baddbmm-style: a Reshape between Q·Kᵀ and the Softmax and between the Softmax and P·V), Swin
+v2 (a logit scale computed at run time, the CPB MLP's bias; transformers': the window view's
+shape computed at run time), GPT-OSS-style sinks after a softcap, PVT v2 and SegFormer
+(spatial-reduction attention: keys from a strided conv of the same tokens), CaiT (talking
+heads), Q and K in float32 with V in float16, a model returning its attention probabilities,
+and scores also read by `Shape`.  Entries are `model_corpus.CorpusEntry`s cached in the corpus
+folder under a key of this file's source, so editing this file re-exports only these.
 
     python tests/fusion_corpus.py               # build everything, print name and path
 """
@@ -147,6 +147,25 @@ def _gpt_neo() -> Exportable:
         num_heads=2,
         attention_types=[[["global", "local"], 1]],
         window_size=4,
+    )
+    return model_corpus._hf_text_model(config, "eager")
+
+
+def _deberta_v2() -> Exportable:
+    """DeBERTa v2: scores [B·H, S, T] plus the disentangled relative attention (computed from Q,
+    K and the position embeddings, its rows unknown to shape inference), viewed [B, H, S, T]
+    for the mask and back."""
+    transformers = model_corpus._transformers()
+    config = transformers.DebertaV2Config(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        relative_attention=True,
+        pos_att_type=["p2c", "c2p"],
+        position_buckets=8,
     )
     return model_corpus._hf_text_model(config, "eager")
 
@@ -322,6 +341,7 @@ ENTRIES: tuple[CorpusEntry, ...] = (
     *model_corpus._both(_returns_probabilities, Expected(self_attention=1)),
     model_corpus._both(_scores_shape, Expected(causal_attention=1))[0],
     *model_corpus._both(_gpt_neo, Expected(causal_attention=2), library="transformers"),
+    *model_corpus._both(_deberta_v2, Expected(self_attention=2), library="transformers"),
     *model_corpus._both(_bloom, Expected(causal_attention=2), library="transformers"),
     *model_corpus._both(
         _bloom_fp16, Expected(causal_attention=2, dtype="float16"), library="transformers"
