@@ -254,11 +254,10 @@ def _swin_v2() -> Exportable:
     return _image_model(model)
 
 
-def _swin_v2_hf() -> Exportable:
-    """transformers Swin v2: the window view's shape and the window mask are computed at run
-    time (legacy), the mask added twice, the logit scale clamped and exponentiated."""
+def _hf_swin(config_class: str, model_class: str) -> Exportable:
+    """A one-stage transformers Swin on an 8x8 token grid with 4x4 windows (block 1 shifted)."""
     transformers = model_corpus._transformers()
-    config = transformers.Swinv2Config(
+    config = getattr(transformers, config_class)(
         image_size=32,
         patch_size=4,
         embed_dim=16,
@@ -266,21 +265,18 @@ def _swin_v2_hf() -> Exportable:
         num_heads=[2],
         window_size=4,
     )
-    return _hf_image_model(config, "Swinv2Model")
+    return _hf_image_model(config, model_class)
+
+
+def _swin_v2_hf() -> Exportable:
+    """transformers Swin v2: the window view's shape and the window mask are computed at run
+    time (legacy), the mask added twice, the logit scale clamped and exponentiated."""
+    return _hf_swin("Swinv2Config", "Swinv2Model")
 
 
 def _swin_hf() -> Exportable:
     """transformers Swin v1: the shifted block views the scores per window for its mask."""
-    transformers = model_corpus._transformers()
-    config = transformers.SwinConfig(
-        image_size=32,
-        patch_size=4,
-        embed_dim=16,
-        depths=[2],
-        num_heads=[2],
-        window_size=4,
-    )
-    return _hf_image_model(config, "SwinModel")
+    return _hf_swin("SwinConfig", "SwinModel")
 
 
 def _pvt_v2() -> Exportable:

@@ -185,10 +185,10 @@ BLOOM = """
 """
 
 
-def test_bloom_views_of_batch_heads() -> None:
+def _bloom(alibi_rows: str) -> onnx.ModelProto:
     """Q, K, V [B·H, S, D]; scores viewed as [B, H, S, T] for the mask and back for P·V."""
-    model = _model(
-        "float[4,4,8] q, float[4,4,8] k, float[4,4,8] v, float[4,1,4] alibi, "
+    return _model(
+        f"float[4,4,8] q, float[4,4,8] k, float[4,4,8] v, float[{alibi_rows},1,4] alibi, "
         "float[2,1,4,4] mask => (float[4,4,8] y)",
         BLOOM
         + """
@@ -196,6 +196,10 @@ def test_bloom_views_of_batch_heads() -> None:
   p3 = Reshape(p, fold)
   y = MatMul(p3, v)""",
     )
+
+
+def test_bloom_views_of_batch_heads() -> None:
+    model = _bloom("4")
     block = _fused(model, _feeds(model))
     assert "batch·heads viewed" in block.detail
 
@@ -454,14 +458,6 @@ def test_a_where_mask_with_two_biases() -> None:
 def test_a_bias_of_run_time_rows_before_the_view(rows: int) -> None:
     """DeBERTa: the relative-attention bias is [B·H, S, T] with B·H unknown to shape inference
     (1 or B·H at run time): expanded to B·H rows, then viewed like the scores."""
-    model = _model(
-        "float[4,4,8] q, float[4,4,8] k, float[4,4,8] v, float[R,4,4] alibi, "
-        "float[2,1,4,4] mask => (float[4,4,8] y)",
-        BLOOM
-        + """
-  fold = Constant<value=int64[3] {4,4,4}>()
-  p3 = Reshape(p, fold)
-  y = MatMul(p3, v)""",
-    )
-    alibi = np.random.default_rng(6).standard_normal((rows, 4, 4)).astype(np.float32)
+    model = _bloom("R")
+    alibi = np.random.default_rng(6).standard_normal((rows, 1, 4)).astype(np.float32)
     _fused(model, _feeds(model, alibi=alibi))

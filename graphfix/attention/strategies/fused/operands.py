@@ -3,6 +3,7 @@ scale steps (Einsum layouts, run-time √scale on Q and Kᵀ, float16 V promoted
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -37,6 +38,26 @@ class Operands:
     output_perm: tuple[int, ...] | None = None  # Transpose the node's output into the graph's
     describe: str = ""
     v_widened: bool = False  # V (float16/bfloat16) Cast to Q's float32 by the rewrite
+
+    def read_through(
+        self,
+        q: str,
+        k: str,
+        v: str,
+        nodes: list[onnx.NodeProto],
+        initializers: list[onnx.TensorProto],
+        note: str,
+    ) -> Operands:
+        """These operands as the node reads them after `nodes` (appended), `note` said."""
+        return dataclasses.replace(
+            self,
+            q=q,
+            k=k,
+            v=v,
+            nodes=(*self.nodes, *nodes),
+            initializers=(*self.initializers, *initializers),
+            describe=", ".join(filter(None, [self.describe, note])),
+        )
 
 
 def plan_operands(edit: GraphEdit, match: AttentionMatch, base: str) -> Operands:

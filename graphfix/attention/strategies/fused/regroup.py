@@ -13,7 +13,6 @@ Falcon's baddbmm exports, dynamo's `view`), read into the node's [B, H, S, D] la
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -139,16 +138,8 @@ def regroup_operands(edit: GraphEdit, base: str, regroup: Regroup, operands: Ope
         k = split.heads(k, regroup.batch_heads, "k")
     if regroup.probs is not None:
         v = split.heads(v, regroup.batch_heads, "v")
-    return dataclasses.replace(
-        operands,
-        q=q,
-        k=k,
-        v=v,
-        nodes=(*operands.nodes, *nodes),
-        initializers=(*operands.initializers, *inits),
-        describe=", ".join(
-            filter(None, [operands.describe, "batch·heads viewed as batch, heads and back"])
-        ),
+    return operands.read_through(
+        q, k, v, nodes, inits, "batch·heads viewed as batch, heads and back"
     )
 
 

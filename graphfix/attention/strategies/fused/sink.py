@@ -231,23 +231,8 @@ def add_sink_key(
     # V' = V with one zero row.
     v = add("Pad", [operands.v, pads(v_rank, {-2: 1}), zero], "v_sink")
 
-    operands = dataclasses.replace(
-        operands,
-        q=q,
-        k=k,
-        v=v,
-        nodes=(*operands.nodes, *nodes),
-        initializers=(*operands.initializers, *inits),
-        describe=", ".join(
-            filter(
-                None,
-                [
-                    operands.describe,
-                    f"attention sink as one more key (head dim +{PAD}: Q, K, V copied per layer)",
-                ],
-            )
-        ),
-    )
+    note = f"attention sink as one more key (head dim +{PAD}: Q, K, V copied per layer)"
+    operands = operands.read_through(q, k, v, nodes, inits, note)
     return operands, _pad_mask(edit, match, base, mask)
 
 
