@@ -7,10 +7,12 @@ Accepted layouts (what exporters emit; see notes/attention_patterns.md):
              Kᵀ comes from a Transpose of K, or K is already laid out transposed
     scores → any of: Mul/Div by a scale, Add(mask or bias), Where(mask, scores, -inf),
              Cast/CastLike, Reshape/Squeeze/Unsqueeze (heads folded into batch), Tanh softcap,
-             QuantizeLinear → DequantizeLinear, Concat(scores, sink) on the key axis
+             QuantizeLinear → DequantizeLinear, Concat(scores, sink) on the key axis,
+             Transpose → MatMul(constant) [→ Add] → Transpose back (talking heads)
            → Softmax over the last (key) axis
            → any of: Cast, Where(IsNaN(p), 0, p), Dropout, Identity, Reshape,
-             QuantizeLinear → DequantizeLinear, Slice (the sink column off, after a sink Concat)
+             QuantizeLinear → DequantizeLinear, Slice (the sink column off, after a sink Concat),
+             talking heads
            → MatMul(P, V) | Einsum(P, V)
 
 The chain is described once, as typed steps (match_types.ChainStep), which every consumer reads.
