@@ -461,3 +461,15 @@ def test_a_bias_of_run_time_rows_before_the_view(rows: int) -> None:
     model = _bloom("R")
     alibi = np.random.default_rng(6).standard_normal((rows, 1, 4)).astype(np.float32)
     _fused(model, _feeds(model, alibi=alibi))
+
+
+def test_returned_probabilities_fall_back_by_name() -> None:
+    """output_attentions: the node has one output, GraphfixSoftmax keeps the probabilities."""
+    model = _model(
+        f"{QKV} => (float[2,2,4,8] y, float[2,2,4,4] p)",
+        PRODUCT
+        + """
+  p = Softmax<axis=-1>(ss)
+  y = MatMul(p, v)""",
+    )
+    assert "are also a graph output (returned attention weights)" in _fell_back(model)
