@@ -134,7 +134,33 @@ def test_a_small_finite_fill_with_a_bias_falls_back(mask_first: bool) -> None:
     """-1e4 (or float16's -65504): where the bias pushes kept keys below the fill, the node
     would let the scores show through it."""
     model = _fill_and_bias("-10000.0", mask_first=mask_first)
-    assert "exact only for a float32 fill of finfo(float32).min" in _fell_back(model)
+    assert "or a constant bias above fill / 2 applied before the mask" in _fell_back(model)
+
+
+def _constant_bias_then_fill(low: float) -> onnx.ModelProto:
+    """MPT: ALiBi (a constant bias, lowest value `low`) added, then masked_fill(-65504)."""
+    alibi = np.linspace(low, 0.0, 4, dtype=np.float32)
+    return _model(
+        f"{QKV}, bool[2,1,4,4] keep => (float[2,2,4,8] y)",
+        PRODUCT
+        + f"""
+  alibi = Constant<value=float[1,1,1,4] {{{", ".join(f"{v:.9g}" for v in alibi)}}}>()
+  a = Add(ss, alibi)
+  fill = Constant<value=float {{-65504.0}}>()
+  m = Where(keep, a, fill)
+  p = Softmax<axis=-1>(m)
+  y = MatMul(p, v)""",
+    )
+
+
+def test_a_constant_bias_far_above_a_small_fill_is_folded() -> None:
+    model = _constant_bias_then_fill(-0.4375)
+    block = _fused(model, _feeds(model, keep=_keep_with_a_blocked_row()))
+    assert "boolean mask (fill -65504) with bias" in block.detail
+
+
+def test_a_constant_bias_reaching_the_fill_falls_back() -> None:
+    assert "constant bias above fill / 2" in _fell_back(_constant_bias_then_fill(-40000.0))
 
 
 # --- a scale after the bias (Falcon: (s + alibi)·c + mask) ---------------------------------------
