@@ -1,6 +1,6 @@
 """Real exports of the attention forms issue 21 names, for `fused_plugin` and the labels.
 
-GPT-Neo (a finfo.min Where mask with a padding bias), DeBERTa v2, BLOOM and Falcon
+GPT-Neo (a finfo.min Where mask with a padding bias), DeBERTa v2, MPT, BLOOM and Falcon
 (baddbmm-style: a Reshape between Q·Kᵀ and the Softmax and between the Softmax and P·V), Swin
 v2 (a logit scale computed at run time, the CPB MLP's bias; transformers': the window view's
 shape computed at run time), GPT-OSS-style sinks after a softcap, PVT v2 and SegFormer
@@ -168,6 +168,15 @@ def _deberta_v2() -> Exportable:
         position_buckets=8,
     )
     return model_corpus._hf_text_model(config, "eager")
+
+
+def _mpt_fp16() -> Exportable:
+    """MPT in float16: ALiBi (a constant bias) added to the float32 scores, then
+    `masked_fill(mask, -65504)`."""
+    transformers = model_corpus._transformers()
+    config = transformers.MptConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2)
+    plain = model_corpus._hf_text_model(config, "eager")
+    return Exportable(plain.module.half(), plain.args, plain.input_names)
 
 
 def _bloom() -> Exportable:
@@ -338,6 +347,7 @@ ENTRIES: tuple[CorpusEntry, ...] = (
     model_corpus._both(_scores_shape, Expected(causal_attention=1))[0],
     *model_corpus._both(_gpt_neo, Expected(causal_attention=2), library="transformers"),
     *model_corpus._both(_deberta_v2, Expected(self_attention=2), library="transformers"),
+    *model_corpus._both(_mpt_fp16, Expected(causal_attention=2), library="transformers"),
     *model_corpus._both(_bloom, Expected(causal_attention=2), library="transformers"),
     *model_corpus._both(
         _bloom_fp16, Expected(causal_attention=2, dtype="float16"), library="transformers"
