@@ -499,3 +499,29 @@ def test_returned_probabilities_fall_back_by_name() -> None:
   y = MatMul(p, v)""",
     )
     assert "are also a graph output (returned attention weights)" in _fell_back(model)
+
+
+# --- 5-D windows (NesT, Twins' locally-grouped attention) ----------------------------------------
+def _windows_5d(bias_shape: str) -> onnx.ModelProto:
+    qkv = ", ".join(f"float[2,3,2,4,8] {n}" for n in "qkv")
+    return _model(
+        f"{qkv}, float{bias_shape} bias => (float[2,3,2,4,8] y)",
+        """
+  kt = Transpose<perm=[0,1,2,4,3]>(k)
+  s = MatMul(q, kt)
+  c = Constant<value=float {0.35}>()
+  ss = Mul(s, c)
+  b = Add(ss, bias)
+  p = Softmax<axis=-1>(b)
+  y = MatMul(p, v)""",
+    )
+
+
+def test_5d_windows_are_merged_into_the_batch() -> None:
+    model = _windows_5d("[4,4]")
+    block = _fused(model, _feeds(model))
+    assert "5-D windows merged into the batch and split back" in block.detail
+
+
+def test_a_per_window_bias_on_5d_scores_falls_back() -> None:
+    assert "of rank 4 on 5-D attention scores" in _fell_back(_windows_5d("[3,2,4,4]"))

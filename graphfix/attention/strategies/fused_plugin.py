@@ -11,8 +11,9 @@ Masks and biases combine outside the node into its one mask input, with standard
 that is exact: several biases are summed; several boolean masks with one fill are And-ed;
 boolean masks with fill -inf and biases become Where(keep, Σ bias, -inf), with a finite fill
 one float32 mask (fused/finite_fill.py); a bias before a scale is scaled by it.  Around the
-node: views of batch·heads (fused/regroup.py), a run-time scale moved onto Q
-(fused/runtime_scale.py), Shape readers of the scores recomputed (fused/shape_readers.py).
+node: views of batch·heads (fused/regroup.py), 5-D windows merged (fused/fold5.py), a run-time
+scale moved onto Q (fused/runtime_scale.py), Shape readers of the scores recomputed
+(fused/shape_readers.py).
 
 An attention sink (GPT-OSS) becomes one more key with a zero value row, its logit carried by 8
 extra head-dimension columns of Q and K (fused/sink.py): exact, at the cost of copying Q, K and V.
@@ -42,6 +43,7 @@ from graphfix.attention.match_types import (
     SoftcapStep,
 )
 from graphfix.attention.strategies.base import Outcome
+from graphfix.attention.strategies.fused.fold5 import fold_leading, unfold
 from graphfix.attention.strategies.fused.mask import MaskPlan, plan_mask
 from graphfix.attention.strategies.fused.operands import Operands, plan_operands
 from graphfix.attention.strategies.fused.regroup import find_regroup, regroup_operands, view_back
@@ -77,6 +79,8 @@ class FusedPluginStrategy:
             regroup = find_regroup(match)
             if regroup is not None:
                 operands = regroup_operands(edit, base, regroup, operands)
+            if index.rank(operands.q) == 5:
+                operands = fold_leading(edit, match, base, operands)
             # the causal flag is top-left aligned for S == T: with the sink key T grows by one
             mask = plan_mask(
                 edit, match, base, operands.q, allow_causal=match.sink is None, regroup=regroup
@@ -107,6 +111,7 @@ class FusedPluginStrategy:
             operands.cast_output_to is not None
             or operands.output_perm is not None
             or view_back_output
+            or operands.unfold_like is not None
         ):
             node_output = edit.unique(f"{base}/out")
         if operands.output_perm is not None:
@@ -128,6 +133,10 @@ class FusedPluginStrategy:
             folded = output if operands.cast_output_to is None else edit.unique(f"{base}/out_f")
             nodes += view_back(edit, base, node_output, folded)
             node_output = folded
+        if operands.unfold_like is not None:  # (no output_perm either: fold_leading refuses)
+            split = output if operands.cast_output_to is None else edit.unique(f"{base}/out_5d")
+            nodes += unfold(edit, base, node_output, operands.unfold_like, split)
+            node_output = split
         if operands.output_perm is not None:
             nodes.append(
                 onnx.helper.make_node(

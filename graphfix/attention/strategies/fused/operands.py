@@ -38,6 +38,7 @@ class Operands:
     output_perm: tuple[int, ...] | None = None  # Transpose the node's output into the graph's
     describe: str = ""
     v_widened: bool = False  # V (float16/bfloat16) Cast to Q's float32 by the rewrite
+    unfold_like: str | None = None  # 5-D Q whose two leading axes the output is split back to
 
     def read_through(
         self,
@@ -83,8 +84,11 @@ def plan_operands(edit: GraphEdit, match: AttentionMatch, base: str) -> Operands
         q, k_operand = match.q, match.k_t
         k_at_product = False
     ranks = {index.rank(q), index.rank(match.v)}
-    if not ranks <= {3, 4}:
-        raise Unsupported(f"Q/V ranks {sorted(r for r in ranks if r)} (the node takes 3-D or 4-D)")
+    if not (ranks <= {3, 4} or (ranks == {5} and layout.qk_op == "MatMul")):
+        raise Unsupported(
+            f"Q/V ranks {sorted(r for r in ranks if r)} (the node takes 3-D or 4-D, 5-D windows "
+            "of MatMuls merged)"
+        )
     if layout.qk_op == "Einsum":
         if at_run_time:
             raise Unsupported(
@@ -106,8 +110,8 @@ def plan_operands(edit: GraphEdit, match: AttentionMatch, base: str) -> Operands
     ):
         k, k_transposed = match.k, False
     else:
-        if index.rank(k_operand) not in (3, 4):
-            raise Unsupported("Kᵀ is not 3-D or 4-D")
+        if index.rank(k_operand) not in (3, 4, 5):
+            raise Unsupported("Kᵀ is not 3-D, 4-D or 5-D")
         k, k_transposed = k_operand, True
     q, k, v, cast_to = _types(index, match, q, k)
     nodes: tuple[onnx.NodeProto, ...] = ()
@@ -171,7 +175,7 @@ _NARROW = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 
 def _swaps_last_two(perm: tuple[int, ...] | None, rank: int | None) -> bool:
     """The Transpose between K and Q·Kᵀ swaps only the last two axes."""
-    if perm is None or len(perm) not in (3, 4) or (rank is not None and rank != len(perm)):
+    if perm is None or len(perm) not in (3, 4, 5) or (rank is not None and rank != len(perm)):
         return False
     n = len(perm)
     return list(perm) == [*range(n - 2), n - 1, n - 2]
