@@ -4,10 +4,11 @@ GPT-Neo (a finfo.min Where mask with a padding bias), DeBERTa v2, MPT, BLOOM and
 (baddbmm-style: a Reshape between Q·Kᵀ and the Softmax and between the Softmax and P·V), Swin
 v2 (a logit scale computed at run time, the CPB MLP's bias; transformers': the window view's
 shape computed at run time), GPT-OSS-style sinks after a softcap, PVT v2 and SegFormer
-(spatial-reduction attention: keys from a strided conv of the same tokens), CaiT (talking
-heads), Q and K in float32 with V in float16, a model returning its attention probabilities,
-and scores also read by `Shape`.  Entries are `model_corpus.CorpusEntry`s cached in the corpus
-folder under a key of this file's source, so editing this file re-exports only these.
+(spatial-reduction attention: keys from a strided conv of the same tokens), NesT (5-D
+windows), CaiT (talking heads), Q and K in float32 with V in float16, a model returning its
+attention probabilities, and scores also read by `Shape`.  Entries are
+`model_corpus.CorpusEntry`s cached in the corpus folder under a key of this file's source, so
+editing this file re-exports only these.
 
     python tests/fusion_corpus.py               # build everything, print name and path
 """
@@ -321,6 +322,24 @@ def _segformer() -> Exportable:
     return _hf_image_model(config, "SegformerModel")
 
 
+def _nest() -> Exportable:
+    """NesT: attention inside 4 local blocks of 16 tokens, Q, K, V as [B, blocks, H, N, D]."""
+    model_corpus._timm()
+    model_corpus._seeded()
+    from timm.models.nest import Nest
+
+    model = Nest(
+        img_size=32,
+        patch_size=4,
+        num_levels=2,
+        embed_dims=(16, 32),
+        num_heads=(1, 2),
+        depths=(1, 1),
+        num_classes=10,
+    )
+    return _image_model(model)
+
+
 def _cait() -> Exportable:
     """CaiT: talking-heads self-attention (head-mixing projections before and after the
     Softmax) and class attention (the class token's query over [class, patches])."""
@@ -358,6 +377,12 @@ ENTRIES: tuple[CorpusEntry, ...] = (
     *model_corpus._both(_swin_hf, Expected(self_attention=2), library="transformers"),
     *model_corpus._both(_pvt_v2, Expected(self_attention=2), library="timm"),
     *model_corpus._both(_segformer, Expected(self_attention=2), library="transformers"),
+    *model_corpus._both(
+        _nest,
+        Expected(self_attention=2),
+        library="timm",
+        dynamo_error="onnxscript's scaled_dot_product_attention takes only 4-D Q, K, V",
+    ),
     *model_corpus._both(_cait, Expected(self_attention=2, cross_attention=1), library="timm"),
 )
 
