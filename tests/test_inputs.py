@@ -315,10 +315,16 @@ def test_integer_input_that_is_no_mask_stays_random():
 
 
 def _causal_lm_entries():
+    import fusion_corpus
     import lm_corpus
     import model_corpus
 
     ours = [(e, lm_corpus.model_path) for e in lm_corpus.CAUSAL_LMS]
+    ours += [
+        (e, fusion_corpus.model_path)
+        for e in fusion_corpus.ENTRIES
+        if e.model in ("bloom", "falcon")
+    ]
     theirs = [
         (e, model_corpus.model_path)
         for e in model_corpus.CORPUS
@@ -329,7 +335,8 @@ def _causal_lm_entries():
 
 @pytest.mark.parametrize("entry, exported", _causal_lm_entries())
 def test_causal_lm_passes_validate_after_precision_with_default_inputs(entry, exported):
-    """Qwen2/3, Phi-3, Gemma 2/3, Mistral (sliding window), OPT, GPT-2, Llama; both exporters."""
+    """Qwen2/3, Phi-3, Gemma 2/3, Mistral (sliding window), OPT, BLOOM, Falcon, GPT-2, Llama;
+    both exporters."""
     pytest.importorskip("torch", reason="exporting the corpus model needs torch")
     from graphfix.precision.convert import convert_precision
     from graphfix.validation.validate import validate
