@@ -13,6 +13,7 @@ import model_corpus
 import numpy as np
 import onnx
 import pytest
+from graphs import with_output_named
 from locate_faults import plant_overflow
 from onnx import TensorProto, helper, numpy_helper
 
@@ -467,12 +468,8 @@ def test_candidate_whose_outputs_are_numbered_differently_pairs_by_position(
     from graphfix.precision.locate.candidate import build_candidate
 
     candidate = build_candidate(onnx.load(planted_files), precision="float16").model
-    (output,) = candidate.graph.output
-    producer = next(n for n in candidate.graph.node if output.name in n.output)
-    producer.output[list(producer.output).index(output.name)] = "600"
-    output.name = "600"
     path = tmp_path / "numbered.onnx"
-    onnx.save(candidate, path)
+    onnx.save(with_output_named(candidate, "600"), path)
     assert main(["locate", str(planted_files), str(path)]) == 2
     err = capsys.readouterr().err
     assert "the original's outputs are y, the candidate's 600" in err

@@ -13,6 +13,7 @@ import warnings
 import numpy as np
 import onnx
 import pytest
+from graphs import with_output_named
 from onnx import TensorProto, helper, numpy_helper
 
 import graphfix
@@ -289,9 +290,7 @@ def test_outputs_named_differently_pair_by_position(vit):
     """A legacy export numbers its outputs (591 in one export, 600 in the other): by position the
     pair is compared, and the report says which name went with which."""
     original, fixed = vit
-    renamed = onnx.load(str(fixed))
-    renamed.graph.output[0].name = "600"
-    renamed.graph.node[-1].output[0] = "600"
+    renamed = with_output_named(onnx.load(str(fixed)), "600")
     shapes = {"x": (1, 3, 32)}
     report = validate(
         original, renamed, backend="onnxruntime", shapes=shapes, pair_outputs="position"

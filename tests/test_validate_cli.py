@@ -7,6 +7,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+from graphs import with_output_named
 from onnx import TensorProto, helper
 
 import graphfix
@@ -115,13 +116,8 @@ def test_plot_writes_pngs(models, tmp_path, capsys):
 
 def test_outputs_numbered_differently_compare_and_plot_by_position(models, tmp_path, capsys):
     pytest.importorskip("matplotlib", reason="plots need matplotlib")
-    numbered = onnx.load(models["fixed"])
-    (output,) = numbered.graph.output
-    producer = next(n for n in numbered.graph.node if output.name in n.output)
-    producer.output[list(producer.output).index(output.name)] = "600"
-    output.name = "600"
     path = tmp_path / "numbered.onnx"
-    onnx.save(numbered, path)
+    onnx.save(with_output_named(onnx.load(models["fixed"]), "600"), path)
     code, _, err = _run(capsys, models["original"], path, "--backend", "onnxruntime")
     assert code == 2 and "--pair-outputs position" in err and err.count("\n") == 1
     code, out, _ = _run(
