@@ -33,7 +33,12 @@ from graphfix.embedded_weights import (
     references_to,
     write_model,
 )
-from graphfix.errors import GraphfixError, ModelLoadError, OutputPathError
+from graphfix.errors import (
+    GraphfixError,
+    ModelLoadError,
+    OutputPathError,
+    UnsupportedModelError,
+)
 
 # What public functions accept as a model: the proto itself, or the path of an .onnx file.
 ModelArg = onnx.ModelProto | str | os.PathLike[str]
@@ -181,6 +186,7 @@ def load_model(
             "the file may be truncated or not ONNX — re-export it"
         )
     _check_external_data(proto, path)
+    check_well_formed(proto, path)
     if load_weights and external_data_files(proto):
         try:
             onnx.load_external_data_for_model(proto, str(path.parent))
@@ -195,6 +201,72 @@ def load_model(
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"cannot read external data of {path}: {exc}") from exc
     return LoadedModel(model=proto, path=path, weights_loaded=load_weights)
+
+
+def check_well_formed(proto: onnx.ModelProto, path: Path | str) -> None:
+    """Raise ModelLoadError unless `proto` obeys ONNX's structural rules: onnx.checker without
+    shape inference (names defined before use, no cycles, attributes of their declared types,
+    known element types, opsets, tensor data as long as its shape says).
+
+    The checker runs on a copy holding the graph but not the weights (each initializer stands
+    in as an empty tensor of its type), so it costs no memory however big the model; the bytes
+    of each initializer held in memory are checked one tensor at a time, and those in external
+    data files by `_check_external_data`.
+    """
+    check_opset(next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0))
+    context = onnx.checker.C.CheckerContext()
+    context.ir_version = proto.ir_version
+    context.opset_imports = {o.domain: o.version for o in proto.opset_import}
+    try:
+        for tensor in proto.graph.initializer:
+            if tensor.data_location != onnx.TensorProto.EXTERNAL:
+                onnx.checker.check_tensor(tensor, context)
+        onnx.checker.check_model(_without_weights(proto))
+    except (onnx.checker.ValidationError, ValueError) as exc:
+        raise ModelLoadError(
+            f"{path} is not a valid ONNX model: {str(exc).strip().splitlines()[0]}; "
+            "re-export it, or repair it and check with onnx.checker.check_model"
+        ) from exc
+
+
+MIN_OPSET = 7
+
+
+def check_opset(version: int) -> None:
+    """Raise UnsupportedModelError unless graphfix understands ai.onnx opset `version`."""
+    newest = onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= version <= newest:
+        raise UnsupportedModelError(
+            f"the model imports ai.onnx opset {version}; graphfix understands opsets "
+            f"{MIN_OPSET}..{newest} (onnx {onnx.__version__}); convert it with "
+            "onnx.version_converter.convert_version(model, 17) or upgrade onnx"
+        )
+
+
+def _without_weights(proto: onnx.ModelProto) -> onnx.ModelProto:
+    g = proto.graph
+    stubs = [
+        onnx.TensorProto(name=t.name, data_type=t.data_type, dims=[0]) for t in g.initializer
+    ]
+    graph = onnx.GraphProto(
+        name=g.name,
+        node=g.node,
+        input=g.input,
+        output=g.output,
+        value_info=g.value_info,
+        sparse_initializer=g.sparse_initializer,
+        initializer=stubs,
+    )
+    shell = onnx.ModelProto(
+        ir_version=proto.ir_version,
+        opset_import=proto.opset_import,
+        functions=proto.functions,
+        graph=graph,
+    )
+    for tensor in _all_tensors(shell):  # in If/Loop/Scan bodies: stubs too, where on disk
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            tensor.CopyFrom(onnx.TensorProto(name=tensor.name, data_type=tensor.data_type, dims=[0]))
+    return shell
 
 
 def _check_external_data(proto: onnx.ModelProto, path: Path) -> None:
