@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import math
 import os
 import shutil
 import signal
@@ -218,15 +219,46 @@ def check_well_formed(proto: onnx.ModelProto, path: Path | str) -> None:
     context.ir_version = proto.ir_version
     context.opset_imports = {o.domain: o.version for o in proto.opset_import}
     try:
-        for tensor in proto.graph.initializer:
+        for tensor in _all_tensors(proto):
             if tensor.data_location != onnx.TensorProto.EXTERNAL:
                 onnx.checker.check_tensor(tensor, context)
+                _check_data_length(tensor)
         onnx.checker.check_model(_without_weights(proto))
     except (onnx.checker.ValidationError, ValueError) as exc:
         raise ModelLoadError(
             f"{path} is not a valid ONNX model: {str(exc).strip().splitlines()[0]}; "
             "re-export it, or repair it and check with onnx.checker.check_model"
         ) from exc
+
+
+_PACKED_4BIT = {
+    onnx.TensorProto.INT4,
+    onnx.TensorProto.UINT4,
+    getattr(onnx.TensorProto, "FLOAT4E2M1", -1),
+}
+_COMPLEX = {onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128}
+
+
+def _check_data_length(tensor: onnx.TensorProto) -> None:
+    """The tensor holds exactly as many values as its shape and type say (the checker accepts
+    data longer than the shape, which numpy then cannot reshape)."""
+    kind = tensor.data_type
+    if kind in (onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING):
+        return
+    count = math.prod(tensor.dims)
+    if tensor.raw_data:
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(kind).itemsize
+        expected = (count + 1) // 2 if kind in _PACKED_4BIT else count * itemsize
+        held = len(tensor.raw_data)
+    else:
+        expected = (count + 1) // 2 if kind in _PACKED_4BIT else count * (1 + (kind in _COMPLEX))
+        held = len(getattr(tensor, onnx.helper.tensor_dtype_to_field(kind)))
+    if held != expected:
+        raise onnx.checker.ValidationError(
+            f"tensor {tensor.name!r} holds {held} {'bytes' if tensor.raw_data else 'values'} of "
+            f"data where its type {onnx.helper.tensor_dtype_to_string(kind)} and shape "
+            f"{list(tensor.dims)} need {expected}"
+        )
 
 
 MIN_OPSET = 7

@@ -38,6 +38,28 @@ REGRESSIONS = [
         '"raw_truncate"}], "seed": "eager_bf16-legacy17", "strategy": "plugin"}',
         [("inspect", 2)],
     ),
+    (  # an initializer retyped with its bytes kept: the checker accepts data longer than needed
+        '{"command": "inspect", "mutations": [{"a": 363, "b": 198, "c": 488, "kind": "dtype"}], '
+        '"seed": "eager_einsum-legacy17", "strategy": "plugin"}',
+        [("inspect", 2)],
+    ),
+    (  # a Constant node's value cut short: its reading escaped the matcher's constant folding
+        '{"command": "locate", "mutations": [{"a": 537, "b": 21950, "c": 44463, "kind": '
+        '"constant_value"}, {"a": 537, "b": 19295, "c": 1799, "kind": "constant_value"}], '
+        '"seed": "sdpa_cross-legacy17", "strategy": "max_subtract"}',
+        [("inspect", 2)],
+    ),
+    (  # a graph input 2**40 long: validate drew its random inputs until numpy gave up
+        '{"command": "validate", "mutations": [{"a": 5809, "b": 2051, "c": 2834, "kind": "dim"}, '
+        '{"a": 2834, "b": 2051, "c": 2834, "kind": "dim"}, {"a": 5809, "b": 2051, "c": 2834, '
+        '"kind": "dim"}], "seed": "vit_demo", "strategy": "max_subtract"}',
+        [("inspect", 0), ("inspect", 0), ("fix", 0), ("validate", 2)],
+    ),
+    (  # the same through locate's reference run
+        '{"command": "locate", "mutations": [{"a": 144, "b": 9759, "c": 9499, "kind": "dim"}], '
+        '"seed": "moe_router-legacy17", "strategy": "mark_output"}',
+        [("inspect", 0), ("inspect", 0), ("precision", 0), ("locate", 2)],
+    ),
 ]
 
 
