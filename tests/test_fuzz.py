@@ -39,8 +39,9 @@ REGRESSIONS = [
         [("inspect", 2)],
     ),
     (  # an initializer retyped with its bytes kept: the checker accepts data longer than needed
-        '{"command": "inspect", "mutations": [{"a": 363, "b": 198, "c": 488, "kind": "dtype"}], '
-        '"seed": "eager_einsum-legacy17", "strategy": "plugin"}',
+        '{"command": "inspect", "mutations": [{"a": 363, "b": 198, "c": 488, "kind": "dtype"}, '
+        '{"a": 363, "b": 198, "c": 488, "kind": "dtype"}, {"a": 363, "b": 8119, "c": 499, '
+        '"kind": "dtype"}], "seed": "eager_einsum-legacy17", "strategy": "plugin"}',
         [("inspect", 2)],
     ),
     (  # a Constant node's value cut short: its reading escaped the matcher's constant folding
