@@ -243,6 +243,10 @@ def _check_data_length(tensor: onnx.TensorProto) -> None:
     """The tensor holds exactly as many values as its shape and type say (the checker accepts
     data longer than the shape, which numpy then cannot reshape)."""
     kind = tensor.data_type
+    if kind not in onnx.TensorProto.DataType.values():
+        raise onnx.checker.ValidationError(
+            f"tensor {tensor.name!r} has element type {kind}, which ONNX does not define"
+        )
     if kind in (onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING):
         return
     count = math.prod(tensor.dims)
@@ -310,7 +314,10 @@ def _check_external_data(proto: onnx.ModelProto, path: Path) -> None:
         info = _external_info(tensor)
         location = info.get("location", "")
         try:
-            end = int(info.get("offset", 0)) + int(info.get("length", 0))
+            offset, length = int(info.get("offset", 0)), int(info.get("length", 0))
+            if offset < 0 or length < 0:
+                raise ValueError("a negative offset or length")
+            end = offset + length
         except ValueError as exc:
             raise ModelLoadError(
                 f"{path}: tensor {tensor.name!r} has a malformed external_data entry {info}; "

@@ -56,6 +56,17 @@ REGRESSIONS = [
         '"kind": "dim"}], "seed": "vit_demo", "strategy": "max_subtract"}',
         [("inspect", 0), ("inspect", 0), ("fix", 0), ("validate", 2)],
     ),
+    (  # an initializer of element type 999: numpy's type table raised KeyError
+        '{"command": "inspect", "mutations": [{"a": 76, "b": 76, "c": 76, "kind": "dtype"}], '
+        '"seed": "eager_einsum-legacy17", "strategy": "fused_plugin"}',
+        [("inspect", 2)],
+    ),
+    (  # external data of length -5: precision's streamed conversion read a negative length
+        '{"command": "locate", "mutations": [{"a": 85, "b": 16505, "c": 9012, "kind": '
+        '"external"}, {"a": 15172, "b": 16483, "c": 1917, "kind": "dim"}], "seed": '
+        '"sdpa_mask-dynamo23", "strategy": "plugin"}',
+        [("inspect", 2)],
+    ),
     (  # the same through locate's reference run
         '{"command": "locate", "mutations": [{"a": 144, "b": 9759, "c": 9499, "kind": "dim"}], '
         '"seed": "moe_router-legacy17", "strategy": "mark_output"}',
