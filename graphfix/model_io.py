@@ -27,6 +27,7 @@ from typing import BinaryIO, Literal
 import onnx
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import EncodeError, Message
+from onnx.helper import tensor_dtype_to_np_dtype
 
 from graphfix.embedded_weights import (
     MalformedModel,
@@ -222,7 +223,7 @@ def check_well_formed(proto: onnx.ModelProto, path: Path | str) -> None:
         for tensor in _all_tensors(proto):
             if tensor.data_location != onnx.TensorProto.EXTERNAL:
                 onnx.checker.check_tensor(tensor, context)
-                _check_data_length(tensor)
+            _check_data_length(tensor)
         onnx.checker.check_model(_without_weights(proto))
     except (onnx.checker.ValidationError, ValueError) as exc:
         raise ModelLoadError(
@@ -240,8 +241,9 @@ _COMPLEX = {onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128}
 
 
 def _check_data_length(tensor: onnx.TensorProto) -> None:
-    """The tensor holds exactly as many values as its shape and type say (the checker accepts
-    data longer than the shape, which numpy then cannot reshape)."""
+    """The tensor holds exactly as many values as its shape and type say: in memory (the checker
+    accepts data longer than the shape, which numpy then cannot reshape) or, where the reference
+    gives a length, on disk."""
     kind = tensor.data_type
     if kind not in onnx.TensorProto.DataType.values():
         raise onnx.checker.ValidationError(
@@ -250,18 +252,24 @@ def _check_data_length(tensor: onnx.TensorProto) -> None:
     if kind in (onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING):
         return
     count = math.prod(tensor.dims)
-    if tensor.raw_data:
-        itemsize = onnx.helper.tensor_dtype_to_np_dtype(kind).itemsize
-        expected = (count + 1) // 2 if kind in _PACKED_4BIT else count * itemsize
-        held = len(tensor.raw_data)
+    packed = kind in _PACKED_4BIT
+    nbytes = (count + 1) // 2 if packed else count * tensor_dtype_to_np_dtype(kind).itemsize
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        info = _external_info(tensor)
+        if "length" not in info:
+            return  # the rest of the file from its offset: the runtime checks it
+        unit, held, expected = "bytes", int(info["length"]), nbytes
+    elif tensor.raw_data:
+        unit, held, expected = "bytes", len(tensor.raw_data), nbytes
     else:
-        expected = (count + 1) // 2 if kind in _PACKED_4BIT else count * (1 + (kind in _COMPLEX))
-        held = len(getattr(tensor, onnx.helper.tensor_dtype_to_field(kind)))
+        values = (count + 1) // 2 if packed else count * (1 + (kind in _COMPLEX))
+        field = onnx.helper.tensor_dtype_to_field(kind)
+        unit, held, expected = "values", len(getattr(tensor, field)), values
     if held != expected:
         raise onnx.checker.ValidationError(
-            f"tensor {tensor.name!r} holds {held} {'bytes' if tensor.raw_data else 'values'} of "
-            f"data where its type {onnx.helper.tensor_dtype_to_string(kind)} and shape "
-            f"{list(tensor.dims)} need {expected}"
+            f"tensor {tensor.name!r} holds {held} {unit} of data where its type "
+            f"{onnx.helper.tensor_dtype_to_string(kind)} and shape {list(tensor.dims)} need "
+            f"{expected}"
         )
 
 

@@ -403,7 +403,7 @@ def run_command(argv: list[str]) -> tuple[int, str, Finding | None]:
         finding = Finding("traceback", argv[0], stderr)
     if finding is None and code not in ALLOWED_EXIT:
         finding = Finding("exit", argv[0], f"exit code {code}: {stderr[-2000:]}")
-    if finding is None and code != 0 and "error" not in stderr:
+    if finding is None and code in (2, 3) and "error" not in stderr:
         finding = Finding("exit", argv[0], f"exit {code} without an error line: {stderr[-2000:]}")
     return code, stderr, finding
 

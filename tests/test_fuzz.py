@@ -67,6 +67,11 @@ REGRESSIONS = [
         '"sdpa_mask-dynamo23", "strategy": "plugin"}',
         [("inspect", 2)],
     ),
+    (  # an int8 weight cut short, read as a reference into the .onnx file (1 KB and more)
+        '{"command": "inspect", "mutations": [{"a": 22193, "b": 22193, "c": 2408, "kind": '
+        '"raw_truncate"}], "seed": "sdpa_mask-ort_qdq", "strategy": "fused_plugin"}',
+        [("inspect", 2)],
+    ),
     (  # the same through locate's reference run
         '{"command": "locate", "mutations": [{"a": 144, "b": 9759, "c": 9499, "kind": "dim"}], '
         '"seed": "moe_router-legacy17", "strategy": "mark_output"}',
