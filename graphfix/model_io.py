@@ -225,6 +225,7 @@ def check_well_formed(proto: onnx.ModelProto, path: Path | str) -> None:
                 onnx.checker.check_tensor(tensor, context)
             _check_data_length(tensor)
         onnx.checker.check_model(_without_weights(proto))
+        _check_type_attributes(proto.graph)
     except (onnx.checker.ValidationError, ValueError) as exc:
         raise ModelLoadError(
             f"{path} is not a valid ONNX model: {str(exc).strip().splitlines()[0]}; "
@@ -271,6 +272,30 @@ def _check_data_length(tensor: onnx.TensorProto) -> None:
             f"{onnx.helper.tensor_dtype_to_string(kind)} and shape {list(tensor.dims)} need "
             f"{expected}"
         )
+
+
+# Attributes of ai.onnx ops holding an element type (the checker sees only an INT there).
+_TYPE_ATTRIBUTES = {"to", "dtype", "output_dtype"}
+
+
+def _check_type_attributes(graph: onnx.GraphProto) -> None:
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                _check_type_attributes(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for body in attr.graphs:
+                    _check_type_attributes(body)
+            elif (
+                attr.name in _TYPE_ATTRIBUTES
+                and node.domain in ("", "ai.onnx")
+                and attr.type == onnx.AttributeProto.INT
+                and attr.i not in onnx.TensorProto.DataType.values()
+            ):
+                raise onnx.checker.ValidationError(
+                    f"node {node.name!r} ({node.op_type}) has {attr.name}={attr.i}, which is "
+                    "not an ONNX element type"
+                )
 
 
 MIN_OPSET = 7

@@ -72,6 +72,11 @@ REGRESSIONS = [
         '"raw_truncate"}], "seed": "sdpa_mask-ort_qdq", "strategy": "fused_plugin"}',
         [("inspect", 2)],
     ),
+    (  # Cast(to=99): the element type's name was looked up in onnx's enum, which raised
+        '{"command": "locate", "mutations": [{"a": 4859, "b": 4859, "c": 6386, "kind": '
+        '"attr_value"}], "seed": "sdpa_fp16-legacy17", "strategy": "mark_output"}',
+        [("inspect", 2)],
+    ),
     (  # the same through locate's reference run
         '{"command": "locate", "mutations": [{"a": 144, "b": 9759, "c": 9499, "kind": "dim"}], '
         '"seed": "moe_router-legacy17", "strategy": "mark_output"}',
