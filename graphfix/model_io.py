@@ -225,7 +225,7 @@ def check_well_formed(proto: onnx.ModelProto, path: Path | str) -> None:
                 onnx.checker.check_tensor(tensor, context)
             _check_data_length(tensor)
         onnx.checker.check_model(_without_weights(proto))
-        _check_type_attributes(proto.graph)
+        _check_element_types(proto.graph)
     except (onnx.checker.ValidationError, ValueError) as exc:
         raise ModelLoadError(
             f"{path} is not a valid ONNX model: {str(exc).strip().splitlines()[0]}; "
@@ -278,19 +278,28 @@ def _check_data_length(tensor: onnx.TensorProto) -> None:
 _TYPE_ATTRIBUTES = {"to", "dtype", "output_dtype"}
 
 
-def _check_type_attributes(graph: onnx.GraphProto) -> None:
+def _check_element_types(graph: onnx.GraphProto) -> None:
+    """Every declared tensor type and every type-valued attribute names an ONNX element type
+    (the checker leaves both unchecked), in `graph` and the bodies inside it."""
+    defined = onnx.TensorProto.DataType.values()
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type not in defined:
+            raise onnx.checker.ValidationError(
+                f"tensor {value.name!r} is declared of element type "
+                f"{value.type.tensor_type.elem_type}, which ONNX does not define"
+            )
     for node in graph.node:
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
-                _check_type_attributes(attr.g)
+                _check_element_types(attr.g)
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 for body in attr.graphs:
-                    _check_type_attributes(body)
+                    _check_element_types(body)
             elif (
                 attr.name in _TYPE_ATTRIBUTES
                 and node.domain in ("", "ai.onnx")
                 and attr.type == onnx.AttributeProto.INT
-                and attr.i not in onnx.TensorProto.DataType.values()
+                and attr.i not in defined
             ):
                 raise onnx.checker.ValidationError(
                     f"node {node.name!r} ({node.op_type}) has {attr.name}={attr.i}, which is "

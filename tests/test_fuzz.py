@@ -77,6 +77,12 @@ REGRESSIONS = [
         '"attr_value"}], "seed": "sdpa_fp16-legacy17", "strategy": "mark_output"}',
         [("inspect", 2)],
     ),
+    (  # a value_info of element type 999: the fused strategy named it through onnx's enum
+        '{"command": "validate", "mutations": [{"a": 41470, "b": 13760, "c": 379, "kind": '
+        '"dtype"}, {"a": 447, "b": 215, "c": 4847, "kind": "rank"}, {"a": 4770, "b": 79, "c": '
+        '9223, "kind": "name_clash"}], "seed": "sdpa_mask-dynamo18", "strategy": "fused_plugin"}',
+        [("inspect", 2)],
+    ),
     (  # the same through locate's reference run
         '{"command": "locate", "mutations": [{"a": 144, "b": 9759, "c": 9499, "kind": "dim"}], '
         '"seed": "moe_router-legacy17", "strategy": "mark_output"}',
