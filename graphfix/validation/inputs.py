@@ -10,6 +10,7 @@ Every input records where its values came from and why, so a report says what wa
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import zipfile
@@ -37,6 +38,8 @@ _MASK_TRACE_NODES = 64  # nodes followed from an input looking for what its valu
 _MASK_CARRIERS = _VALUE_PRESERVING | {
     "Gather", "GatherND", "GatherElements", "Slice", "Transpose", "Tile", "Concat", "And", "Or",
 }  # fmt: skip
+# Random inputs larger than this are refused: a huge declared dimension, not a real workload.
+_MAX_INPUT_BYTES = 4 << 30
 
 
 class ValidationUsageError(UsageError):
@@ -333,6 +336,14 @@ def _resolve_shapes(
             f"dynamic dimensions need values: {listed}; pass e.g. {example} with N replaced "
             "(a sequence length of 1 would make every attention softmax trivially 1)"
         )
+    for spec in specs:
+        size = math.prod(resolved[spec.name]) * spec.dtype.itemsize
+        if size > _MAX_INPUT_BYTES:
+            raise ValidationUsageError(
+                f"input '{spec.name}' {list(resolved[spec.name])} would take "
+                f"{size / 2**30:.3g} GiB of random data (more than {_MAX_INPUT_BYTES >> 30} GiB); "
+                "pass smaller dimensions with --shape, or real inputs with --inputs"
+            )
     return resolved
 
 
