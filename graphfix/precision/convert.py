@@ -24,6 +24,7 @@ import onnx
 from graphfix.attention.matcher import scan_graph
 from graphfix.errors import UsageError
 from graphfix.graph.index import GraphIndex
+from graphfix.graph.value_info import reconcile_value_info
 from graphfix.model_io import LoadedModel, load_model
 from graphfix.precision import norms, weights
 from graphfix.precision.apply import PlanApplier
@@ -33,7 +34,7 @@ from graphfix.precision.islands import FLOAT, Forced, Plan, Planner, islands_of
 from graphfix.precision.mask_fill import MaskFill, find_mask_fills, lower_mask_fills
 from graphfix.precision.norm_types import NormKind
 from graphfix.precision.norms import UnfusedNorm
-from graphfix.precision.policy import Reason
+from graphfix.precision.policy import Reason, untyped_in
 from graphfix.precision.report import (
     Island,
     IslandReason,
@@ -186,6 +187,9 @@ def _convert(
     before = _Snapshot.of(index, plan, out_of_range)
     rewrite.apply()
     source = place_weights(rewrite, base_dir, out)
+    reconcile_value_info(work, base_dir=base_dir if source is None else source.parent)
+    if source is not None:
+        source.write_bytes(work.SerializeToString())
     report = _report(
         rewrite,
         before,
@@ -294,6 +298,10 @@ def _forced(
     to: str,
 ) -> dict[int, Forced]:
     forced = planner.default_reasons(out_of_range=out_of_range)
+    for position, node in enumerate(index.graph.node):
+        why = untyped_in(node, index.opset, to, planner.float_tensor)
+        if why is not None:
+            forced.setdefault(position, Forced(Reason.TYPE, why))
     by_name = {n.name: p for p, n in enumerate(index.graph.node) if n.name}
     for norm in unfused:
         names, why = _unfused_float32(norm, to)
