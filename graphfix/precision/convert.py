@@ -23,7 +23,7 @@ import onnx
 
 from graphfix.attention.matcher import scan_graph
 from graphfix.errors import UsageError
-from graphfix.graph.index import GraphIndex
+from graphfix.graph.index import GraphIndex, all_graphs
 from graphfix.graph.value_info import reconcile_value_info
 from graphfix.model_io import LoadedModel, load_model
 from graphfix.precision import norms, weights
@@ -109,7 +109,23 @@ def convert_precision(
 
 def _refuse_low_precision(model: onnx.ModelProto) -> None:
     """A model already holding float16/bfloat16 weights or inputs chose its own float32 parts
-    (a Softmax between Casts, say): converting those would undo the exporter's choice."""
+    (a Softmax between Casts, say): converting those would undo the exporter's choice.  A
+    quantized (Q/DQ) model's scales and the float ops between its quantizers were calibrated in
+    float32: retyping them is not a precision conversion graphfix can vouch for."""
+    quantizers = [
+        n
+        for graph in all_graphs(model.graph)
+        for n in graph.node
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear") and n.domain in ("", "ai.onnx")
+    ]
+    if quantizers:
+        first = quantizers[0]
+        raise UsageError(
+            f"the model is quantized ({len(quantizers)} QuantizeLinear/DequantizeLinear nodes, "
+            f"e.g. {first.op_type} '{first.name or first.output[0]}'); convert_precision "
+            "converts float32 models: convert the float32 model first, then quantize the "
+            "result (or keep this one as it is; `graphfix qdq inspect` checks it)"
+        )
     low = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
     for tensor in model.graph.initializer:
         if tensor.data_type in low:
