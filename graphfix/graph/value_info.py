@@ -86,28 +86,31 @@ def _inferred_types(model: onnx.ModelProto, base_dir: Path | None) -> dict[str, 
     """Tensor name → the type shape inference gives it from the nodes alone (no annotations but
     those of tensors made by nodes it cannot see through)."""
     light = GraphIndex(model, base_dir=base_dir).inference_model()
-    seeds = {}
-    for graph in all_graphs(model.graph):
-        producers = {o: n for n in graph.node for o in n.output if o}
-        seeds.update((i.name, i) for i in graph.value_info if _opaque(producers.get(i.name), model))
-    for graph in all_graphs(light.graph):
-        annotations = [seeds[i.name] for i in graph.value_info if i.name in seeds]
-        del graph.value_info[:]
-        graph.value_info.extend(annotations)
+    _keep_opaque_annotations(light)
     for output in light.graph.output:
         output.type.tensor_type.ClearField("elem_type")
         output.type.tensor_type.ClearField("shape")
     light = _lowered(light)
+    _keep_opaque_annotations(light)  # a lowered plugin's outputs are inferred now
     try:
         light = onnx.shape_inference.infer_shapes(light, strict_mode=False)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
-        return {}  # inference cannot run at all: nothing is confirmed, nothing is contradicted
+        return {}  # inference cannot run at all: only the opaque nodes' annotations can stay
     types: dict[str, onnx.TypeProto] = {}
     for graph in all_graphs(light.graph):
         for info in (*graph.value_info, *graph.output):
             if info.type.HasField("tensor_type"):
                 types[info.name] = info.type
     return types
+
+
+def _keep_opaque_annotations(model: onnx.ModelProto) -> None:
+    """Drop every annotation but those of tensors made by nodes inference cannot see through."""
+    for graph in all_graphs(model.graph):
+        producers = {o: n for n in graph.node for o in n.output if o}
+        kept = [i for i in graph.value_info if _opaque(producers.get(i.name), model)]
+        del graph.value_info[:]
+        graph.value_info.extend(kept)
 
 
 def _lowered(model: onnx.ModelProto) -> onnx.ModelProto:
