@@ -129,3 +129,52 @@ def test_precision_refuses_a_quantized_model_naming_a_quantizer(corpus: str, nam
     with pytest.raises(UsageError, match=r"the model is quantized \(\d+ QuantizeLinear.*"
                        r"convert the float32 model first"):  # fmt: skip
         convert_precision(path)
+
+
+def _slot_attention() -> model_corpus.Exportable:
+    """Slot attention (softmax over the slots) whose slots start as `new_zeros` and whose mask
+    is `torch.zeros`: the dynamo exporter writes ConstantOfShape without a `value` (float32
+    zeros) and annotates every tensor."""
+    torch = model_corpus._seeded()
+
+    class SlotAttention(torch.nn.Module):
+        def __init__(self, dim: int = 32, slots: int = 4) -> None:
+            super().__init__()
+            self.slots, self.scale = slots, dim**-0.5
+            self.mu = torch.nn.Parameter(torch.randn(1, 1, dim))
+            self.q, self.k, self.v = (torch.nn.Linear(dim, dim) for _ in range(3))
+            self.norm = torch.nn.LayerNorm(dim)
+
+        def forward(self, x):
+            b, n, d = x.shape
+            slots = x.new_zeros(b, self.slots, d) + self.mu
+            mask = torch.zeros(b, self.slots, n, dtype=x.dtype)
+            k, v = self.k(x), self.v(x)
+            for _ in range(2):
+                scores = torch.einsum("bid,bjd->bij", self.q(self.norm(slots)), k) * self.scale
+                attn = (scores + mask).softmax(dim=1) + 1e-8
+                attn = attn / attn.sum(-1, keepdim=True)
+                slots = slots + torch.einsum("bjd,bij->bid", v, attn)
+            return slots
+
+    return model_corpus.Exportable(SlotAttention().eval(), (torch.randn(2, 6, 32),), ("x",))
+
+
+def test_precision_of_a_dynamo_slot_attention_export_is_valid_and_runs(tmp_path) -> None:
+    import numpy as np
+
+    path = tmp_path / "slots.onnx"
+    model_corpus._export(_slot_attention(), path, exporter="dynamo", opset=18)
+    original = onnx.load(str(path))
+    zeros = [n for n in original.graph.node if n.op_type == "ConstantOfShape"]
+    assert zeros and not any(a.name == "value" for n in zeros for a in n.attribute)
+    result = convert_precision(original).model
+    assert_valid(result)
+    feed = {"x": np.random.default_rng(0).standard_normal((2, 6, 32)).astype(np.float32)}
+    runs = [
+        ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        .run(None, feed)[0]
+        for m in (original, result)
+    ]
+    np.testing.assert_allclose(runs[1], runs[0], atol=2e-2, rtol=2e-2)
+    assert_valid(convert_precision(original, to="bfloat16").model)
