@@ -110,6 +110,7 @@ def test_cli_writes_the_converted_weights_next_to_the_output(tmp_path: Path, cap
     assert document["report"]["to"] == "float16"
     assert sorted(p.name for p in out.parent.iterdir()) == ["half.onnx", "half.onnx.data"]
     assert (out.parent / "half.onnx.data").stat().st_nlink == 1
+    onnx.checker.check_model(str(out), full_check=True)  # by path: the weights stay on disk
     feed = _feed(model)
     np.testing.assert_allclose(_run(str(out), feed)[0], _run(model, feed)[0], atol=1e-2, rtol=1e-2)
 

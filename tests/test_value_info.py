@@ -3,11 +3,10 @@ those of tensors made by ops inference cannot see through stay."""
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-
-import numpy as np
 
 from graphfix.graph.value_info import reconcile_value_info
 from graphfix.plugins.spec import PLUGIN_DOMAIN

@@ -172,8 +172,9 @@ def test_precision_of_a_dynamo_slot_attention_export_is_valid_and_runs(tmp_path)
     assert_valid(result)
     feed = {"x": np.random.default_rng(0).standard_normal((2, 6, 32)).astype(np.float32)}
     runs = [
-        ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-        .run(None, feed)[0]
+        ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, feed
+        )[0]
         for m in (original, result)
     ]
     np.testing.assert_allclose(runs[1], runs[0], atol=2e-2, rtol=2e-2)

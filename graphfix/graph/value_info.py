@@ -145,7 +145,8 @@ def _agree_with_tensor(info: onnx.ValueInfoProto, tensor: onnx.TensorProto) -> b
         return True
     dims = tensor_type.shape.dim
     return len(dims) == len(tensor.dims) and all(
-        not d.HasField("dim_value") or d.dim_value == n for d, n in zip(dims, tensor.dims)
+        not d.HasField("dim_value") or d.dim_value == n
+        for d, n in zip(dims, tensor.dims, strict=True)
     )
 
 
@@ -168,5 +169,5 @@ def _contradict(a: onnx.TensorShapeProto, b: onnx.TensorShapeProto) -> bool:
         return True
     return any(
         x.HasField("dim_value") and y.HasField("dim_value") and x.dim_value != y.dim_value
-        for x, y in zip(a.dim, b.dim)
+        for x, y in zip(a.dim, b.dim, strict=True)
     )

@@ -115,7 +115,9 @@ def is_compute(op_type: str) -> bool:
     return op_type not in NOT_COMPUTE
 
 
-def untyped_in(node: onnx.NodeProto, opset: int, to: str, is_float: Callable[[str], bool]) -> str | None:
+def untyped_in(
+    node: onnx.NodeProto, opset: int, to: str, is_float: Callable[[str], bool]
+) -> str | None:
     """Why `node` (default domain) cannot take its float tensors (`is_float`) in `to` at
     `opset`, by its ONNX schema's type constraints (Conv has bfloat16 only from opset 22,
     Where from 16): the model would fail ONNX's checker.  None when it can."""

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from graphfix.jsonable import plain
 from graphfix.graph.value_info import reconcile_value_info
+from graphfix.jsonable import plain
 from graphfix.model_io import save_model
 from graphfix.precision.locate.localise import Suspect, TensorError
 from graphfix.precision.locate.remedies import Remedy, Trial, TrialRunner, search_remedies
