@@ -59,8 +59,6 @@ FLOAT32_OPS: dict[str, str] = {
     "TopK": "float16 rounding creates ties that change the indices",
     "RoiAlign": "onnxruntime CPU has no float16 kernel",
     "NonMaxSuppression": "box coordinates and scores are float32-only",
-    "QuantizeLinear": "Q/DQ scale types follow the quantizer (see `graphfix qdq`)",
-    "DequantizeLinear": "Q/DQ scale types follow the quantizer (see `graphfix qdq`)",
 }
 
 # Ops that only move, select or reshape data: between float32 nodes (or float32 graph I/O) they
