@@ -1,6 +1,6 @@
 """Every model graphfix writes is valid ONNX: a property over the whole corpus, not a sample.
 
-Each exported model of tests/model_corpus.py and tests/matcher_corpus.py goes through every
+Each exported model of tests/model_corpus.py, matcher_corpus.py and fusion_corpus.py goes through every
 `fix` strategy and `precision` to float16 and bfloat16; each quantized model of
 tests/qdq_corpus.py and matcher_corpus.QUANTIZED through `qdq fix`.  Every result passes
 `onnx.checker.check_model(full_check=True)` and strict shape inference, and onnxruntime loads it
@@ -10,6 +10,7 @@ changes nothing.  Models from transformers/timm/diffusers/open_clip are under th
 
 from __future__ import annotations
 
+import fusion_corpus
 import matcher_corpus
 import model_corpus
 import onnx
@@ -27,11 +28,16 @@ from graphfix.qdq.fix import fix_qdq
 pytest.importorskip("torch", reason="exporting the corpus needs torch")
 
 WRITERS = (*STRATEGIES, "float16", "bfloat16")
+CORPORA = {
+    "model": model_corpus.CORPUS,
+    "matcher": matcher_corpus.ENTRIES,
+    "fusion": fusion_corpus.ENTRIES,
+}
 
 
 def _entries() -> list:
     params = []
-    for corpus, entries in (("model", model_corpus.CORPUS), ("matcher", matcher_corpus.ENTRIES)):
+    for corpus, entries in CORPORA.items():
         for entry in entries:
             if entry.export_error is not None:
                 continue
@@ -44,7 +50,7 @@ def _entries() -> list:
 
 
 def _export(corpus: str, entry: model_corpus.CorpusEntry) -> onnx.ModelProto:
-    module = model_corpus if corpus == "model" else matcher_corpus
+    module = {"model": model_corpus, "matcher": matcher_corpus, "fusion": fusion_corpus}[corpus]
     return onnx.load(str(module.model_path(entry)))
 
 
