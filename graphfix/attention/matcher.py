@@ -39,7 +39,6 @@ from graphfix.attention.chain_steps import (
     display,
     operand_qdq,
     operand_steps,
-    scale_summary,
     sink_step,
 )
 from graphfix.attention.match_types import (
@@ -50,9 +49,7 @@ from graphfix.attention.match_types import (
     KTransposedBy,
     Layout,
     QdqSite,
-    QdqStep,
     SkippedSoftmax,
-    SoftcapStep,
 )
 from graphfix.errors import UnsupportedModelError
 from graphfix.graph.index import GraphIndex, dtype_name
@@ -77,10 +74,7 @@ class _ScoreChain:
     """Mutable scratch state of one upstream walk (never stored on a match)."""
 
     nodes: list[onnx.NodeProto] = field(default_factory=list)  # softmax input → QK, reversed
-    mask_nodes: list[onnx.NodeProto] = field(default_factory=list)
     mask_inputs: list[str] = field(default_factory=list)
-    scale_factors: list[tuple[str, str]] = field(default_factory=list)  # (scalar, "Mul"|"Div")
-    tanh: onnx.NodeProto | None = None
     sink_concat: onnx.NodeProto | None = None
 
 
@@ -195,7 +189,7 @@ def _match_softmax(
     elif axis != -1:
         raise NoMatch(f"softmax axis {axis} with unknown rank: cannot tell it is the key axis")
 
-    pv, v, down_nodes, nan_guard = _trace_probabilities(index, softmax)
+    pv, v, down_nodes = _trace_probabilities(index, softmax)
     chain = _ScoreChain()
     qk = _trace_scores(index, scores, chain, depth=0)
     q, k_t, q_scale, k_scale = _qk_operands(index, qk)
@@ -206,9 +200,6 @@ def _match_softmax(
     after, sink_slice = after_steps(index, softmax, down_nodes)
     sink = sink_step(index, sink_concat, sink_slice, in_chain, qk)
     steps = (*operand_steps(index, q_scale, k_scale), *in_chain)
-    scale = scale_summary(index, steps, q)
-    softcap = next((s.cap for s in steps if isinstance(s, SoftcapStep)), None)
-    mask_nodes = tuple(sorted(chain.mask_nodes, key=index.position))
     mask_inputs = tuple(dict.fromkeys(chain.mask_inputs))
     causal = _is_causal(index, mask_inputs)
     same_source = _projection_source(index, q) == _projection_source(index, k)
@@ -223,9 +214,6 @@ def _match_softmax(
     kv_len = shape[-1] if len(shape) >= 3 else None
     if sink is not None and isinstance(kv_len, int):
         kv_len -= 1  # the sink column is not a key
-    ordered = (qk, *up_nodes, softmax, *down_nodes, pv)
-    chain_nodes = tuple(display(n, index.position(n)) for n in ordered)
-    chain_positions = tuple(index.position(n) for n in ordered)
     in_cast = index.producer_of(scores)
     cast_island = (
         in_cast is not None
@@ -240,7 +228,6 @@ def _match_softmax(
         operand_qdq(index, qk.input[1], QdqSite.K),
         operand_qdq(index, v, QdqSite.V),
     )
-    quantized = tuple(s for s in (*operand_pairs, *in_chain, *after) if isinstance(s, QdqStep))
     layout = Layout(
         qk_op=qk.op_type,
         pv_op=pv.op_type,
@@ -254,35 +241,28 @@ def _match_softmax(
     )
     return AttentionMatch(
         index=match_index,
-        softmax=softmax.name,
-        softmax_position=position,
+        qk=index.bind(qk),
+        softmax_node=index.bind(softmax),
+        pv=index.bind(pv),
         axis=axis,
-        qk_matmul=display(qk, index.position(qk)),
-        pv_matmul=display(pv, index.position(pv)),
         q=q,
         k=k,
         v=v,
         k_t=k_t,
-        k_transposed_by=k_transposed_by,
-        scale=scale,
-        mask_nodes=tuple(display(n, index.position(n)) for n in mask_nodes),
         mask_inputs=mask_inputs,
         kind=kind,
         causal=causal,
         dtype=dtype_name(elem) if elem else "unknown",
-        chain_nodes=chain_nodes,
-        chain_positions=chain_positions,
         cast_island=cast_island,
-        nan_guard=None if nan_guard is None else display(nan_guard, index.position(nan_guard)),
-        softcap=softcap,
-        heads=heads,
-        q_len=q_len,
-        kv_len=kv_len,
         layout=layout,
         steps=steps,
         after=tuple(after),
         sink=sink,
-        quantized=quantized,
+        operands_quantized=tuple(s for s in operand_pairs if s is not None),
+        q_constant=index.is_constant(q),
+        heads=heads,
+        q_len=q_len,
+        kv_len=kv_len,
     )
 
 
@@ -303,10 +283,10 @@ def _softmax_axis(index: GraphIndex, softmax: onnx.NodeProto) -> int:
 # --- downstream: P → P·V ----------------------------------------------------------------------
 def _trace_probabilities(
     index: GraphIndex, softmax: onnx.NodeProto
-) -> tuple[onnx.NodeProto, str, list[onnx.NodeProto], onnx.NodeProto | None]:
+) -> tuple[onnx.NodeProto, str, list[onnx.NodeProto]]:
+    """P·V, V and the nodes between the Softmax and P·V, in order."""
     frontier = [softmax.output[0]]
     path: dict[str, list[onnx.NodeProto]] = {softmax.output[0]: []}
-    nan_guard: onnx.NodeProto | None = None
     seen_ops: list[str] = []
     for _ in range(_MAX_PROB_HOPS):
         next_frontier: list[str] = []
@@ -326,12 +306,12 @@ def _trace_probabilities(
                             f"softmax output is multiplied by a constant weight ('{v}'), "
                             "a linear layer, not by V"
                         )
-                    return consumer, v, path[tensor], nan_guard
+                    return consumer, v, path[tensor]
                 if op == "IsNaN":
                     continue
-                if op == "Where" and _is_nan_guard(index, consumer, tensor):
-                    nan_guard = consumer
-                elif op not in _PASS_THROUGH_DOWN:
+                if op not in _PASS_THROUGH_DOWN and not (
+                    op == "Where" and _is_nan_guard(index, consumer, tensor)
+                ):
                     continue
                 out = consumer.output[0]
                 if out not in path:
@@ -394,7 +374,6 @@ def _trace_scores(index: GraphIndex, tensor: str, chain: _ScoreChain, depth: int
         return _trace_sink_concat(index, node, chain, depth)
     if op == "Tanh":
         chain.nodes.append(node)
-        chain.tanh = node
         return _trace_scores(index, node.input[0], chain, depth + 1)
     if op in ("Add", "Sub", "Mul", "Div", "Where"):
         return _trace_binary(index, node, chain, depth)
@@ -415,12 +394,9 @@ def _trace_binary(
     chain.nodes.append(node)
     others = [t for i, t in enumerate(node.input) if i != main and t]
     if op in ("Add", "Where"):
-        chain.mask_nodes.append(node)
         chain.mask_inputs.extend(
             t for t in others if not (op == "Where" and _is_scalar_constant(index, t))
         )
-    elif op in ("Mul", "Div"):
-        chain.scale_factors.append((others[0], op))
     elif op == "Sub":
         _require_max_subtract(index, node)
     _merge(chain, trial)
@@ -466,10 +442,7 @@ def _trace_operand(
 
 def _merge(chain: _ScoreChain, trial: _ScoreChain) -> None:
     chain.nodes.extend(trial.nodes)
-    chain.mask_nodes.extend(trial.mask_nodes)
     chain.mask_inputs.extend(trial.mask_inputs)
-    chain.scale_factors.extend(trial.scale_factors)
-    chain.tanh = chain.tanh or trial.tanh
     chain.sink_concat = chain.sink_concat or trial.sink_concat
 
 

@@ -13,6 +13,7 @@ from graphfix.attention.match_types import (
     AttentionOpNode,
     SkippedSoftmax,
 )
+from graphfix.jsonable import plain
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class FixReport:
         return sum(b.rewritten for b in self.blocks)
 
     def to_dict(self) -> dict:
-        data = dataclasses.asdict(self)
+        data = {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
         data["rewritten"] = self.rewritten
         return data
 

@@ -61,7 +61,7 @@ def fix_attention(
                 rewritten, detail = False, "not selected"
             outcomes[match.index] = BlockOutcome(
                 index=match.index,
-                softmax=match.softmax or f"#{match.softmax_position}",
+                softmax=match.softmax or f"#{match.softmax_node.position}",
                 kind=match.kind,
                 rewritten=rewritten,
                 detail=detail if not location else f"{detail} (inside {location})",
@@ -141,11 +141,11 @@ def _select(
             texts.append(f"re:{entry.pattern}")
         else:
             texts.append(entry)
-    selection = select_nodes(model, parse_selectors(texts), matches=matches)
-    softmax_at = {m.softmax_position: m.index for m in matches if not m.location}
+    selection = select_nodes(model, parse_selectors(texts), blocks=matches)
+    softmax_at = {m.softmax_node.position: m.index for m in matches if not m.location}
     for hit in selection.hits:
         if not hit.blocks and not any(p in softmax_at for p in hit.positions):
-            names = ", ".join(m.softmax or f"#{m.softmax_position}" for m in matches[:6])
+            names = ", ".join(m.softmax or f"#{m.softmax_node.position}" for m in matches[:6])
             raise SelectionError(
                 f"select entry {hit.selector.text!r} matches no attention block (it picks "
                 f"{len(hit.positions)} node(s), none an attention Softmax); blocks are indexed "

@@ -78,7 +78,7 @@ class FusedPluginStrategy:
         except Unsupported as reason:
             fallback = PluginStrategy().apply(edit, match)
             return Outcome(fallback.rewritten, f"fell back to {fallback.detail}: {reason}")
-        pv = edit.node_at(match.chain_positions[-1])
+        pv = match.pv.node
         nodes = [*operands.nodes, *mask.nodes]
         for tensor in (*operands.initializers, *mask.initializers):
             edit.add_initializer(tensor)
@@ -126,7 +126,7 @@ class FusedPluginStrategy:
                 )
             )
         for position in removed:
-            edit.replace(position, nodes if position == match.chain_positions[-1] else [])
+            edit.replace(position, nodes if position == match.pv.position else [])
         edit.drop_if_unused({i for p in removed for i in edit.node_at(p).input})
         edit.annotate(output)
         ensure_plugin_opset(edit.model)
@@ -194,14 +194,13 @@ def _read_steps(match: AttentionMatch) -> float:
 def _removed_positions(
     index: GraphIndex, match: AttentionMatch, operands: Operands, mask: MaskPlan
 ) -> list[int]:
-    """The chain, its NaN guard's IsNaN, and what fed only the chain; nothing else may read
-    a tensor inside the chain."""
-    chain = [index.graph.node[p] for p in match.chain_positions]
-    pv = chain[-1]
-    removed = set(match.chain_positions)
-    removed |= _guard_positions(index, match, chain)
+    """The chain, its NaN guard's IsNaN, its max shift's ReduceMax, and what fed only the
+    chain; nothing else may read a tensor inside the chain."""
+    removed = {n.position for n in match.path}
+    if match.nan_guard is not None:
+        removed.add(match.nan_guard.is_nan.position)
     removed |= _shift_positions(index, match)
-    _check_nothing_escapes(index, match, removed, pv)
+    _check_nothing_escapes(index, removed, match.pv.node)
     sources = (s.source for s in match.steps if isinstance(s, (MaskStep, BiasStep)))
     added = (i for n in (*operands.nodes, *mask.nodes) for i in n.input)
     keep = {operands.q, operands.k, operands.v, mask.tensor, *sources, *added}
@@ -209,37 +208,23 @@ def _removed_positions(
     return sorted(removed)
 
 
-def _guard_positions(
-    index: GraphIndex, match: AttentionMatch, chain: list[onnx.NodeProto]
-) -> set[int]:
-    """The IsNaN of a Where(IsNaN(p), 0, p) guard, which the chain list does not name."""
-    positions: set[int] = set()
-    for node in chain:
-        if node.op_type == "Where" and match.nan_guard is not None:
-            producer = index.producer_of(node.input[0])
-            if producer is not None and producer.op_type == "IsNaN":
-                positions.add(index.position(producer))
-    return positions
-
-
 def _shift_positions(index: GraphIndex, match: AttentionMatch) -> set[int]:
-    """The ReduceMax of a Sub(s, ReduceMax(s)) max shift, which the chain list does not name.
+    """The ReduceMax of a Sub(s, ReduceMax(s)) max shift, beside the chain's path.
     The node's softmax shifts by the row max itself; dropping the shift is exact when the
     subtracted value is the row max (a ReduceMax over the key axis only, kept dims)."""
     positions: set[int] = set()
     for step in match.steps:
         if not isinstance(step, ShiftStep):
             continue
-        sub = index.producer_of(step.output)
-        reduce = None if sub is None else index.producer_of(sub.input[1])
-        if reduce is None or reduce.op_type != "ReduceMax" or reduce.input[0] != sub.input[0]:
+        sub, reduce = step.node.node, step.reduce_max.node
+        if reduce.input[0] != sub.input[0]:
             raise Unsupported(f"Sub '{step.node}' does not subtract the row max of its input")
         if not _reduces_key_axis(index, reduce):
             raise Unsupported(
                 f"ReduceMax '{reduce.name}' is not the row max over the key axis alone "
                 "(axes, keepdims)"
             )
-        positions.add(index.position(reduce))
+        positions.add(step.reduce_max.position)
     return positions
 
 
@@ -259,9 +244,7 @@ def _reduces_key_axis(index: GraphIndex, reduce: onnx.NodeProto) -> bool:
     return rank is not None and bool(axes) and {a % rank for a in axes} == {rank - 1}
 
 
-def _check_nothing_escapes(
-    index: GraphIndex, match: AttentionMatch, removed: set[int], pv: onnx.NodeProto
-) -> None:
+def _check_nothing_escapes(index: GraphIndex, removed: set[int], pv: onnx.NodeProto) -> None:
     for position in removed:
         node = index.graph.node[position]
         if node is pv:

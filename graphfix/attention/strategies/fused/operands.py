@@ -41,7 +41,7 @@ def plan_operands(edit: GraphEdit, match: AttentionMatch, base: str) -> Operands
     index = edit.index
     layout = match.layout
     assert layout is not None
-    qk = index.graph.node[match.chain_positions[0]]
+    qk = match.qk.node
     scores_factors = [
         s for s in match.steps if isinstance(s, ScaleStep) and s.side is ScaleSide.SCORES
     ]
@@ -92,7 +92,7 @@ def _types(
     """Q, K and V of one element type; a float16 V the legacy exporter Cast to float32 (with
     everything after it) is read before the Cast, and the node's output is Cast to float32."""
     v = match.v
-    pv = index.graph.node[match.chain_positions[-1]]
+    pv = match.pv.node
     types = {name: index.elem_type(name) for name in (q, k, v)}
     if None in types.values():
         raise Unsupported("element types of Q, K, V are unknown (run shape inference first)")

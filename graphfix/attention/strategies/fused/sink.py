@@ -49,8 +49,6 @@ from graphfix.attention.match_types import (
     MaskStep,
     PassStep,
     ReshapeStep,
-    ScaleSide,
-    ScaleStep,
     ShiftStep,
     SoftcapStep,
 )
@@ -84,24 +82,10 @@ def check_sink_steps(edit: GraphEdit, match: AttentionMatch, softcap: float) -> 
     identities come after the Concat, and no softcap comes before it (the node soft-caps every
     score; the original leaves the sink logit alone)."""
     assert match.sink is not None
-    index = edit.index
-    concat = next(
-        (
-            index.graph.node[p]
-            for p in match.chain_positions
-            if index.graph.node[p].op_type == "Concat"
-        ),
-        None,
-    )
-    if concat is None or len(concat.input) != 2:
-        raise Unsupported(f"the sink Concat '{match.sink.concat}' is not a Concat of two inputs")
-    scores_in = concat.input[0 if match.sink.scores_first else 1]
-    qk = index.graph.node[match.chain_positions[0]]
-    on_scores = [
-        s for s in match.steps if not (isinstance(s, ScaleStep) and s.side is not ScaleSide.SCORES)
-    ]
-    outputs = [getattr(s, "output", None) for s in on_scores]
-    if scores_in == qk.output[0]:
+    scores_in = match.sink.scores_input
+    on_scores = list(match.score_steps)
+    outputs = [s.output for s in on_scores]
+    if scores_in == match.qk.node.output[0]:
         after = on_scores
     elif scores_in in outputs:
         after = on_scores[outputs.index(scores_in) + 1 :]

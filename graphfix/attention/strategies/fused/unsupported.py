@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from graphfix.attention.match_types import ChainStep
+
 
 class Unsupported(Exception):
     """Why this chain cannot become one GraphfixAttention node."""
 
 
-def node_of(step: object) -> str:
-    return getattr(step, "node", "") or "/".join(getattr(step, "nodes", ()))
+def node_of(step: ChainStep) -> str:
+    return "/".join(n.name for n in step.nodes)
 
 
 def shape_text(shape: tuple | None) -> str:
