@@ -13,18 +13,21 @@ from graphfix.attention.match_types import (
     AttentionOpNode,
     SkippedSoftmax,
 )
+from graphfix.attention.strategies.base import Fallback
 from graphfix.jsonable import plain
 
 
 @dataclass(frozen=True)
 class BlockOutcome:
-    """One attention block: rewritten, or skipped and why."""
+    """One attention block: rewritten, or skipped and why; `fallback` when the strategy did
+    something simpler than it meant to (its kind and reason; `detail` says it too)."""
 
     index: int
     softmax: str
     kind: AttentionKind
     rewritten: bool
     detail: str
+    fallback: Fallback | None = None
 
 
 @dataclass(frozen=True)

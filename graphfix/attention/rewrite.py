@@ -12,7 +12,7 @@ from graphfix.attention.attention_op import decompose_attention_ops as _decompos
 from graphfix.attention.match_types import AttentionMatch
 from graphfix.attention.matcher import graph_scopes, scan_graph
 from graphfix.attention.report import BlockOutcome, FixReport, FixResult
-from graphfix.attention.strategies import get_strategy
+from graphfix.attention.strategies import Outcome, get_strategy
 from graphfix.errors import SelectionError
 from graphfix.graph.edit import GraphEdit
 from graphfix.graph.index import GraphIndex
@@ -56,15 +56,16 @@ def fix_attention(
                 continue
             if match.index in chosen:
                 outcome = chosen_strategy.apply(edit, match)
-                rewritten, detail = outcome.rewritten, outcome.detail
             else:
-                rewritten, detail = False, "not selected"
+                outcome = Outcome(False, "not selected")
+            detail = outcome.describe()
             outcomes[match.index] = BlockOutcome(
                 index=match.index,
                 softmax=match.softmax or f"#{match.softmax_node.position}",
                 kind=match.kind,
-                rewritten=rewritten,
+                rewritten=outcome.rewritten,
                 detail=detail if not location else f"{detail} (inside {location})",
+                fallback=outcome.fallback,
             )
         edit.commit()
         if target is not None:

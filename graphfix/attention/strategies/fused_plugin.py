@@ -38,7 +38,7 @@ from graphfix.attention.match_types import (
     SinkStep,
     SoftcapStep,
 )
-from graphfix.attention.strategies.base import Outcome
+from graphfix.attention.strategies.base import Fallback, FallbackKind, Outcome
 from graphfix.attention.strategies.fused.mask import MaskPlan, plan_mask
 from graphfix.attention.strategies.fused.operands import Operands, plan_operands
 from graphfix.attention.strategies.fused.sink import add_sink_key, check_sink_steps
@@ -76,8 +76,8 @@ class FusedPluginStrategy:
                 operands, mask = add_sink_key(edit, match, base, operands, mask)
             removed = _removed_positions(index, match, operands, mask)
         except Unsupported as reason:
-            fallback = PluginStrategy().apply(edit, match)
-            return Outcome(fallback.rewritten, f"fell back to {fallback.detail}: {reason}")
+            instead = PluginStrategy().apply(edit, match)
+            return Outcome(instead.rewritten, instead.detail, Fallback(reason.kind, str(reason)))
         pv = match.pv.node
         nodes = [*operands.nodes, *mask.nodes]
         for tensor in (*operands.initializers, *mask.initializers):
@@ -163,31 +163,39 @@ def _read_steps(match: AttentionMatch) -> float:
             continue  # only Swin's window view is expressible; plan_mask reads it
         if isinstance(step, QdqStep):
             raise Unsupported(
+                FallbackKind.QUANTIZED,
                 f"the scores are quantized ({step.quantize} → {step.dequantize}); the node has "
-                "no Q/DQ inside"
+                "no Q/DQ inside",
             )
         if isinstance(step, SinkStep):  # not a score step today (match.sink); kept for safety
-            raise Unsupported("an attention sink among the score steps")
+            raise Unsupported(FallbackKind.SINK, "an attention sink among the score steps")
         order = _STAGE[type(step)]
         if order < stage:
             what = "scales" if order == 0 else "soft-caps"
-            raise Unsupported(f"'{node_of(step)}' {what} the scores after the mask")
+            raise Unsupported(
+                FallbackKind.ORDER, f"'{node_of(step)}' {what} the scores after the mask"
+            )
         stage = order
         if isinstance(step, SoftcapStep):
             if step.cap is None:
-                raise Unsupported("a Tanh whose softcap value is not a constant")
+                raise Unsupported(
+                    FallbackKind.SOFTCAP, "a Tanh whose softcap value is not a constant"
+                )
             if softcap:
-                raise Unsupported("two softcaps")
+                raise Unsupported(FallbackKind.SOFTCAP, "two softcaps")
             softcap = step.cap
     for step in match.after:
         if isinstance(step, (CastStep, PassStep, NanGuardStep)):
             continue
         if isinstance(step, QdqStep):
             raise Unsupported(
+                FallbackKind.QUANTIZED,
                 f"the probabilities are quantized ({step.quantize} → {step.dequantize}) before "
-                "P·V; the node has no Q/DQ inside"
+                "P·V; the node has no Q/DQ inside",
             )
-        raise Unsupported(f"{step.op} '{step.node}' between the Softmax and P·V")
+        raise Unsupported(
+            FallbackKind.RESHAPE, f"{step.op} '{step.node}' between the Softmax and P·V"
+        )
     return softcap
 
 
@@ -218,11 +226,14 @@ def _shift_positions(index: GraphIndex, match: AttentionMatch) -> set[int]:
             continue
         sub, reduce = step.node.node, step.reduce_max.node
         if reduce.input[0] != sub.input[0]:
-            raise Unsupported(f"Sub '{step.node}' does not subtract the row max of its input")
+            raise Unsupported(
+                FallbackKind.SHIFT, f"Sub '{step.node}' does not subtract the row max of its input"
+            )
         if not _reduces_key_axis(index, reduce):
             raise Unsupported(
+                FallbackKind.SHIFT,
                 f"ReduceMax '{reduce.name}' is not the row max over the key axis alone "
-                "(axes, keepdims)"
+                "(axes, keepdims)",
             )
         positions.add(step.reduce_max.position)
     return positions
@@ -251,12 +262,15 @@ def _check_nothing_escapes(index: GraphIndex, removed: set[int], pv: onnx.NodePr
             continue
         for out in node.output:
             if out in index.graph_outputs:
-                raise Unsupported(f"'{out}' inside the chain is a graph output")
+                raise Unsupported(
+                    FallbackKind.ESCAPES, f"'{out}' inside the chain is a graph output"
+                )
             for consumer in index.consumers_of(out):
                 if index.position(consumer) not in removed:
                     raise Unsupported(
+                        FallbackKind.ESCAPES,
                         f"'{out}' inside the chain is also used by {consumer.op_type} "
-                        f"'{consumer.name}' (e.g. returned attention probabilities)"
+                        f"'{consumer.name}' (e.g. returned attention probabilities)",
                     )
 
 

@@ -19,6 +19,7 @@ from graphfix.attention.match_types import (
     PassStep,
     ReshapeStep,
 )
+from graphfix.attention.strategies.base import FallbackKind
 from graphfix.attention.strategies.fused.unsupported import Unsupported, node_of, shape_text
 from graphfix.graph.edit import GraphEdit
 from graphfix.graph.index import GraphIndex
@@ -48,7 +49,9 @@ def plan_mask(
     if not wheres and not biases:
         return MaskPlan(None, None)
     if windows and wheres:
-        raise Unsupported("a Where mask in a chain with Swin's window view of the scores")
+        raise Unsupported(
+            FallbackKind.MASK, "a Where mask in a chain with Swin's window view of the scores"
+        )
     nodes: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
 
@@ -68,7 +71,9 @@ def plan_mask(
         """bias [1|B, nW, h, n, m] as the node sees it: [B·nW, h, n, m] (B from Q's batch)."""
         shape = index.shape(source)
         if shape is None or len(shape) != 5 or not all(isinstance(d, int) for d in shape[2:]):
-            raise Unsupported(f"the windowed mask '{source}' has no static 5-D shape")
+            raise Unsupported(
+                FallbackKind.MASK, f"the windowed mask '{source}' has no static 5-D shape"
+            )
         images = add(
             "Div",
             [add("Gather", [add("Shape", [q]), const([0])], axis=0), const([windows_per_image])],
@@ -80,7 +85,10 @@ def plan_mask(
     if biases:
         types = {index.elem_type(b.source) for b in biases}
         if len(types) != 1 or None in types:
-            raise Unsupported("the additive masks/biases have different or unknown element types")
+            raise Unsupported(
+                FallbackKind.MASK,
+                "the additive masks/biases have different or unknown element types",
+            )
         sources = [
             unwindow(b.source, windows[id(b)]) if id(b) in windows else b.source for b in biases
         ]
@@ -93,10 +101,13 @@ def plan_mask(
         fills = {w.fill for w in wheres}
         if None in fills:
             raise Unsupported(
-                f"Where '{wheres[0].node}' fills masked scores with a non-constant value"
+                FallbackKind.MASK,
+                f"Where '{wheres[0].node}' fills masked scores with a non-constant value",
             )
         if len(fills) != 1:
-            raise Unsupported(f"Where masks with different fills ({sorted(fills)})")
+            raise Unsupported(
+                FallbackKind.MASK, f"Where masks with different fills ({sorted(fills)})"
+            )
         (fill,) = fills
         for where in wheres:
             this = where.source
@@ -111,8 +122,9 @@ def plan_mask(
     else:
         if fill != -math.inf and not _keeps_a_key_per_row(index, wheres, fill):
             raise Unsupported(
+                FallbackKind.MASK,
                 f"a Where mask with the finite fill {fill:g} combined with an additive bias: "
-                "folding them into one mask would change rows whose every key is blocked"
+                "folding them into one mask would change rows whose every key is blocked",
             )
         elem = index.elem_type(bias)
         blocked = edit.unique(f"{base}/blocked_fill")
@@ -180,11 +192,16 @@ def _windowed_biases(match: AttentionMatch) -> dict[int, int]:
             raise _reshape_unsupported(step)
         if windows is not None:
             if not isinstance(step, (BiasStep, CastStep, PassStep)):
-                raise Unsupported(f"'{node_of(step)}' inside Swin's window view of the scores")
+                raise Unsupported(
+                    FallbackKind.RESHAPE,
+                    f"'{node_of(step)}' inside Swin's window view of the scores",
+                )
             if isinstance(step, BiasStep):
                 windowed[id(step)] = windows
     if windows is not None:
-        raise Unsupported("the scores stay in a window view up to the Softmax")
+        raise Unsupported(
+            FallbackKind.RESHAPE, "the scores stay in a window view up to the Softmax"
+        )
     return windowed
 
 
@@ -194,8 +211,9 @@ def _agrees(dims: tuple, target: tuple[int, ...]) -> bool:
 
 def _reshape_unsupported(step: ReshapeStep) -> Unsupported:
     return Unsupported(
+        FallbackKind.RESHAPE,
         f"{step.op} '{step.node}' reshapes the scores inside the chain "
-        f"({shape_text(step.input_shape)} → {shape_text(step.output_shape)})"
+        f"({shape_text(step.input_shape)} → {shape_text(step.output_shape)})",
     )
 
 

@@ -17,6 +17,7 @@ from graphfix.attention.match_types import (
     ScaleSide,
     ScaleStep,
 )
+from graphfix.attention.strategies.base import FallbackKind
 from graphfix.attention.strategies.fused.unsupported import Unsupported
 from graphfix.graph.edit import GraphEdit
 from graphfix.graph.index import GraphIndex
@@ -50,7 +51,8 @@ def plan_operands(edit: GraphEdit, match: AttentionMatch, base: str) -> Operands
     ]
     if any(s.factor is None for s in scores_factors):
         raise Unsupported(
-            "the scale on the scores is computed at run time (`graphfix inspect` shows how)"
+            FallbackKind.SCALE,
+            "the scale on the scores is computed at run time (`graphfix inspect` shows how)",
         )
     scale = math.prod(s.factor for s in scores_factors)
     if any(s.factor is None for s in operand_factors):
@@ -64,14 +66,17 @@ def plan_operands(edit: GraphEdit, match: AttentionMatch, base: str) -> Operands
         k_at_product = False
     ranks = {index.rank(q), index.rank(match.v)}
     if not ranks <= {3, 4}:
-        raise Unsupported(f"Q/V ranks {sorted(r for r in ranks if r)} (the node takes 3-D or 4-D)")
+        raise Unsupported(
+            FallbackKind.OPERANDS,
+            f"Q/V ranks {sorted(r for r in ranks if r)} (the node takes 3-D or 4-D)",
+        )
     if layout.qk_op == "Einsum":
         if layout.pv_op != "Einsum":
-            raise Unsupported("a MatMul P·V after an Einsum Q·Kᵀ")
+            raise Unsupported(FallbackKind.OPERANDS, "a MatMul P·V after an Einsum Q·Kᵀ")
         q, k, v, cast_to = _types(index, match, q, k_operand)
         return _einsum_operands(edit, base, layout, q, k, v, scale, cast_to)
     elif layout.pv_op == "Einsum":
-        raise Unsupported("an Einsum P·V after a MatMul Q·Kᵀ")
+        raise Unsupported(FallbackKind.OPERANDS, "an Einsum P·V after a MatMul Q·Kᵀ")
     elif (
         not k_at_product
         and layout.k_transposed_by is KTransposedBy.TRANSPOSE
@@ -80,7 +85,7 @@ def plan_operands(edit: GraphEdit, match: AttentionMatch, base: str) -> Operands
         k, k_transposed = match.k, False
     else:
         if index.rank(k_operand) not in (3, 4):
-            raise Unsupported("Kᵀ is not 3-D or 4-D")
+            raise Unsupported(FallbackKind.OPERANDS, "Kᵀ is not 3-D or 4-D")
         k, k_transposed = k_operand, True
     q, k, v, cast_to = _types(index, match, q, k)
     return Operands(q, k, v, k_transposed, scale, cast_to)
@@ -95,7 +100,9 @@ def _types(
     pv = match.pv.node
     types = {name: index.elem_type(name) for name in (q, k, v)}
     if None in types.values():
-        raise Unsupported("element types of Q, K, V are unknown (run shape inference first)")
+        raise Unsupported(
+            FallbackKind.TYPES, "element types of Q, K, V are unknown (run shape inference first)"
+        )
     cast_to = None
     if types[v] != types[q] and types[q] == types[k]:
         producer = index.producer_of(v)
@@ -109,12 +116,13 @@ def _types(
             types[v] = types[q]
     if len({types[q], types[k], types[v]}) != 1 or types[q] not in PLUGIN_ELEMENT_TYPES:
         raise Unsupported(
+            FallbackKind.TYPES,
             "Q, K and V must share one of float32/float16/bfloat16, got "
-            + ", ".join(onnx.TensorProto.DataType.Name(types[t]) for t in (q, k, v))
+            + ", ".join(onnx.TensorProto.DataType.Name(types[t]) for t in (q, k, v)),
         )
     out = index.elem_type(pv.output[0])
     if out is not None and out != (cast_to or types[q]):
-        raise Unsupported("P·V's element type differs from Q's")
+        raise Unsupported(FallbackKind.TYPES, "P·V's element type differs from Q's")
     return q, k, v, cast_to
 
 
@@ -147,31 +155,31 @@ def _einsum_operands(
         (q_sub, k_sub), s_sub = _split_equation(layout.qk_equation)
         (p_sub, v_sub), o_sub = _split_equation(layout.pv_equation)
     except ValueError:
-        raise Unsupported(reason) from None
+        raise Unsupported(FallbackKind.OPERANDS, reason) from None
     if len(s_sub) not in (3, 4) or len(p_sub) != len(s_sub):
-        raise Unsupported(reason)
+        raise Unsupported(FallbackKind.OPERANDS, reason)
     batch, i, j = s_sub[:-2], s_sub[-2], s_sub[-1]
     contracted = set(q_sub) - set(s_sub)
     if len(contracted) != 1:
-        raise Unsupported(reason)
+        raise Unsupported(FallbackKind.OPERANDS, reason)
     (d,) = contracted
     if set(q_sub) != {*batch, i, d} or not set(k_sub) <= {*batch, j, d}:
-        raise Unsupported(reason)
+        raise Unsupported(FallbackKind.OPERANDS, reason)
     # P·V: P's letters name the axes of the scores by position
     rename = dict(zip(p_sub, s_sub, strict=True))
     extra = [c for c in v_sub if c not in rename]
     if len(extra) != 1:
-        raise Unsupported(reason)
+        raise Unsupported(FallbackKind.OPERANDS, reason)
     (e,) = extra
     rename[e] = e if e not in s_sub and e != d else "\0"
     v_named = "".join(rename[c] for c in v_sub)
     o_named = "".join(rename.get(c, "?") for c in o_sub)
     want_out = (*batch, i, rename[e])
     if sorted(o_named) != sorted(want_out) or not set(v_named) <= {*batch, j, rename[e]}:
-        raise Unsupported(reason)
+        raise Unsupported(FallbackKind.OPERANDS, reason)
     for sub in (k_sub, v_named):
         if batch[0] not in sub or j not in sub:
-            raise Unsupported(reason)
+            raise Unsupported(FallbackKind.OPERANDS, reason)
     nodes: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
     notes: list[str] = []

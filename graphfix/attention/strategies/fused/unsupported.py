@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from graphfix.attention.match_types import ChainStep
+from graphfix.attention.strategies.base import FallbackKind
 
 
 class Unsupported(Exception):
-    """Why this chain cannot become one GraphfixAttention node."""
+    """Why this chain cannot become one GraphfixAttention node: `kind`, and the text."""
+
+    def __init__(self, kind: FallbackKind, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
 
 
 def node_of(step: ChainStep) -> str:
