@@ -36,10 +36,6 @@ class NoMatch(Exception):
     """Internal: the chain walk failed; `args[0]` is the user-facing reason."""
 
 
-def display(node: onnx.NodeProto, position: int) -> str:
-    return node.name or f"<{node.op_type} #{position}>"
-
-
 @dataclass(frozen=True)
 class Factor:
     scalar: str

@@ -36,7 +36,6 @@ from graphfix.attention.chain_steps import (
     OperandScale,
     after_steps,
     chain_steps,
-    display,
     operand_qdq,
     operand_steps,
     sink_step,
@@ -134,13 +133,13 @@ def scan_graph(index: GraphIndex, *, scopes: list[Scope] | None = None) -> Atten
     for location, _, scope in scopes:
         check_supported(scope)
         prefix = f"{location}/" if location else ""
-        for position, node in enumerate(scope.graph.node):
+        for node in scope.graph.node:
             if node.op_type != "Softmax" or node.domain not in ("", "ai.onnx"):
                 continue
             try:
-                match = _match_softmax(scope, node, position, len(matches))
+                match = _match_softmax(scope, node, len(matches))
             except NoMatch as reason:
-                name = prefix + display(node, position)
+                name = prefix + scope.bind(node).name
                 skipped.append(SkippedSoftmax(softmax=name, reason=str(reason)))
                 continue
             matches.append(dataclasses.replace(match, location=location) if location else match)
@@ -170,9 +169,7 @@ def scan_graph(index: GraphIndex, *, scopes: list[Scope] | None = None) -> Atten
 
 
 # --- one Softmax ------------------------------------------------------------------------------
-def _match_softmax(
-    index: GraphIndex, softmax: onnx.NodeProto, position: int, match_index: int
-) -> AttentionMatch:
+def _match_softmax(index: GraphIndex, softmax: onnx.NodeProto, match_index: int) -> AttentionMatch:
     scores = softmax.input[0]
     rank = index.rank(scores)
     axis = _softmax_axis(index, softmax)
@@ -595,7 +592,7 @@ def _projection_source(index: GraphIndex, tensor: str) -> str:
             if node.op_type == "MatMul" and index.is_constant(node.input[0]):
                 return _strip_layout(index, node.input[1])  # weight on the left: Kᵀ = W·xᵀ
         if node.op_type in ("MatMul", "Einsum") and len(node.input) == 2:
-            return f"<{display(node, index.position(node))}>"
+            return f"<{index.bind(node).name}>"
         data = [i for i in node.input if i and not index.is_constant(i)]
         if not data:
             return f"<const {current}>"
@@ -617,7 +614,7 @@ def _attention_op(index: GraphIndex, node: onnx.NodeProto) -> AttentionOpNode:
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     inputs = list(node.input) + [""] * (4 - len(node.input))
     return AttentionOpNode(
-        node=display(node, index.position(node)),
+        node=index.bind(node).name,
         q=inputs[0],
         k=inputs[1],
         v=inputs[2],
