@@ -38,7 +38,7 @@ class FixReport:
     not_attention: tuple[SkippedSoftmax, ...]
     attention_ops: tuple[AttentionOpNode, ...]
     decomposed_attention_ops: int
-    matches: tuple[AttentionMatch, ...]
+    matches: tuple[AttentionMatch, ...]  # as found before the rewrite (bound to that graph)
 
     @property
     def rewritten(self) -> int:
