@@ -321,10 +321,10 @@ def sink_step(
 
 def backward_slice(index: GraphIndex, tensor: str, *, limit: int) -> tuple[BoundNode, ...]:
     """The nodes computing `tensor` (up to `limit`), back to where it reads a shape."""
-    names: list[BoundNode] = []
+    nodes: list[BoundNode] = []
     stack = [tensor]
     seen: set[str] = set()
-    while stack and len(names) < limit:
+    while stack and len(nodes) < limit:
         name = stack.pop()
         if name in seen:
             continue
@@ -332,7 +332,7 @@ def backward_slice(index: GraphIndex, tensor: str, *, limit: int) -> tuple[Bound
         node = index.producer_of(name)
         if node is None:
             continue
-        names.append(index.bind(node))
+        nodes.append(index.bind(node))
         if node.op_type not in ("Shape", "Size"):  # the slice ends where it reads a shape
             stack.extend(i for i in node.input if i)
-    return tuple(names)
+    return tuple(nodes)

@@ -362,6 +362,8 @@ class AttentionMatch:
         """The Softmax node's name ("" when the exporter left it unnamed)."""
         return self.softmax_node.node.name
 
+    # softmax_position, qk_matmul, pv_matmul, chain_nodes, chain_positions: the JSON's names
+    # (scripts read them); code reads the bound nodes (`softmax_node`, `qk`, `pv`, `path`).
     @property
     def softmax_position(self) -> int:
         return self.softmax_node.position
@@ -438,7 +440,8 @@ class AttentionMatch:
         data = {f.name: plain(getattr(self, f.name)) for f in fields(self)}
         for name in _SUMMARIES:
             data[name] = plain(getattr(self, name))
-        data["nan_guard"] = None if self.nan_guard is None else self.nan_guard.node.name
+        guard = self.nan_guard
+        data["nan_guard"] = None if guard is None else guard.node.name  # the guard's Where
         return data
 
 
@@ -450,7 +453,6 @@ _SUMMARIES = (
     "k_transposed_by",
     "scale",
     "softcap",
-    "nan_guard",
     "mask_nodes",
     "quantized",
     "chain_nodes",
