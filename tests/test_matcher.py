@@ -10,7 +10,7 @@ import pytest
 from graphs import B, D, S, T, Variant, attention_model, non_attention_models
 
 import graphfix
-from graphfix import AttentionKind
+from graphfix import AttentionKind, FallbackKind
 from graphfix.attention.match_types import (
     KTransposedBy,
     MaskKind,
@@ -204,7 +204,8 @@ def test_a_tanh_whose_cap_disagrees_has_an_unknown_cap():
     (softcap,) = [s for s in match.steps if isinstance(s, SoftcapStep)]
     assert softcap.cap is None and match.softcap is None
     (block,) = graphfix.fix_attention(model, strategy="fused_plugin").report.blocks
-    assert "softcap value is not a constant" in block.detail
+    assert block.fallback.kind is FallbackKind.SOFTCAP
+    assert "softcap value is not a constant" in block.fallback.reason
 
 
 def test_steps_are_ordered_and_typed():
