@@ -14,6 +14,7 @@ import onnx
 import pytest
 from graphs import Variant, attention_model
 from test_matcher import _insert_after, _int64, _with_sink_concat
+from test_subgraphs import _in_if_branch
 
 import graphfix
 from graphfix.attention.match_types import (
@@ -28,6 +29,7 @@ from graphfix.attention.match_types import (
 )
 from graphfix.attention.strategies.base import FallbackKind
 from graphfix.graph.index import BoundNode
+from graphfix.selectors import select_nodes
 
 PACKAGE = Path(graphfix.__file__).parent
 
@@ -222,6 +224,21 @@ def test_real_exports_are_bound_to_their_own_nodes(case, corpus_dir):
         sites = {q.site for m in matches for q in m.quantized}
         assert {QdqSite.Q, QdqSite.K, QdqSite.SCORES} <= sites
         assert all(isinstance(q, QdqStep) for m in matches for q in m.quantized)
+
+
+def test_a_block_in_an_if_body_is_bound_to_the_body_and_picks_no_main_graph_node():
+    """Positions are the body's: the same position in the main graph is another node, so a
+    selector picks the body's block by index only, and the main Softmax picks only its own."""
+    model = _in_if_branch(main_attention=True)
+    main, inside = graphfix.find_attention(model)
+    branch = next(n for n in model.graph.node if n.op_type == "If")
+    body = next(a.g for a in branch.attribute if a.name == "then_branch")
+    assert inside.location and inside.softmax_node.position == main.softmax_node.position
+    for bound in (inside.qk, inside.softmax_node, inside.pv):
+        assert bound.node == body.node[bound.position] and bound.name == bound.node.name
+    picked = select_nodes(model, ["1"], blocks=(main, inside))
+    assert (picked.positions, picked.blocks) == ((), (1,))
+    assert select_nodes(model, ["op:Softmax"], blocks=(main, inside)).blocks == (0,)
 
 
 # --- the package reads the match, never positions ---------------------------------------------
