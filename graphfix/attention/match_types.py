@@ -21,6 +21,9 @@ from graphfix.jsonable import plain
 
 class AttentionKind(str, Enum):
     SELF = "self"
+    # keys and values from a strided conv or pooling of the query's own tokens (PVT v2,
+    # SegFormer's spatial-reduction attention): self-attention over fewer keys, not cross
+    SELF_REDUCED_KEYS = "self (reduced keys)"
     CROSS = "cross"
     CAUSAL = "causal"
     UNKNOWN = "unknown"
@@ -241,6 +244,17 @@ class ShiftStep:
         return (self.node,)
 
 
+@dataclass(frozen=True)
+class HeadMixStep:
+    """Talking heads (CaiT): Transpose → MatMul by a constant [H, H] weight (→ Add a constant
+    bias) → Transpose back, a linear map across the heads of the scores or probabilities."""
+
+    nodes: tuple[BoundNode, ...]  # the Transpose, MatMul, Add (if any) and Transpose
+    weight: str
+    output: str
+    step: str = field(default="head_mix", init=False)  # names the step in JSON
+
+
 ChainStep = (
     ScaleStep
     | MaskStep
@@ -253,6 +267,7 @@ ChainStep = (
     | SinkStep
     | NanGuardStep
     | ShiftStep
+    | HeadMixStep
 )
 
 

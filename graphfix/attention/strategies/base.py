@@ -15,6 +15,8 @@ class FallbackKind(str, Enum):
 
     QUANTIZED = "quantized"  # Q/DQ on the scores or the probabilities
     ESCAPES = "escapes"  # a tensor inside the chain is read outside it, or is a graph output
+    RETURNS_PROBABILITIES = "returns_probabilities"  # the probabilities are a graph output
+    HEAD_MIX = "head_mix"  # talking heads: a projection across heads inside the chain
     RESHAPE = "reshape"  # a Reshape of the scores or probabilities the node cannot express
     MASK = "mask"  # masks and biases the node's one mask input cannot express exactly
     SCALE = "scale"  # a scale on the scores computed at run time
