@@ -23,9 +23,9 @@ from graphfix.plugins import build as plugin_build
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = {
-    "float16": REPO / "plugins" / "graphfixAttention" / "graphfixAttentionHopperHalf.cu",
-    "bfloat16": REPO / "plugins" / "graphfixAttention" / "graphfixAttentionHopperBFloat16.cu",
-    "float32": REPO / "plugins" / "graphfixAttention" / "graphfixAttentionHopperFloat.cu",
+    "float16": REPO / "plugins" / "graphfixAttention" / "hopper" / "graphfixAttentionHopperHalf.cu",
+    "bfloat16": REPO / "plugins" / "graphfixAttention" / "hopper" / "graphfixAttentionHopperBFloat16.cu",
+    "float32": REPO / "plugins" / "graphfixAttention" / "hopper" / "graphfixAttentionHopperFloat.cu",
 }
 # Each type's kernel entry (mangled name) and the template arguments that name one instance.
 KERNEL = {

@@ -21,7 +21,7 @@ from graphfix.errors import PluginBuildError
 from graphfix.plugins import build as plugin_build
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCE = REPO / "plugins" / "graphfixAttention"
+SOURCE = REPO / "plugins" / "graphfixAttention" / "hopper"
 H100_SHARED = 232448  # cudaDevAttrMaxSharedMemoryPerBlockOptin on H100/H200 (227 KB)
 ROWS, KEYS = 128, 64  # 2 warpgroups x 64 query rows, 64-key tiles
 

@@ -844,7 +844,7 @@ void GraphfixAttentionPlugin::plan(AttentionProblem const& p)
     if (!mUseCudnn)
     {
         mDirectBias = false;
-        check(mFlash.kernel != FlashKernel::kNone || portableAttentionFits(s.headDim, s.valueDim),
+        check(mFlash.kernel != FlashKernel::kNone || fallbackAttentionFits(s.headDim, s.valueDim),
             "head dimensions D=" + std::to_string(s.headDim) + ", Dv=" + std::to_string(s.valueDim)
                 + " need more shared memory than this GPU has for the portable kernel, and the cuDNN path cannot run "
                   "them ("

@@ -24,10 +24,10 @@
 #define GRAPHFIX_ATTENTION_PLUGIN_H
 
 #include "NvInferRuntime.h"
-#include "graphfixAttentionCudnn.h"
-#include "graphfixAttentionFlash.h"
-#include "graphfixAttentionHopper.h"
-#include "graphfixAttentionKernel.h"
+#include "cudnn/graphfixAttentionCudnn.h"
+#include "flash/graphfixAttentionFlash.h"
+#include "hopper/graphfixAttentionHopper.h"
+#include "fallback/graphfixAttentionKernel.h"
 
 #include <array>
 #include <cstdint>

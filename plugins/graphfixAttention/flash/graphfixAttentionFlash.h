@@ -23,7 +23,9 @@
 #ifndef GRAPHFIX_ATTENTION_FLASH_H
 #define GRAPHFIX_ATTENTION_FLASH_H
 
-#include "graphfixAttentionKernel.h"
+#include "../graphfixAttentionTypes.h"
+
+#include <cuda_runtime_api.h>
 
 #include <cstdint>
 

@@ -39,7 +39,7 @@
 #ifndef GRAPHFIX_ATTENTION_HOPPER_CUH
 #define GRAPHFIX_ATTENTION_HOPPER_CUH
 
-#include "graphfixAttentionFlash.cuh"
+#include "../flash/graphfixAttentionFlash.cuh"
 #include "graphfixAttentionHopper.h"
 #include "graphfixAttentionHopperWgmma.cuh"
 

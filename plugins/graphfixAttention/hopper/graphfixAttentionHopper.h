@@ -23,7 +23,9 @@
 #ifndef GRAPHFIX_ATTENTION_HOPPER_H
 #define GRAPHFIX_ATTENTION_HOPPER_H
 
-#include "graphfixAttentionKernel.h"
+#include "../graphfixAttentionTypes.h"
+
+#include <cuda_runtime_api.h>
 
 #include <cuda.h> // CUtensorMap, the type only: the encoder is found at run time (no libcuda link)
 
