@@ -846,7 +846,7 @@ void GraphfixAttentionPlugin::plan(AttentionProblem const& p)
         mDirectBias = false;
         check(mFlash.kernel != FlashKernel::kNone || fallbackAttentionFits(s.headDim, s.valueDim),
             "head dimensions D=" + std::to_string(s.headDim) + ", Dv=" + std::to_string(s.valueDim)
-                + " need more shared memory than this GPU has for the portable kernel, and the cuDNN path cannot run "
+                + " need more shared memory than this GPU has for the fallback kernel, and the cuDNN path cannot run "
                   "them ("
                 + reason + ")");
     }
@@ -862,7 +862,7 @@ void GraphfixAttentionPlugin::plan(AttentionProblem const& p)
     {
         mPathNote = note;
         // A shape the cuDNN path was meant for but a loaded cuDNN refused is worth a warning: the
-        // portable kernel is several times slower.
+        // own kernels are slower.
         bool const refused = !mUseCudnn && cudnnAttempted && cudnnUnavailableReason().empty();
         reportMessage(refused ? nvinfer1::ILogger::Severity::kWARNING : nvinfer1::ILogger::Severity::kVERBOSE,
             "onShapeChange", note.c_str());
