@@ -12,8 +12,8 @@ synchronisation) and the graph launched, and once captured after an onShapeChang
 shapes (enqueue then runs the own kernels from a host-side plan, building nothing). cuDNN is found through an installed
 `nvidia-cudnn-cu12/cu13` wheel (as PyTorch ships it) or the system.
 
-The own kernels: on an sm_90 GPU, the Hopper kernels (wgmma) for float16/bfloat16 and, up to
-head dim 72, float32 (3xTF32 on tf32 wgmma); the flash kernels on tensor cores (mma.sync
+The own kernels: on an sm_90 GPU, the Hopper kernels (wgmma) for float16/bfloat16 (head dims up
+to 256) and, up to head dim 72, float32 (3xTF32 on tf32 wgmma); the flash kernels on tensor cores (mma.sync
 m16n8k16 for float16/bfloat16; 3xTF32 mma.sync m16n8k8 for float32) for head dimensions up to
 256 in multiples of 8 (4 for float32) whose tiles fit the GPU's shared memory; the fallback kernel
 for the rest. Which one ran is read
@@ -435,7 +435,7 @@ def _flash_shared_bytes(dtype: str, padded: int) -> int:
 def expected_own_path(case: Case, dtype: str, backend: str = "portable") -> str:
     """Which own kernel the plugin must take (sm_80+): the Hopper kernels' and the flash kernels'
     limits (the Hopper kernels on sm_90, unless GRAPHFIX_ATTENTION_HOPPER=0: float16/bfloat16 up
-    to head dim 128, float32 up to 72; float32 up to 64 with at most 128 keys: hopper_short; the
+    to head dim 256, float32 up to 72; float32 up to 64 with at most 128 keys: hopper_short; the
     flash kernels up to 256 where their tiles fit the GPU's shared memory)."""
     d, dv = case.q[-1], case.value_dim
     multiple = 4 if dtype == "float32" else 8
@@ -447,8 +447,11 @@ def expected_own_path(case: Case, dtype: str, backend: str = "portable") -> str:
         and padded > 0
         and (padded <= 128 or _flash_shared_bytes(dtype, padded) <= _shared_optin())
     )
-    # the Hopper kernels take head dims up to 128 (float32, 3xTF32 on wgmma: up to 72)
-    hopper_fits = fits and widest <= (72 if dtype == "float32" else 128)
+    # the Hopper kernels take 16-bit head dims up to 256 where Q and two stages of K and V fit
+    # (128 + 4 x 64 rows), float32 (3xTF32 on wgmma) up to 72
+    hopper_fits = fits and (
+        widest <= 72 if dtype == "float32" else 384 * padded * 2 <= _shared_optin()
+    )
     if hopper_fits and backend != "portable_mma" and _sm90():
         # float32 with every key in at most two 64-key tiles, head dims up to 64: the persistent
         # short-key kernel (a third query-tile buffer does not fit at 72)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-WIDTHS = (32, 64, 80, 96, 128)
+WIDTHS = (32, 64, 80, 96, 128, 160, 192, 256)
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 # float (tf32 operands, K = 8 per instruction, both operands K-major: no transpose flags): the
 # scores' 64 keys and the float32 kernel's value widths (graphfixAttentionHopperFloat.cu).

@@ -767,6 +767,12 @@ constexpr int32_t compactSharedBytesF32(int32_t paddedDim)
     return (kBLOCK_ROWS<1> + 2 * kBLOCK_KEYS) * (paddedDim + 4) * 4;
 }
 
+//! Whether the float32 kernel inlines both products twice, for full key tiles (one basic block)
+//! and for tiles cut by the end of K or the causal diagonal; above head dim 128 only the second
+//! (a compare per 8-key tile): with both, ptxas spilled 1720 bytes at head dim 256, with one 36.
+template <int32_t kD>
+constexpr bool kBOTH_PATHS_F32 = kD <= 128;
+
 //! Blocks per multiprocessor the float32 kernel is register-capped for (3: 168 registers).
 template <int32_t kD>
 constexpr int32_t kMIN_BLOCKS_F32 = kD <= 80 ? 3 : 1;
@@ -973,7 +979,7 @@ __global__ void __launch_bounds__(kTHREADS, kMIN_BLOCKS_F32<kD>) flashTf32x3Kern
         {
             s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.F;
         }
-        if (liveTiles == kKEY_TILES)
+        if (kBOTH_PATHS_F32<kD> && liveTiles == kKEY_TILES)
         {
             scoresTf32<kD, false, kRowQK>(s, qRow, kRow0, liveTiles);
         }
@@ -997,7 +1003,7 @@ __global__ void __launch_bounds__(kTHREADS, kMIN_BLOCKS_F32<kD>) flashTf32x3Kern
 
         waitAsync<1>(); // V_j
         __syncthreads();
-        if (liveTiles == kKEY_TILES)
+        if (kBOTH_PATHS_F32<kD> && liveTiles == kKEY_TILES)
         {
             valuesTf32<kD, false>(o, s, vRows, liveTiles);
         }
