@@ -37,11 +37,12 @@ class MeasuredSpeed:
 # In order of `widest`, per type; a head dim past the last row, or not of its multiple, runs on
 # the fallback kernel.
 SPEEDS = (
-    MeasuredSpeed(True, 72, 4, "3xTF32 wgmma kernel", 0.30, 0.41, "SDXL, SigLIP, BERT, SD 1.5"),
-    MeasuredSpeed(True, 128, 4, "3xTF32 flash kernel", 0.33, 0.80, "Llama 4k causal, Flux-like"),
-    MeasuredSpeed(True, 256, 4, "3xTF32 flash kernel", 1.48, 1.48, "Gemma-2-like causal"),
-    MeasuredSpeed(False, 128, 8, "wgmma kernel", 0.08, 0.38, "SDXL, SigLIP, Llama, BERT, Flux"),
-    MeasuredSpeed(False, 256, 8, "flash kernel", 0.59, 0.70, "Gemma-2-like causal"),
+    MeasuredSpeed(True, 72, 4, "3xTF32 wgmma kernel", 0.31, 0.41, "SDXL, SigLIP, BERT, SD 1.5"),
+    MeasuredSpeed(True, 128, 4, "3xTF32 flash kernel", 0.33, 0.81, "Llama 4k causal, Flux-like"),
+    MeasuredSpeed(True, 256, 4, "3xTF32 flash kernel", 1.40, 1.40, "Gemma-2-like causal"),
+    MeasuredSpeed(
+        False, 256, 8, "wgmma kernel", 0.08, 0.38, "SDXL, SigLIP, Llama, BERT, Flux, Gemma-2"
+    ),
 )
 # The fallback kernel, float32 at head dim 256 (Gemma-2-like causal, issue 22's measurement).
 FALLBACK_SLOWDOWN = 4.5
