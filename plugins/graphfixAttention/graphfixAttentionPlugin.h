@@ -150,6 +150,18 @@ private:
     bool cudnnMayRun(nvinfer1::DataType type, bool hasMask, nvinfer1::DataType maskType) const;
     //! Chooses the path for `problem`, building its cuDNN graph when that path is taken.
     void plan(AttentionProblem const& problem);
+    //! Why the cuDNN path is not tried for `problem` (backend, attributes, head dims, an empty
+    //! tensor), or "" when it is.
+    std::string cudnnRefusal(AttentionProblem const& problem) const;
+    //! Builds (or finds cached) the cuDNN graph; sets mUseCudnn when cuDNN takes it within the
+    //! workspace reserved, else says why in `reason`.
+    void planCudnn(AttentionProblem const& problem, std::string& reason);
+    //! Sets the flash kernel's shared-memory limit; fails when no own kernel fits and cuDNN does
+    //! not run the shape.
+    void prepareOwnKernels(AttentionProblem const& problem, std::string const& reason);
+    //! Logs the path chosen (kVERBOSE; kWARNING when a loaded cuDNN refused the shape) when it or
+    //! the shape changed.
+    void reportPath(AttentionProblem const& problem, std::string const& reason, bool cudnnAttempted);
     void enqueueCudnn(void const* const* inputs, void* output, void* workspace, cudaStream_t stream);
     //! The own kernels: the Hopper kernel `hopper` plans, else the flash kernel `flash` plans,
     //! else the fallback kernel.
