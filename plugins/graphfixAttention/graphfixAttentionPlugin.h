@@ -6,13 +6,15 @@
  * float32 scores, softmax statistics and accumulation for float32, float16 and bfloat16 I/O.
  * IPluginV3 with the V3One core, build and runtime capabilities, and its IPluginCreatorV3One.
  *
- * Three paths (chosen per shape in onShapeChange, reported through the logger at kVERBOSE):
- *  - cuDNN's fused SDPA (graphfixAttentionCudnn.h) for float16/bfloat16 without softcap, with no
- *    mask, an additive mask of Q's type, or a bool mask whose fill is -inf; cuDNN is loaded at run
- *    time, graphs are built once per shape in onShapeChange and cached;
- *  - the own flash kernels on tensor cores (graphfixAttentionFlash.h; sm_80+, head dimensions up
- *    to 128 in multiples of 8, or 4 for float32) for everything else;
- *  - the fallback kernel (graphfixAttentionKernel.h) for what the flash kernels cannot run.
+ * Four paths, one folder each (chosen per shape in onShapeChange, reported through the logger at
+ * kVERBOSE; README.md beside this file says when each runs):
+ *  - cudnn/: cuDNN's fused SDPA for float16/bfloat16 without softcap, with no mask, an additive
+ *    mask of Q's type, or a bool mask whose fill is -inf; cuDNN is loaded at run time, graphs are
+ *    built once per shape in onShapeChange and cached;
+ *  - hopper/: the own wgmma kernels on sm_90 (16-bit head dims up to 256, float32 up to 72);
+ *  - flash/: the own mma.sync kernels on sm_80+ (head dims up to 256 in multiples of 8, or 4 for
+ *    float32, where their tiles fit the GPU's shared memory) for the rest;
+ *  - fallback/: the fallback kernel for what the others cannot run.
  * enqueue allocates nothing, builds nothing and never synchronises: it can be captured into a
  * CUDA graph. Its scratch (K transposed, the mask as a bias, cuDNN's workspace) comes from
  * getWorkspaceSize.

@@ -1,8 +1,8 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * GraphfixAttention's Hopper kernels (sm_90a only): float16 / bfloat16 attention on wgmma, what runs
- * without cuDNN on an H100/H200, and float32 on tf32 wgmma with 3xTF32 products
+ * GraphfixAttention's Hopper kernels (sm_90a only): float16 / bfloat16 attention on wgmma (head dims
+ * up to 256), what runs without cuDNN on an H100/H200, and float32 on tf32 wgmma with 3xTF32 products
  * (graphfixAttentionHopperFloat.cu, head dims up to 72). Nothing here knows TensorRT.
  *
  * A block is 2 warpgroups, each owning 64 query rows of one (batch, head); Q, K and V tiles
