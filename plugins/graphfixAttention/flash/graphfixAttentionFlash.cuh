@@ -24,9 +24,10 @@
  * 0,2,4,6,1,3,5,7 (a permutation of the summation index, the same for P and V), which makes the
  * scores' accumulator layout the TF32 A fragment without shuffles; 8-key tiles past the end of K
  * or the causal diagonal are skipped; register-capped to 3 blocks per SM up to head dim 80.
- * Other float32 designs (K and V split once per tile by the block, merged P·V steps) were built
- * and measured slower or less accurate on the H200; notes/attention_plugin.md ("Third round")
- * has what was tried and measured.
+ * Two other float32 designs were built, measured on the H200 and not kept: K and V split once per
+ * tile by the block (slower: its hi/lo tiles leave room for two blocks per SM, not three) and two
+ * 8-key P·V steps summed in one accumulator (faster on Llama, up to 1.2x the error);
+ * notes/attention_plugin.md, "float32 mma.sync kernel: 3xTF32", has the figures.
  */
 #ifndef GRAPHFIX_ATTENTION_FLASH_CUH
 #define GRAPHFIX_ATTENTION_FLASH_CUH

@@ -40,11 +40,14 @@ namespace plugin
 constexpr int32_t kHOPPER_KEYS{64};
 constexpr int32_t kHOPPER_ROWS{128};
 
-//! Options of the Hopper kernel (bits of HopperPlan::variant; notes/attention_plugin.md, "Fifth
-//! round", has what each measured): causal blocks ordered heavy-first over all (batch, head)s, not
-//! within each (in the one-block kernels); masks the same for every query row (key padding) on the
-//! plain kernel, two blocks per SM up to head dim 80; each tile's loads issued after its wgmmas.
-//! (Bit 1, Q in registers, was measured slower and removed.)
+//! Options of the Hopper kernel (bits of HopperPlan::variant), each on by default where it measured
+//! faster on the H200 (notes/attention_plugin.md, "16-bit Hopper kernel: key-mask kernel, causal
+//! order, cheaper loads" and "TMA loads"): causal blocks ordered heavy-first over all
+//! (batch, head)s, not within each (in the one-block kernels: the last wave then holds light
+//! tiles); masks the same for every query row (key padding) on the plain kernel, two blocks per SM
+//! up to head dim 80 (the general kernel's registers allow one); each tile's loads issued after its
+//! wgmmas. GRAPHFIX_ATTENTION_HOPPER_VARIANT overrides them, for measurement only. (Bit 1, Q in
+//! registers, was measured slower and removed.)
 constexpr int32_t kHOPPER_VARIANT_CAUSAL_ORDER{2};
 constexpr int32_t kHOPPER_VARIANT_KEY_MASK{4};
 constexpr int32_t kHOPPER_VARIANT_LATE_LOADS{8};
