@@ -10,6 +10,8 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
+from test_fused_sink import D as SINK_D
+from test_fused_sink import Sink, sink_model
 
 import graphfix
 from graphfix.attention.strategies.fused.speed import SPEEDS, speed_note
@@ -114,3 +116,10 @@ def test_exported_models_get_the_note_of_their_head_dim(name: str, corpus_dir: P
             assert "note:" not in detail
         else:
             assert f"float32 at head dim {model_corpus.HEAD_DIM} runs on graphfix's" in detail
+
+
+def test_a_sink_key_widens_the_head_dim_by_its_8_columns() -> None:
+    """GPT-OSS's sink rides in 8 extra head-dim columns of Q and K (fused/sink.py): the kernel
+    sees D + 8, and the note names that width."""
+    detail = _detail(sink_model(Sink()))
+    assert f"float32 at head dim {SINK_D + 8} runs on" in detail

@@ -52,21 +52,21 @@ def head_dims(index: GraphIndex, match: AttentionMatch) -> tuple[int | None, int
     """D (Q's contracted axis at Q·Kᵀ) and Dv (V's axis kept by P·V), where the graph knows them;
     a sink key adds its 8 columns to D (fused/sink.py)."""
     layout = match.layout
-    d = _axis(index.shape(match.q), _contracted(layout.qk_equation if layout else None, 0))
+    d = _axis(index.shape(match.q), _contracted(layout.qk_equation if layout else None))
     dv = _axis(index.shape(match.v), _kept(layout.pv_equation if layout else None))
     if d is not None and match.sink is not None:
         d += 8
     return d, dv
 
 
-def _contracted(equation: str | None, operand: int) -> int:
-    """The axis of operand `operand` that an Einsum sums over (-1: MatMul's last)."""
+def _contracted(equation: str | None) -> int:
+    """Q's axis that Q·Kᵀ sums over (-1: MatMul's last)."""
     if equation is None or "->" not in equation:
         return -1
     inputs, output = equation.split("->")
-    terms = inputs.split(",")
-    summed = [c for c in terms[operand] if c not in output and c in terms[1 - operand]]
-    return terms[operand].index(summed[0]) if len(summed) == 1 and "." not in inputs else -1
+    q, k = inputs.split(",")
+    summed = [c for c in q if c not in output and c in k]
+    return q.index(summed[0]) if len(summed) == 1 and "." not in inputs else -1
 
 
 def _kept(equation: str | None) -> int:
