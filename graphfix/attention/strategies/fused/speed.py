@@ -37,11 +37,11 @@ class MeasuredSpeed:
 # In order of `widest`, per type; a head dim past the last row, or not of its multiple, runs on
 # the fallback kernel.
 SPEEDS = (
-    MeasuredSpeed(True, 72, 4, "3xTF32 wgmma kernel", 0.31, 0.41, "SDXL, SigLIP, BERT, SD 1.5"),
-    MeasuredSpeed(True, 128, 4, "3xTF32 flash kernel", 0.29, 0.80, "Llama 4k causal, Flux-like"),
-    MeasuredSpeed(True, 256, 4, "3xTF32 flash kernel", 0.90, 0.90, "Gemma-2-like causal"),
+    MeasuredSpeed(True, 72, 4, "3xTF32 wgmma kernel", 0.30, 0.40, "SDXL, SigLIP, BERT, SD 1.5"),
+    MeasuredSpeed(True, 128, 4, "3xTF32 flash kernel", 0.29, 0.81, "Llama 4k causal, Flux-like"),
+    MeasuredSpeed(True, 256, 4, "3xTF32 flash kernel", 0.91, 0.91, "Gemma-2-like causal"),
     MeasuredSpeed(
-        False, 256, 8, "wgmma kernel", 0.08, 0.39, "SDXL, SigLIP, Llama, BERT, Flux, Gemma-2"
+        False, 256, 8, "wgmma kernel", 0.08, 0.38, "SDXL, SigLIP, Llama, BERT, Flux, Gemma-2"
     ),
 )
 # The fallback kernel, float32 at head dim 256 (Gemma-2-like causal, issue 22's measurement).
@@ -95,7 +95,7 @@ def speed_note(elem_type: int | None, d: int | None, dv: int | None, *, softcap:
     if d is None or dv is None:
         return (
             f"note: {what} runs on graphfix's own kernels, whose speed depends on the head dim, "
-            "unknown here (on an H200: 0.08-0.90x the unfused chain's time up to head dim 256; "
+            "unknown here (on an H200: 0.08-0.91x the unfused chain's time up to head dim 256; "
             "notes/attention_plugin.md)"
         )
     widest = max(d, dv)
