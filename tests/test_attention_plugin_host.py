@@ -251,7 +251,22 @@ def _own_kernel(report: dict) -> str:
         ("float32", 128, 128, "3xTF32, head dim padded to 128, 64x64 tiles, 107520 bytes"),
         ("float32", 20, 24, "3xTF32, head dim padded to 32"),
         ("float16", 20, 24, "fallback kernel, no flash kernel: head dimensions not multiples of 8"),
-        ("float16", 136, 136, "fallback kernel, no flash kernel: head dimensions above 128"),
+        # above 128: padded to 160/192/256 while the tiles fit (planned as for sm_80 here, 163 KB;
+        # V kept at 64 where the fallback kernel runs, so that it fits the 48 KB assumed without a GPU)
+        ("float16", 136, 136, "m16n8k16 float16, head dim padded to 160, 64x64 tiles, 64512 bytes"),
+        (
+            "float16",
+            256,
+            256,
+            "m16n8k16 float16, head dim padded to 256, 64x64 tiles, 101376 bytes",
+        ),
+        (
+            "float32",
+            256,
+            64,
+            "fallback kernel, no flash kernel: the flash kernel's tiles need more shared memory",
+        ),
+        ("float16", 264, 64, "fallback kernel, no flash kernel: head dimensions above 256"),
     ],
 )
 def test_own_kernel_choice_and_tiling(
