@@ -126,7 +126,7 @@ CASES = (
     Case("d192_dv256", (2, 2, 70, 192), 2, 130, 256),
     Case("d256_dv128_mask", (1, 4, 130, 256), 2, 140, 128, mask="add_q", mask_shape=(1, 1, 1, 140)),
     Case("d40", (2, 4, 100, 40), 4, 100, 40),
-    # too wide for the tensor-core variant of the portable kernel: its CUDA-core variant runs
+    # too wide for the tensor-core variant of the fallback kernel: its CUDA-core variant runs
     Case("d640", (1, 2, 40, 640), 2, 50, 64, cudnn_eligible=False),
     Case("long_wide", (1, 2, 16, 64), 2, 2048, 64, magnitude=3.0),
     Case("rand_bool", (2, 4, 64, 80), 4, 80, 64, mask="rand_bool", mask_shape=(2, 4, 64, 80)),
@@ -574,7 +574,7 @@ def test_enqueue_matches_float64_reference(
 @pytest.mark.parametrize("case", [c for c in CASES if c.cudnn_eligible], ids=lambda c: c.name)
 def test_auto_takes_cudnn_where_it_can(gpu_outcomes, case: Case, dtype: str) -> None:
     if not _cudnn_loadable(gpu_outcomes):
-        pytest.skip("cuDNN could not be loaded here; the auto backend used the portable kernel")
+        pytest.skip("cuDNN could not be loaded here; the auto backend used the own kernels")
     outcome = gpu_outcomes[("auto", "plain", case.name, dtype)]
     assert outcome.path == "cudnn", outcome.result["messages"]
 

@@ -283,7 +283,7 @@ def _cudnn_reason(report: dict) -> str | None:
     return None if notes[-1].endswith("cuDNN SDPA") else notes[-1]
 
 
-def test_without_cudnn_auto_warns_once_and_runs_the_portable_kernel(tools: Tools) -> None:
+def test_without_cudnn_auto_warns_once_and_runs_the_own_kernels(tools: Tools) -> None:
     report = probe(tools, SCALE).report
     reason = _cudnn_reason(report)
     if reason is None:
@@ -291,7 +291,7 @@ def test_without_cudnn_auto_warns_once_and_runs_the_portable_kernel(tools: Tools
     warnings = [m["text"] for m in report["messages"] if m["severity"] == 2]
     assert len(warnings) == 1
     assert "the cuDNN path is unavailable" in warnings[0]
-    assert "portable kernel" in reason
+    assert ": own kernels (" in reason
 
 
 @pytest.mark.parametrize("loading", LOADINGS)

@@ -415,7 +415,7 @@ GraphfixAttentionPlugin::GraphfixAttentionPlugin(AttentionAttributes const& attr
         if (!reason.empty() && !warned.exchange(true))
         {
             reportMessage(nvinfer1::ILogger::Severity::kWARNING, "GraphfixAttention",
-                ("the cuDNN path is unavailable, attention runs on the portable kernel (slower): " + reason).c_str());
+                ("the cuDNN path is unavailable, attention runs on graphfix's own kernels (slower): " + reason).c_str());
         }
     }
 }
@@ -879,7 +879,7 @@ void GraphfixAttentionPlugin::reportPath(AttentionProblem const& p, std::string 
         : !hopperAttentionBuilt() ? flash
                                   : flash + " (no Hopper kernel: " + mHopper.reason + ")";
     std::string const note = std::string{"GraphfixAttention "} + typeName(p.type) + " " + dimsText(s)
-        + (mUseCudnn ? std::string{": cuDNN SDPA"} : ": portable kernel (" + reason + "); " + own);
+        + (mUseCudnn ? std::string{": cuDNN SDPA"} : ": own kernels (" + reason + "); " + own);
     if (note != mPathNote)
     {
         mPathNote = note;

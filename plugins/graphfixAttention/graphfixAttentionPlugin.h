@@ -18,7 +18,7 @@
  * enqueue allocates nothing, builds nothing and never synchronises: it can be captured into a
  * CUDA graph. Its scratch (K transposed, the mask as a bias, cuDNN's workspace) comes from
  * getWorkspaceSize.
- * $GRAPHFIX_ATTENTION_BACKEND picks: `auto` (default; the portable kernel, with a warning at plugin
+ * $GRAPHFIX_ATTENTION_BACKEND picks: `auto` (default; the own kernels, with a warning at plugin
  * creation, when cuDNN cannot be loaded), `cudnn` (creation fails when cuDNN cannot be loaded) or
  * `portable` (never touches cuDNN).
  */
