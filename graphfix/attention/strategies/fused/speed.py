@@ -52,31 +52,27 @@ def head_dims(index: GraphIndex, match: AttentionMatch) -> tuple[int | None, int
     """D (Q's contracted axis at Q·Kᵀ) and Dv (V's axis kept by P·V), where the graph knows them;
     a sink key adds its 8 columns to D (fused/sink.py)."""
     layout = match.layout
-    d = _axis(index.shape(match.q), _contracted(layout.qk_equation if layout else None))
-    dv = _axis(index.shape(match.v), _kept(layout.pv_equation if layout else None))
+    d = _axis(
+        index.shape(match.q), _einsum_axis(layout.qk_equation if layout else None, 0, summed=True)
+    )
+    dv = _axis(
+        index.shape(match.v), _einsum_axis(layout.pv_equation if layout else None, 1, summed=False)
+    )
     if d is not None and match.sink is not None:
         d += 8
     return d, dv
 
 
-def _contracted(equation: str | None) -> int:
-    """Q's axis that Q·Kᵀ sums over (-1: MatMul's last)."""
-    if equation is None or "->" not in equation:
+def _einsum_axis(equation: str | None, operand: int, *, summed: bool) -> int:
+    """The axis of Einsum operand `operand` that the product sums over (`summed`: Q's D at Q·Kᵀ)
+    or that only it brings to the output (V's Dv at P·V); -1, a MatMul's last, otherwise."""
+    if equation is None or "->" not in equation or "." in equation:
         return -1
     inputs, output = equation.split("->")
-    q, k = inputs.split(",")
-    summed = [c for c in q if c not in output and c in k]
-    return q.index(summed[0]) if len(summed) == 1 and "." not in inputs else -1
-
-
-def _kept(equation: str | None) -> int:
-    """V's axis that P·V keeps (-1: MatMul's last)."""
-    if equation is None or "->" not in equation:
-        return -1
-    inputs, output = equation.split("->")
-    p, v = inputs.split(",")
-    kept = [c for c in v if c in output and c not in p]
-    return v.index(kept[0]) if len(kept) == 1 and "." not in inputs else -1
+    terms = inputs.split(",")
+    mine, other = terms[operand], terms[1 - operand]
+    picked = [c for c in mine if (c in other) == summed and (c in output) != summed]
+    return mine.index(picked[0]) if len(picked) == 1 else -1
 
 
 def _axis(shape: tuple | None, axis: int) -> int | None:
