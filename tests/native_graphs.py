@@ -70,7 +70,9 @@ def attention_model(
         "g",
         inputs,
         [
-            helper.make_tensor_value_info(n, elem, [f"{n}_{i}" for i in range(rank if n == "y" else 4)])
+            helper.make_tensor_value_info(
+                n, elem, [f"{n}_{i}" for i in range(rank if n == "y" else 4)]
+            )
             for n in out_names
         ],
     )
@@ -115,8 +117,11 @@ def reference(model: onnx.ModelProto, data: dict[str, np.ndarray]) -> list[np.nd
     if three_d:
         q, k, v = (
             a.reshape(B, a.shape[1], heads, -1).transpose(0, 2, 1, 3)
-            for a, heads in ((q, attrs["q_num_heads"]), (k, attrs["kv_num_heads"]),
-                             (v, attrs["kv_num_heads"]))
+            for a, heads in (
+                (q, attrs["q_num_heads"]),
+                (k, attrs["kv_num_heads"]),
+                (v, attrs["kv_num_heads"]),
+            )
         )
     past = 0
     if "past_key" in x:

@@ -55,12 +55,19 @@ class FixReport:
             mark = "rewritten" if b.rewritten else "skipped  "
             lines.append(f"  [{b.index}] {mark} {b.softmax} ({b.kind.value}): {b.detail}")
         if self.decomposed_attention_ops:
-            lines.append(f"  decomposed {self.decomposed_attention_ops} ONNX Attention op(s)")
-        for op in self.attention_ops:
             lines.append(
-                f"  ONNX Attention op {op.node} left as is: pass --decompose-attention "
-                "(decompose_attention_ops=True) to rewrite it"
+                f"  decomposed {self.decomposed_attention_ops} native attention op(s) "
+                "(ONNX Attention, TRT_Attention, TRT_QuantizedAttention)"
             )
+        for op in self.attention_ops:
+            label = "ONNX Attention" if op.op_type == "Attention" else op.op_type
+            if op.unsupported:
+                lines.append(f"  {label} op {op.node} left as is: {op.unsupported}")
+            else:
+                lines.append(
+                    f"  {label} op {op.node} left as is: pass --decompose-attention "
+                    "(decompose_attention_ops=True) to rewrite it"
+                )
         for s in self.not_attention:
             lines.append(f"  left alone: {s.softmax}: {s.reason}")
         return "\n".join(lines)

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 import onnx
 
-from graphfix.attention.attention_op import decompose_attention_ops as _decompose
 from graphfix.attention.match_types import AttentionMatch
 from graphfix.attention.matcher import graph_scopes, scan_graph
+from graphfix.attention.native.decompose import lower_native_nodes
 from graphfix.attention.report import BlockOutcome, FixReport, FixResult
 from graphfix.attention.strategies import get_strategy
 from graphfix.errors import SelectionError
@@ -40,7 +40,7 @@ def fix_attention(
     loaded = load_model(model, load_weights=False)
     result = onnx.ModelProto()
     result.CopyFrom(loaded.model)
-    decomposed = _decompose(result) if decompose_attention_ops else 0
+    decomposed = len(lower_native_nodes(result)) if decompose_attention_ops else 0
     index = GraphIndex(result, base_dir=loaded.base_dir)
     scopes = graph_scopes(index)
     scan = scan_graph(index, scopes=scopes)

@@ -67,7 +67,7 @@ def _fix_options() -> tuple[Option, ...]:
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from graphfix.attention.matcher import scan_attention
-    from graphfix.attention.table import match_table
+    from graphfix.attention.table import match_table, native_op_line
 
     scan = scan_attention(args.model)
     if args.json:
@@ -80,10 +80,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     elif not scan.attention_ops:
         print(f"no attention blocks found in {args.model}")
     for op in scan.attention_ops:
-        print(
-            f"ONNX Attention op {op.node} (causal={op.is_causal}, scale={op.scale}): already fused; "
-            "`graphfix fix --decompose-attention` rewrites it"
-        )
+        print(native_op_line(op))
     for skipped in scan.skipped:
         print(f"skipped {skipped.softmax}: {skipped.reason}")
     if scan.shape_inference_problem:

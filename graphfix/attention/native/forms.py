@@ -29,6 +29,7 @@ from enum import Enum
 import onnx
 
 from graphfix.attention.chain_steps import display
+from graphfix.attention.match_types import AttentionOpNode
 from graphfix.graph.index import GraphIndex
 
 NATIVE_OPS = ("Attention", "TRT_Attention", "TRT_QuantizedAttention", "TRT_KVCacheUpdate")
@@ -195,4 +196,21 @@ def _onnx_attention(
         qk_output=None if quantized else outputs[3] or None,
         qk_mode=int(attrs.get("qk_matmul_output_mode", 0)),
         unsupported=unsupported,
+    )
+
+
+def attention_op_node(form: NativeForm) -> AttentionOpNode:
+    """The scan's record of a native node (what `inspect` lists)."""
+    return AttentionOpNode(
+        node=form.node,
+        q=form.q,
+        k=form.k,
+        v=form.v,
+        mask=form.mask,
+        is_causal=form.causal is not Causal.NONE,
+        scale=form.scale,
+        softcap=form.softcap or None,
+        op_type=form.op_type,
+        attributes=form.attributes,
+        unsupported=form.unsupported,
     )

@@ -100,8 +100,11 @@ def lower(edit: GraphEdit, node: onnx.NodeProto, form: NativeForm) -> list[onnx.
         out = b.add("Transpose", [out], perm=[0, 2, 1, 3])
         b.add("Reshape", [out, b.ints("hidden", [0, 0, -1])], form.y)
     else:
-        b.nodes.append(helper.make_node("MatMul", [probs, v], [form.y], name=b.edit.unique(
-            f"{b.base}/MatMul_pv")))
+        b.nodes.append(
+            helper.make_node(
+                "MatMul", [probs, v], [form.y], name=b.edit.unique(f"{b.base}/MatMul_pv")
+            )
+        )
     return b.nodes
 
 
@@ -128,8 +131,9 @@ def _repeat_heads(b: _Builder, tensor: str, q: str) -> str:
             b.add("Concat", [ones, ones, group, ones, ones], axis=0),
         ],
     )
-    target = b.add("Mul", [b.add("Shape", [tensor]), b.add("Concat", [ones, group, ones, ones],
-                                                                  axis=0)])
+    target = b.add(
+        "Mul", [b.add("Shape", [tensor]), b.add("Concat", [ones, group, ones, ones], axis=0)]
+    )
     return b.add("Reshape", [expanded, target])
 
 

@@ -17,7 +17,7 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from graphfix.model_io import LoadedModel, fits_protobuf
-from graphfix.plugins.reference import with_reference_ops
+from graphfix.plugins.reference import reference_node_count, with_reference_ops
 from graphfix.plugins.spec import PLUGIN_DOMAIN
 from graphfix.validation.backends import BackendError, InputsRejected
 from graphfix.validation.inputs import cast_feeds, input_specs
@@ -42,7 +42,7 @@ class OnnxRuntimeRunner:
     def __init__(
         self, model: LoadedModel, *, label: str, reference_ops: bool | None = None
     ) -> None:
-        plugin_nodes = sum(n.domain == PLUGIN_DOMAIN for n in model.model.graph.node)
+        plugin_nodes = reference_node_count(model.model)
         lower = plugin_nodes > 0 if reference_ops is None else reference_ops
         self.label = label
         self.lowered_nodes = plugin_nodes if lower else 0

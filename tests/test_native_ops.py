@@ -1,0 +1,109 @@
+"""Native attention nodes through inspect → fix → validate: torch's opset-23 exports
+(tests/native_corpus.py) and TRT_Attention / TRT_QuantizedAttention graphs built from
+onnx-tensorrt's published attribute lists (tests/native_graphs.py)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import model_corpus
+import native_corpus
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from native_graphs import attention_model, feeds, reference
+
+import graphfix
+from graphfix.cli.main import main
+from graphfix.plugins.spec import ATTENTION
+
+
+def _run(model: onnx.ModelProto, data: dict) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, data)
+
+
+def _cases() -> list:
+    return [
+        pytest.param(e, id=e.name, marks=[pytest.mark.slow] if e.slow else [])
+        for e in native_corpus.ENTRIES
+    ]
+
+
+@pytest.mark.parametrize("entry", _cases())
+def test_opset23_export_goes_through_inspect_fix_validate(entry, corpus_dir: Path) -> None:
+    """Every Attention node is listed, decomposed and fused into GraphfixAttention; the fixed
+    model agrees with the original (onnxruntime running the Attention nodes itself)."""
+    path = native_corpus.model_path(entry, cache_dir=corpus_dir)
+    original = onnx.load(str(path))
+    scan = graphfix.scan_attention(original)
+    assert [op.op_type for op in scan.attention_ops] == ["Attention"] * entry.expected.attention_ops
+    assert all(op.unsupported is None for op in scan.attention_ops)
+    result = graphfix.fix_attention(original, strategy="fused_plugin", decompose_attention_ops=True)
+    assert result.report.decomposed_attention_ops == entry.expected.attention_ops
+    assert [b.detail for b in result.report.blocks if b.detail.startswith("fell back")] == []
+    nodes = Counter(n.op_type for n in result.model.graph.node)
+    assert nodes[ATTENTION.op_type] == entry.expected.attention_ops and not nodes["Attention"]
+    report = graphfix.validate(original, result.model)
+    assert report.passed, report
+
+
+@pytest.mark.parametrize(
+    ("op_type", "kwargs"),
+    [
+        ("TRT_Attention", {"causal_kind": "upper_left", "t": 5}),
+        ("TRT_Attention", {"mask": "bool", "hkv": 2}),
+        ("TRT_QuantizedAttention", {"mask": "float", "scale": 0.3}),
+    ],
+)
+def test_tensorrt_custom_ops_go_through_inspect_fix_validate(op_type, kwargs, tmp_path, capsys):
+    model = attention_model(op_type, **kwargs)
+    path = tmp_path / "native.onnx"
+    onnx.save(model, path)
+    assert main(["inspect", str(path)]) == 0
+    listed = capsys.readouterr().out
+    assert f"{op_type} op attn (" in listed and "--decompose-attention" in listed
+    for name, value in kwargs.items():
+        if name not in ("mask", "hkv", "t"):
+            assert f"{name}={value}" in listed
+    result = graphfix.fix_attention(model, strategy="fused_plugin", decompose_attention_ops=True)
+    (block,) = result.report.blocks
+    fused = Counter(n.op_type for n in result.model.graph.node)[ATTENTION.op_type]
+    if op_type == "TRT_QuantizedAttention":  # the node has no Q/DQ inside: GraphfixSoftmax
+        assert "probabilities are quantized" in block.detail
+    else:
+        assert fused == 1, block.detail
+    data = feeds(model)
+    (want,) = reference(model, data)
+    (got,) = _run(graphfix.with_reference_ops(result.model), data)
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+    report = graphfix.validate(model, result.model, inputs=data)
+    assert report.passed, report
+
+
+def test_packed_trt_attention_is_listed_left_alone_and_refused_by_validate(tmp_path, capsys):
+    model = attention_model("TRT_Attention", query_form="packed_nhd")
+    path = tmp_path / "packed.onnx"
+    onnx.save(model, path)
+    assert main(["inspect", str(path)]) == 0
+    assert "left as is: packed (packed_nhd)" in capsys.readouterr().out
+    result = graphfix.fix_attention(model, decompose_attention_ops=True)
+    assert "TRT_Attention op attn left as is: packed" in result.report.summary()
+    assert main(["validate", str(path), str(path)]) == 2
+    assert "packed" in capsys.readouterr().err
+
+
+def test_random_feed_of_an_export_is_what_validate_compares(corpus_dir: Path) -> None:
+    """The corpus export agrees with its decomposition on model_corpus's random feed too
+    (the plugin strategy: GraphfixSoftmax inside the decomposed chain)."""
+    entry = next(e for e in native_corpus.ENTRIES if e.model == "sdpa_causal")
+    original = onnx.load(str(native_corpus.model_path(entry, cache_dir=corpus_dir)))
+    result = graphfix.fix_attention(original, decompose_attention_ops=True)
+    (match,) = result.report.matches
+    assert match.causal
+    feed = model_corpus.random_feed(original, np.random.default_rng(0))
+    (want,) = _run(original, feed)
+    (got,) = _run(graphfix.with_reference_ops(result.model), feed)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
