@@ -12,12 +12,17 @@ from graphfix.attention.match_types import AttentionMatch
 from graphfix.attention.matcher import graph_scopes, scan_graph
 from graphfix.attention.native.decompose import lower_native_nodes
 from graphfix.attention.report import BlockOutcome, FixReport, FixResult
-from graphfix.attention.strategies import get_strategy
-from graphfix.errors import SelectionError
+from graphfix.attention.strategies import Strategy, get_strategy
+from graphfix.attention.strategies.native_attention import (
+    ACCUMULATE_CHOICES,
+    NativeAttentionStrategy,
+)
+from graphfix.errors import SelectionError, UsageError
 from graphfix.graph.edit import GraphEdit
 from graphfix.graph.index import GraphIndex
 from graphfix.model_io import LoadedModel, load_model
 from graphfix.plugins.spec import PLUGIN_DOMAIN, ensure_plugin_opset
+from graphfix.precision.opset_upgrade import default_opset, upgrade_opset
 from graphfix.selectors import parse_selectors, select_nodes
 
 Selector = int | str | re.Pattern[str]
@@ -29,6 +34,7 @@ def fix_attention(
     strategy: str | None = None,
     select: Sequence[Selector] | None = None,
     decompose_attention_ops: bool | None = None,
+    accumulate: str | None = None,
 ) -> FixResult:
     """Rewrite attention chains in a copy of `model`; return it with a report.
 
@@ -36,16 +42,20 @@ def fix_attention(
     data references (relative to the input's folder) — save it with `graphfix.save_model`.
     `select` picks blocks by index, exact Softmax node name, or regex (str or compiled) matched
     against the Softmax node name; None rewrites every block.
+    `accumulate="float32"` (native_attention only) casts float16/bfloat16 Q, K and V to
+    float32 around each Attention node.  A strategy whose nodes need a newer opset (Attention:
+    23) raises the model's opset first where no op changes meaning (precision/opset_upgrade.py).
     """
     loaded = load_model(model, load_weights=False)
     result = onnx.ModelProto()
     result.CopyFrom(loaded.model)
     decomposed = len(lower_native_nodes(result)) if decompose_attention_ops else 0
+    chosen_strategy = _strategy(strategy, accumulate)
+    result, blocked = _raise_opset(result, chosen_strategy.opset)
     index = GraphIndex(result, base_dir=loaded.base_dir)
     scopes = graph_scopes(index)
     scan = scan_graph(index, scopes=scopes)
     chosen = _select(result, scan.matches, select)
-    chosen_strategy = get_strategy(strategy)
     outcomes: dict[int, BlockOutcome] = {}
     # Subgraphs first (reverse depth-first order): each is edited on its own copy and written
     # back into its parent before the parent's edit copies the parent's nodes.
@@ -54,7 +64,9 @@ def fix_attention(
         for match in scan.matches:
             if match.location != location:
                 continue
-            if match.index in chosen:
+            if match.index in chosen and blocked:
+                rewritten, detail = False, blocked
+            elif match.index in chosen:
                 outcome = chosen_strategy.apply(edit, match)
                 rewritten, detail = outcome.rewritten, outcome.detail
             else:
@@ -84,6 +96,29 @@ def fix_attention(
     return FixResult(model=result, report=report)
 
 
+def _strategy(name: str | None, accumulate: str | None) -> Strategy:
+    chosen = get_strategy(name)
+    if accumulate is None:
+        return chosen
+    if chosen.name != NativeAttentionStrategy.name or accumulate not in ACCUMULATE_CHOICES:
+        raise UsageError(
+            f"accumulate={accumulate!r} with strategy {chosen.name!r}: only strategy "
+            f"{NativeAttentionStrategy.name!r} takes it, with {', '.join(ACCUMULATE_CHOICES)}; "
+            f"pass --strategy {NativeAttentionStrategy.name} --accumulate float32"
+        )
+    return NativeAttentionStrategy(accumulate=accumulate)
+
+
+def _raise_opset(model: onnx.ModelProto, opset: int | None) -> tuple[onnx.ModelProto, str]:
+    """`model` at `opset` or newer, or unchanged with why no block can be rewritten."""
+    if opset is None or default_opset(model) >= opset:
+        return model, ""
+    upgrade = upgrade_opset(model, opset)
+    if upgrade.model is None:
+        return model, f"left as is: the model cannot move to opset {opset}: {upgrade.reason}"
+    return upgrade.model, ""
+
+
 def _has_plugin_nodes(graph: onnx.GraphProto) -> bool:
     return any(node.domain == PLUGIN_DOMAIN for node in graph.node)
 
@@ -94,6 +129,7 @@ def break_attention_fusion(
     strategy: str | None = None,
     select: Sequence[Selector] | None = None,
     decompose_attention_ops: bool | None = None,
+    accumulate: str | None = None,
 ) -> onnx.ModelProto:
     """A new ModelProto whose attention chains TensorRT cannot fuse (the input is not mutated).
 
@@ -102,7 +138,11 @@ def break_attention_fusion(
     """
     source = load_model(model, load_weights=True).model
     return fix_attention(
-        source, strategy=strategy, select=select, decompose_attention_ops=decompose_attention_ops
+        source,
+        strategy=strategy,
+        select=select,
+        decompose_attention_ops=decompose_attention_ops,
+        accumulate=accumulate,
     ).model
 
 

@@ -57,6 +57,14 @@ def _fix_options() -> tuple[Option, ...]:
             convert=_parse_select,
         ),
         Option(
+            ("--accumulate",),
+            "accumulate",
+            "with --strategy native_attention: float32 casts float16/bfloat16 Q, K, V to float32 "
+            "around each Attention node (TensorRT ≥ 11.3 keeps the FP16 fused kernel and "
+            "accumulates in float32)",
+            {"choices": ("float32",)},
+        ),
+        Option(
             ("--decompose-attention",),
             "decompose_attention_ops",
             "decompose ONNX Attention ops (opset 23+) into the explicit chain, then rewrite them",

@@ -1,0 +1,129 @@
+"""native_attention: the whole chain becomes one opset-23 ONNX `Attention` node, laid out as
+TensorRT's ONNX parser maps it onto IAttention (TensorRT ≥ 10.14).
+
+The layout the importer expects: Q [B, Hq, S, D], K and V [B, Hkv, T, D] (or 3-D with
+q_num_heads/kv_num_heads), one output; `scale` always written (the importer applies √scale to Q
+and to K, as the spec does); a boolean mask (True keeps) or an additive mask of Q's type;
+`is_causal` only for a pure top-left causal mask with S == T.  Not expressible (the report says
+why, the chain is left as it is): a softcap (the importer refuses it), a
+boolean mask with a finite fill (IAttention blocks with -inf), Q/DQ inside the chain, and what
+GraphfixAttention cannot express either (fused_plugin's planning is shared).  An attention
+sink becomes one more key, exactly, as for fused_plugin (fused/sink.py).
+
+`accumulate="float32"` (`--accumulate float32`) casts float16/bfloat16 Q, K and V to float32
+around the node and its output back: TensorRT 11.3's release notes say such an IAttention keeps
+the FP16 fused kernel and accumulates in float32.  None of this is run here (no TensorRT): the
+rewrite is checked numerically on onnxruntime, which runs Attention-23 itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+
+from graphfix.attention.match_types import AttentionMatch
+from graphfix.attention.strategies.base import Outcome
+from graphfix.attention.strategies.fused.mask import plan_mask
+from graphfix.attention.strategies.fused.operands import plan_operands
+from graphfix.attention.strategies.fused.sink import add_sink_key, check_sink_steps
+from graphfix.attention.strategies.fused.unsupported import Unsupported
+from graphfix.attention.strategies.fused_plugin import _read_steps as read_steps
+from graphfix.attention.strategies.fused_plugin import _removed_positions as removed_positions
+from graphfix.graph.edit import GraphEdit
+
+_LOW_PRECISION = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+ACCUMULATE_CHOICES = ("float32",)
+
+
+class NativeAttentionStrategy:
+    name = "native_attention"
+    proven = False
+    opset = 23
+    summary = (
+        "replace the whole attention chain by one opset-23 ONNX Attention node that TensorRT "
+        "≥ 10.14 builds as IAttention (its fused kernel); --accumulate float32 casts Q, K, V "
+        "to float32 around it (TensorRT ≥ 11.3: FP16 kernel, float32 accumulation)"
+    )
+
+    def __init__(self, *, accumulate: str | None = None) -> None:
+        self.accumulate = accumulate
+
+    def apply(self, edit: GraphEdit, match: AttentionMatch) -> Outcome:
+        index = edit.index
+        base = match.softmax or f"graphfix_attention_{match.index}"
+        try:
+            softcap = read_steps(match)
+            if softcap:
+                raise Unsupported("a softcap, which TensorRT's Attention importer refuses")
+            if match.sink is not None:
+                check_sink_steps(edit, match, softcap)
+            operands = plan_operands(edit, match, base)
+            mask = plan_mask(edit, match, base, operands.q, allow_causal=match.sink is None)
+            if match.sink is not None:  # one more key, as for fused_plugin (fused/sink.py)
+                operands, mask = add_sink_key(edit, match, base, operands, mask)
+            if mask.fill is not None and mask.fill != -math.inf:
+                raise Unsupported(
+                    f"a boolean mask with the finite fill {mask.fill:g}; IAttention's boolean "
+                    "mask blocks with -inf"
+                )
+            removed = removed_positions(index, match, operands, mask)
+        except Unsupported as reason:
+            return Outcome(False, f"left as is, not expressible as IAttention: {reason}")
+        nodes = [*operands.nodes, *mask.nodes]
+        for tensor in (*operands.initializers, *mask.initializers):
+            edit.add_initializer(tensor)
+
+        def add(op: str, inputs: list[str], output: str | None = None, **attrs) -> str:
+            out = output or edit.unique(f"{base}/{op.lower()}_out")
+            nodes.append(
+                onnx.helper.make_node(op, inputs, [out], name=edit.unique(f"{base}/{op}"), **attrs)
+            )
+            return out
+
+        q, k, v = operands.q, operands.k, operands.v
+        rank = index.rank(q)
+        if operands.k_transposed:
+            k = add("Transpose", [k], perm=[*range(rank - 2), rank - 1, rank - 2])
+        elem = index.elem_type(q)
+        widen = self.accumulate == "float32" and elem in _LOW_PRECISION
+        if widen:
+            q, k, v = (add("Cast", [t], to=onnx.TensorProto.FLOAT) for t in (q, k, v))
+        inputs = [q, k, v]
+        if mask.tensor is not None:
+            tensor = mask.tensor if mask.fill is not None else add("CastLike", [mask.tensor, q])
+            if rank == 3:  # [N, S, T] or [S, T] against [N, 1, S, T]
+                tensor = add("Unsqueeze", [tensor, _ints(edit, base, "head_axis", [-3])])
+            # IAttention (and onnxruntime's kernel) take a mask of [.., .., S, T], broadcast
+            # over batch and heads only
+            size = [add("Shape", [t], start=-2, end=-1) for t in (q, k)]
+            ones = _ints(edit, base, "ones", [1, 1])
+            inputs.append(add("Expand", [tensor, add("Concat", [ones, *size], axis=0)]))
+        pv = edit.node_at(match.chain_positions[-1])
+        output = pv.output[0]
+        heads = {"q_num_heads": 1, "kv_num_heads": 1} if rank == 3 else {}
+        y = add("Attention", inputs, scale=float(operands.scale), is_causal=int(mask.causal),
+                **heads)
+        if widen:
+            y = add("Cast", [y], to=elem)
+        if operands.output_perm is not None:
+            y = add("Transpose", [y], perm=list(operands.output_perm))
+        if operands.cast_output_to is not None:
+            y = add("Cast", [y], to=operands.cast_output_to)
+        nodes[-1].output[0] = output  # the last node writes the chain's output tensor
+        for position in removed:
+            edit.replace(position, nodes if position == match.chain_positions[-1] else [])
+        edit.drop_if_unused({i for p in removed for i in edit.node_at(p).input})
+        edit.annotate(output)
+        features = [f"scale {operands.scale:.6g}"]
+        features += [f for f in (mask.describe, "causal" * mask.causal, operands.describe) if f]
+        if widen:
+            features.append("Q, K, V cast to float32 around it, output cast back")
+        return Outcome(True, f"chain → Attention ({', '.join(features)})")
+
+
+def _ints(edit: GraphEdit, base: str, suffix: str, values: list[int]) -> str:
+    name = edit.unique(f"{base}/{suffix}")
+    edit.add_initializer(onnx.numpy_helper.from_array(np.array(values, np.int64), name))
+    return name
