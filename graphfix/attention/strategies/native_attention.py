@@ -103,8 +103,9 @@ class NativeAttentionStrategy:
         pv = edit.node_at(match.chain_positions[-1])
         output = pv.output[0]
         heads = {"q_num_heads": 1, "kv_num_heads": 1} if rank == 3 else {}
-        y = add("Attention", inputs, scale=float(operands.scale), is_causal=int(mask.causal),
-                **heads)
+        y = add(
+            "Attention", inputs, scale=float(operands.scale), is_causal=int(mask.causal), **heads
+        )
         if widen:
             y = add("Cast", [y], to=elem)
         if operands.output_perm is not None:
@@ -120,6 +121,8 @@ class NativeAttentionStrategy:
         features += [f for f in (mask.describe, "causal" * mask.causal, operands.describe) if f]
         if widen:
             features.append("Q, K, V cast to float32 around it, output cast back")
+        if mask.tensor is not None and match.nan_guard is None:
+            features.append("a row with every key masked gives 0, where the chain gives NaN")
         return Outcome(True, f"chain → Attention ({', '.join(features)})")
 
 
