@@ -148,6 +148,14 @@ class TensorRTTrialRunner(TrialRunner):
     """Remedy trials as engine builds: each trial's model is built by polygraphy (no debug
     tensors, no marked outputs) and run once; its latency is the trial's `latency_ms`."""
 
+    @property
+    def offers_attention_accumulation(self) -> bool:
+        """IAttention accumulates in float32 around float32 Casts from TensorRT 11.3 on."""
+        import tensorrt as trt
+
+        major, minor = (int(part) for part in trt.__version__.split(".")[:2])
+        return (major, minor) >= (11, 3)
+
     def run_candidate(self, model: onnx.ModelProto) -> tuple[dict[str, np.ndarray], float | None]:
         with tempfile.TemporaryDirectory(prefix="graphfix-locate-trial-") as folder:
             path = Path(folder) / "trial.onnx"
