@@ -121,6 +121,8 @@ class NativeAttentionStrategy:
         features += [f for f in (mask.describe, "causal" * mask.causal, operands.describe) if f]
         if widen:
             features.append("Q, K, V cast to float32 around it, output cast back")
+        elif self.accumulate:
+            features.append(f"Q is {match.dtype}: no float32 casts needed")
         if mask.tensor is not None and match.nan_guard is None:
             features.append("a row with every key masked gives 0, where the chain gives NaN")
         return Outcome(True, f"chain → Attention ({', '.join(features)})")
