@@ -25,6 +25,7 @@ def attention_model(
     t: int = T,
     rank: int = 4,
     mask: str | None = None,
+    mask_keys: int | None = None,
     past: int = 0,
     outputs: int = 1,
     elem: int = TensorProto.FLOAT,
@@ -46,7 +47,9 @@ def attention_model(
     if mask:
         inputs.append(
             helper.make_tensor_value_info(
-                "mask", TensorProto.BOOL if mask == "bool" else elem, [B, 1, s, t + past]
+                "mask",
+                TensorProto.BOOL if mask == "bool" else elem,
+                [B, 1, s, t + past if mask_keys is None else mask_keys],
             )
         )
     names.append("mask" if mask else "")
@@ -145,7 +148,9 @@ def reference(model: onnx.ModelProto, data: dict[str, np.ndarray]) -> list[np.nd
     bias = np.zeros(logits.shape)
     if "mask" in x:
         m = x["mask"]
-        bias = bias + (np.where(m, 0.0, -np.inf) if m.dtype == np.bool_ else m)
+        m = np.where(m, 0.0, -np.inf) if m.dtype == np.bool_ else m
+        shorter = t - m.shape[-1]  # the spec pads a shorter mask with blocked keys
+        bias = bias + np.pad(m, [(0, 0)] * (m.ndim - 1) + [(0, shorter)], constant_values=-np.inf)
     i, j = np.arange(s)[:, None], np.arange(t)[None, :]
     kind = attrs.get("causal_kind", "none")
     if attrs.get("is_causal"):

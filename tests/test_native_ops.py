@@ -34,20 +34,42 @@ def _cases() -> list:
 
 @pytest.mark.parametrize("entry", _cases())
 def test_opset23_export_goes_through_inspect_fix_validate(entry, corpus_dir: Path) -> None:
-    """Every Attention node is listed, decomposed and fused into GraphfixAttention; the fixed
-    model agrees with the original (onnxruntime running the Attention nodes itself)."""
+    """Every Attention node is listed and becomes one GraphfixAttention node directly (no
+    decomposition); the fixed model agrees with the original (onnxruntime running the Attention
+    nodes itself, graphfix's reference ops the plugin nodes)."""
     path = native_corpus.model_path(entry, cache_dir=corpus_dir)
     original = onnx.load(str(path))
     scan = graphfix.scan_attention(original)
     assert [op.op_type for op in scan.attention_ops] == ["Attention"] * entry.expected.attention_ops
     assert all(op.unsupported is None for op in scan.attention_ops)
     result = graphfix.fix_attention(original, strategy="fused_plugin", decompose_attention_ops=True)
-    assert result.report.decomposed_attention_ops == entry.expected.attention_ops
-    assert [b.detail for b in result.report.blocks if b.detail.startswith("fell back")] == []
+    assert result.report.fused_attention_ops == entry.expected.attention_ops
+    assert result.report.decomposed_attention_ops == 0 and result.report.blocks == ()
     nodes = Counter(n.op_type for n in result.model.graph.node)
     assert nodes[ATTENTION.op_type] == entry.expected.attention_ops and not nodes["Attention"]
+    onnx.checker.check_model(result.model, full_check=True)
     report = graphfix.validate(original, result.model)
     assert report.passed, report
+
+
+@pytest.mark.parametrize("entry", _cases())
+def test_opset23_export_decomposed_for_the_plugin_strategy(entry, corpus_dir: Path) -> None:
+    """With a strategy other than fused_plugin the nodes are lowered to the chain, which the
+    matcher finds and the strategy rewrites; the result agrees with the original."""
+    original = onnx.load(str(native_corpus.model_path(entry, cache_dir=corpus_dir)))
+    result = graphfix.fix_attention(original, decompose_attention_ops=True)
+    assert result.report.decomposed_attention_ops == entry.expected.attention_ops
+    assert len(result.report.blocks) == entry.expected.attention_ops
+    assert all(b.rewritten for b in result.report.blocks)
+    onnx.checker.check_model(result.model, full_check=True)
+    feed = model_corpus.random_feed(original, np.random.default_rng(0))
+    for got, want in zip(
+        _run(graphfix.with_reference_ops(result.model), feed), _run(original, feed), strict=True
+    ):
+        low = got.dtype == np.float16
+        np.testing.assert_allclose(
+            got, want, rtol=2e-2 if low else 1e-5, atol=2e-2 if low else 1e-5
+        )
 
 
 @pytest.mark.parametrize(
@@ -69,12 +91,13 @@ def test_tensorrt_custom_ops_go_through_inspect_fix_validate(op_type, kwargs, tm
         if name not in ("mask", "hkv", "t"):
             assert f"{name}={value}" in listed
     result = graphfix.fix_attention(model, strategy="fused_plugin", decompose_attention_ops=True)
-    (block,) = result.report.blocks
     fused = Counter(n.op_type for n in result.model.graph.node)[ATTENTION.op_type]
-    if op_type == "TRT_QuantizedAttention":  # the node has no Q/DQ inside: GraphfixSoftmax
+    if op_type == "TRT_QuantizedAttention":  # no Q/DQ inside the node: decomposed, and the
+        (block,) = result.report.blocks  # chain's Softmax becomes GraphfixSoftmax
         assert "probabilities are quantized" in block.detail
+        assert "probabilities are quantized" in result.report.summary().split("decomposed")[1]
     else:
-        assert fused == 1, block.detail
+        assert fused == 1 and result.report.fused_attention_ops == 1
     data = feeds(model)
     (want,) = reference(model, data)
     (got,) = _run(graphfix.with_reference_ops(result.model), data)
@@ -107,3 +130,35 @@ def test_random_feed_of_an_export_is_what_validate_compares(corpus_dir: Path) ->
     (want,) = _run(original, feed)
     (got,) = _run(graphfix.with_reference_ops(result.model), feed)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("op_type", "kwargs", "why"),
+    [
+        ("Attention", {"mask": "bool", "hkv": 2, "softcap": 2.0}, None),
+        ("Attention", {"is_causal": 1, "t": 5, "mask": "float"}, None),
+        ("TRT_Attention", {"causal_kind": "lower_right", "t": 5}, None),
+        ("Attention", {"rank": 3, "q_num_heads": 4, "kv_num_heads": 4}, "rank-3"),
+        ("Attention", {"past": 2, "outputs": 3}, "KV cache"),
+        ("Attention", {"is_causal": 1}, "not known equal"),
+        ("Attention", {"outputs": 4}, "extra outputs"),
+        ("Attention", {"mask": "bool", "mask_keys": 4}, "key length"),
+        ("TRT_Attention", {"kv_lengths": True}, "kv_lengths"),
+    ],
+)
+def test_fused_plugin_takes_native_nodes_directly_or_says_why_not(op_type, kwargs, why) -> None:
+    model = attention_model(op_type, **kwargs)
+    result = graphfix.fix_attention(model, strategy="fused_plugin", decompose_attention_ops=True)
+    report = result.report
+    if why is None:
+        assert report.fused_attention_ops == 1 and report.decomposed_attention_ops == 0
+        (node,) = [n for n in result.model.graph.node if n.op_type == ATTENTION.op_type]
+        assert list(node.input) == [i for i in model.graph.node[0].input if i]
+    else:
+        assert report.fused_attention_ops == 0 and report.decomposed_attention_ops == 1
+        (note,) = report.native_notes
+        assert why in note and f"decomposed {note}" in report.summary()
+    data = feeds(model)
+    got = _run(graphfix.with_reference_ops(result.model), data)
+    for a, b in zip(got, reference(model, data), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

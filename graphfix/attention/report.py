@@ -35,10 +35,12 @@ class FixReport:
     attention_ops: tuple[AttentionOpNode, ...]
     decomposed_attention_ops: int
     matches: tuple[AttentionMatch, ...]
+    fused_attention_ops: int = 0  # native nodes rewritten as one GraphfixAttention node each
+    native_notes: tuple[str, ...] = ()  # why a native node was decomposed, not fused directly
 
     @property
     def rewritten(self) -> int:
-        return sum(b.rewritten for b in self.blocks)
+        return sum(b.rewritten for b in self.blocks) + self.fused_attention_ops
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
@@ -47,13 +49,20 @@ class FixReport:
 
     def summary(self) -> str:
         lines = [
-            f"strategy {self.strategy}: rewrote {self.rewritten} of {len(self.matches)} attention "
+            f"strategy {self.strategy}: rewrote {sum(b.rewritten for b in self.blocks)} of "
+            f"{len(self.matches)} attention "
             f"block(s)"
             + ("" if self.strategy_proven else " (heuristic: not verifiable without TensorRT)")
         ]
         for b in self.blocks:
             mark = "rewritten" if b.rewritten else "skipped  "
             lines.append(f"  [{b.index}] {mark} {b.softmax} ({b.kind.value}): {b.detail}")
+        if self.fused_attention_ops:
+            lines.append(
+                f"  rewrote {self.fused_attention_ops} native attention op(s) as one "
+                "GraphfixAttention node each (no decomposition)"
+            )
+        lines += [f"  decomposed {note}" for note in self.native_notes]
         if self.decomposed_attention_ops:
             lines.append(
                 f"  decomposed {self.decomposed_attention_ops} native attention op(s) "

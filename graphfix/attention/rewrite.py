@@ -10,9 +10,10 @@ import onnx
 
 from graphfix.attention.match_types import AttentionMatch
 from graphfix.attention.matcher import graph_scopes, scan_graph
-from graphfix.attention.native.decompose import lower_native_nodes
+from graphfix.attention.native.decompose import NativeRewrite, rewrite_native_nodes
 from graphfix.attention.report import BlockOutcome, FixReport, FixResult
 from graphfix.attention.strategies import Strategy, get_strategy
+from graphfix.attention.strategies.fused_plugin import FusedPluginStrategy
 from graphfix.attention.strategies.native_attention import (
     ACCUMULATE_CHOICES,
     NativeAttentionStrategy,
@@ -42,6 +43,9 @@ def fix_attention(
     data references (relative to the input's folder) — save it with `graphfix.save_model`.
     `select` picks blocks by index, exact Softmax node name, or regex (str or compiled) matched
     against the Softmax node name; None rewrites every block.
+    `decompose_attention_ops`: native attention nodes (ONNX Attention, TRT_Attention,
+    TRT_QuantizedAttention) are lowered to the explicit chain first; with fused_plugin, each the
+    GraphfixAttention contract expresses becomes one such node directly instead.
     `accumulate="float32"` (native_attention only) casts float16/bfloat16 Q, K and V to
     float32 around each Attention node.  A strategy whose nodes need a newer opset (Attention:
     23) raises the model's opset first where no op changes meaning (precision/opset_upgrade.py).
@@ -49,8 +53,12 @@ def fix_attention(
     loaded = load_model(model, load_weights=False)
     result = onnx.ModelProto()
     result.CopyFrom(loaded.model)
-    decomposed = len(lower_native_nodes(result)) if decompose_attention_ops else 0
     chosen_strategy = _strategy(strategy, accumulate)
+    native = (
+        rewrite_native_nodes(result, to_plugin=chosen_strategy.name == FusedPluginStrategy.name)
+        if decompose_attention_ops
+        else NativeRewrite(())
+    )
     result, blocked = _raise_opset(result, chosen_strategy.opset)
     index = GraphIndex(result, base_dir=loaded.base_dir)
     scopes = graph_scopes(index)
@@ -90,7 +98,9 @@ def fix_attention(
         blocks=tuple(blocks),
         not_attention=scan.skipped,
         attention_ops=scan.attention_ops,
-        decomposed_attention_ops=decomposed,
+        decomposed_attention_ops=len(native.lowered),
+        fused_attention_ops=len(native.fused),
+        native_notes=native.why_not_fused,
         matches=scan.matches,
     )
     return FixResult(model=result, report=report)

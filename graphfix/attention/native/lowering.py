@@ -156,10 +156,12 @@ def _mask(b: _Builder, form: NativeForm, scores: str, q: str, k: str) -> str:
     if form.mask or form.causal is not Causal.NONE or form.kv_lengths:
         neg_inf = b.like("neg_inf", -np.inf, q)
     if form.mask:
-        if b.edit.index.elem_type(form.mask) == _BOOL:
-            scores = b.add("Where", [form.mask, scores, neg_inf])
+        boolean = b.edit.index.elem_type(form.mask) == _BOOL
+        mask = _pad_keys(b, form.mask, k, boolean)
+        if boolean:
+            scores = b.add("Where", [mask, scores, neg_inf])
         else:
-            scores = b.add("Add", [scores, b.add("CastLike", [form.mask, q])])
+            scores = b.add("Add", [scores, b.add("CastLike", [mask, q])])
     if form.kv_lengths:
         keys = b.add(
             "Range",
@@ -177,6 +179,23 @@ def _mask(b: _Builder, form: NativeForm, scores: str, q: str, k: str) -> str:
         tril = b.add("Trilu", [ones] if offset is None else [ones, offset], upper=0)
         scores = b.add("Where", [tril, scores, neg_inf])
     return scores
+
+
+def _pad_keys(b: _Builder, mask: str, k: str, boolean: bool) -> str:
+    """The mask padded along its last axis to K's length (blocked: False or -inf), as the spec
+    reads a shorter mask; as is where the lengths are known equal."""
+    index = b.edit.index
+    mask_keys, keys = (index.shape(mask) or (None,))[-1], (index.shape(k) or (None,) * 4)[2]
+    rank = index.rank(mask)
+    if (isinstance(keys, int) and mask_keys == keys) or rank is None:
+        return mask
+    missing = b.add("Sub", [b.dim(k, 2), b.dim(mask, -1)])
+    pads = b.add("Concat", [b.ints("no_pad", [0] * (2 * rank - 1)), missing], axis=0)
+    if boolean:
+        fill = b.const("blocked", np.array(False))
+    else:
+        fill = b.add("CastLike", [b.const("blocked", np.array(-np.inf, np.float32)), mask])
+    return b.add("Pad", [mask, pads, fill])
 
 
 def _causal_offset(b: _Builder, form: NativeForm, q: str, k: str) -> str | None:
