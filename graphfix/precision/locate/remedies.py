@@ -270,34 +270,16 @@ def search_remedies(
         if any(suspect.node in r.nodes for r in kept):
             continue
         options: list[Remedy] = []
-        if (
-            suspect.attention_block is not None
-            and runner.offers_attention_accumulation
-            and not any(r.block == suspect.attention_block for r in kept)
-        ):  # keeps the fused kernel: tried before anything that gives fusion up
-            options.append(
-                Remedy(
-                    RemedyKind.ATTENTION_ACCUMULATION,
-                    suspect.node,
-                    nodes=chains.get(suspect.attention_block, ()),
-                    block=suspect.attention_block,
-                    strategy=NativeAttentionStrategy.name,
-                )
-            )
+        block = suspect.attention_block
+        free = block is not None and not any(r.block == block for r in kept)
+        if free and runner.offers_attention_accumulation:  # keeps the fused kernel: first
+            accumulate = RemedyKind.ATTENTION_ACCUMULATION
+            options.append(_block_remedy(accumulate, suspect, chains, NativeAttentionStrategy.name))
         if suspect.node in norms and not any(r.kind is RemedyKind.NORM_FUSION for r in kept):
             options.append(Remedy(RemedyKind.NORM_FUSION, suspect.node, nodes=norms[suspect.node]))
-        if suspect.attention_block is not None and not any(
-            r.block == suspect.attention_block for r in kept
-        ):
-            options.append(
-                Remedy(
-                    RemedyKind.ATTENTION_STRATEGY,
-                    suspect.node,
-                    nodes=chains.get(suspect.attention_block, ()),
-                    block=suspect.attention_block,
-                    strategy="fp32_island",
-                )
-            )
+        if free:
+            widen = RemedyKind.ATTENTION_STRATEGY
+            options.append(_block_remedy(widen, suspect, chains, "fp32_island"))
         steps = (
             1  # rings added per trial: 1, 1, 2, 4, ... so the whole graph is reached in log steps
         )
@@ -334,6 +316,15 @@ def search_remedies(
         float32_nodes=float32_compute_nodes(built.model),
         model=built.model if kept or current.passed else None,
     )
+
+
+def _block_remedy(
+    kind: RemedyKind, suspect: Suspect, chains: Mapping[int, tuple[str, ...]], strategy: str
+) -> Remedy:
+    """A remedy rewriting the suspect's attention block with `strategy`."""
+    block = suspect.attention_block
+    nodes = chains.get(block, ()) if block is not None else ()
+    return Remedy(kind, suspect.node, nodes=nodes, block=block, strategy=strategy)
 
 
 def _bisect(
