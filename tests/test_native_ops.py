@@ -162,3 +162,19 @@ def test_fused_plugin_takes_native_nodes_directly_or_says_why_not(op_type, kwarg
     got = _run(graphfix.with_reference_ops(result.model), data)
     for a, b in zip(got, reference(model, data), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_inspect_json_lists_native_nodes_with_their_attributes(tmp_path, capsys) -> None:
+    import json
+
+    model = attention_model("TRT_Attention", causal_kind="upper_left", t=5)
+    model.graph.node.append(
+        onnx.helper.make_node("TRT_KVCacheUpdate", ["k", "v"], ["cache"], domain="trt")
+    )
+    path = tmp_path / "native.onnx"
+    onnx.save(model, path)
+    assert main(["inspect", str(path), "--json"]) == 0
+    ops = json.loads(capsys.readouterr().out)["attention_ops"]
+    assert [op["op_type"] for op in ops] == ["TRT_Attention", "TRT_KVCacheUpdate"]
+    assert ["causal_kind", "upper_left"] in ops[0]["attributes"] and ops[0]["is_causal"]
+    assert ops[0]["unsupported"] is None and "KV-cache update" in ops[1]["unsupported"]

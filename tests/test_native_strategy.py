@@ -167,3 +167,27 @@ def test_native_matcher_corpus_entry_with_sinks_becomes_attention(corpus_dir: Pa
     result = graphfix.fix_attention(original, strategy="native_attention")
     assert all(b.rewritten for b in result.report.blocks)
     _agrees(original, result)
+
+
+def test_cli_accumulate_with_another_strategy_is_a_usage_error(tmp_path, capsys) -> None:
+    from graphfix.cli.main import main
+
+    path = tmp_path / "attn.onnx"
+    onnx.save(attention_model(), path)
+    code = main(["fix", str(path), "-o", str(tmp_path / "out.onnx"), "--accumulate", "float32"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--strategy native_attention" in err[0], err
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_cli_writes_a_valid_native_attention_model(tmp_path, capsys) -> None:
+    from graphfix.cli.main import main
+
+    path, out = tmp_path / "attn.onnx", tmp_path / "attn.native.onnx"
+    onnx.save(attention_model(Variant(dtype=onnx.TensorProto.FLOAT16, mask="add")), path)
+    args = ["fix", str(path), "-o", str(out), "--strategy", "native_attention"]
+    assert main([*args, "--accumulate", "float32"]) == 0
+    printed = capsys.readouterr().out
+    assert "chain → Attention" in printed and "float32 around it" in printed
+    onnx.checker.check_model(str(out), full_check=True)
+    assert main(["validate", str(path), str(out)]) == 0
