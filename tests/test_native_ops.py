@@ -98,6 +98,7 @@ def test_tensorrt_custom_ops_go_through_inspect_fix_validate(op_type, kwargs, tm
         assert "probabilities are quantized" in result.report.summary().split("decomposed")[1]
     else:
         assert fused == 1 and result.report.fused_attention_ops == 1
+    onnx.checker.check_model(result.model, full_check=True)
     data = feeds(model)
     (want,) = reference(model, data)
     (got,) = _run(graphfix.with_reference_ops(result.model), data)

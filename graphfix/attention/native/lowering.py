@@ -156,7 +156,14 @@ def _mask(b: _Builder, form: NativeForm, scores: str, q: str, k: str) -> str:
     if form.mask or form.causal is not Causal.NONE or form.kv_lengths:
         neg_inf = b.like("neg_inf", -np.inf, q)
     if form.mask:
-        boolean = b.edit.index.elem_type(form.mask) == _BOOL
+        elem = b.edit.index.elem_type(form.mask)
+        if elem is None:
+            raise UnsupportedModelError(
+                f"{form.op_type} node '{form.node}': the element type of attn_mask "
+                f"'{form.mask}' is unknown, so graphfix cannot tell a boolean mask from an "
+                "additive one; run onnx.shape_inference.infer_shapes on the model first"
+            )
+        boolean = elem == _BOOL
         mask = _pad_keys(b, form.mask, k, boolean)
         if boolean:
             scores = b.add("Where", [mask, scores, neg_inf])

@@ -72,8 +72,9 @@ class OnnxRuntimeRunner:
                 self.session = _session(str(path), options)
         except _ORT_ERRORS as exc:
             hint = (
-                f"; it has {plugin_nodes} {PLUGIN_DOMAIN} node(s): pass reference_ops=None or "
-                "True to lower them"
+                f"; it has {plugin_nodes} node(s) onnxruntime has no kernel for ({PLUGIN_DOMAIN} "
+                "plugins, TRT_Attention/TRT_QuantizedAttention): pass reference_ops=None or True "
+                "to lower them"
                 if plugin_nodes and not lower
                 else "; onnxruntime's CPU provider has no bfloat16 kernel for most ops: run a "
                 "bfloat16 model through PyTorch on a GPU (tools/torch_onnx_eval.py in the "
