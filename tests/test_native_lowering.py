@@ -155,3 +155,14 @@ def test_lowering_an_unsupported_form_directly_raises() -> None:
     (form,) = native_forms(model)
     with pytest.raises(UnsupportedModelError, match="packed"):
         lower(GraphEdit(model, index), model.graph.node[0], form)
+
+
+def test_a_mask_of_unknown_type_is_refused_not_guessed() -> None:
+    model = attention_model(mask="bool")
+    model.graph.node.insert(
+        0, onnx.helper.make_node("Opaque", ["mask"], ["opaque_mask"], domain="custom")
+    )
+    model.graph.node[1].input[3] = "opaque_mask"
+    model.opset_import.append(onnx.helper.make_opsetid("custom", 1))
+    with pytest.raises(UnsupportedModelError, match="element type of attn_mask"):
+        lower_native_nodes(model)
