@@ -60,6 +60,9 @@ def attention_model(
     if op_type == "TRT_QuantizedAttention":
         inputs.append(helper.make_tensor_value_info("quantize_scale", TensorProto.FLOAT, []))
         names.append("quantize_scale")
+    if attrs.pop("nonpad", False):
+        inputs.append(helper.make_tensor_value_info("nonpad_kv_seqlen", TensorProto.INT64, [B]))
+        names += [""] * (6 - len(names)) + ["nonpad_kv_seqlen"]
     if attrs.pop("kv_lengths", False):
         inputs.append(helper.make_tensor_value_info("kv_lengths", TensorProto.INT32, [B]))
         names += ["", "kv_lengths"]
@@ -95,8 +98,8 @@ def feeds(model: onnx.ModelProto, seed: int = 0, *, logits: float = 1.0) -> dict
         tensor = value.type.tensor_type
         shape = [d.dim_value for d in tensor.shape.dim]
         dtype = helper.tensor_dtype_to_np_dtype(tensor.elem_type)
-        if value.name == "kv_lengths":
-            out[value.name] = np.array([T, T - 3], np.int32)[:B]
+        if value.name in ("kv_lengths", "nonpad_kv_seqlen"):
+            out[value.name] = np.array([T, T - 3], dtype)[:B]
         elif value.name == "quantize_scale":
             out[value.name] = np.array(1 / 448, np.float32)
         elif dtype == np.bool_:
@@ -153,13 +156,17 @@ def reference(model: onnx.ModelProto, data: dict[str, np.ndarray]) -> list[np.nd
         bias = bias + np.pad(m, [(0, 0)] * (m.ndim - 1) + [(0, shorter)], constant_values=-np.inf)
     i, j = np.arange(s)[:, None], np.arange(t)[None, :]
     kind = attrs.get("causal_kind", "none")
-    if attrs.get("is_causal"):
+    lengths = x.get("kv_lengths", x.get("nonpad_kv_seqlen"))
+    if attrs.get("is_causal") and "nonpad_kv_seqlen" in x:  # offset nonpad[b] − S per batch
+        offset = (lengths - s)[:, None, None, None]
+        bias = bias + np.where(j <= i + offset, 0.0, -np.inf)
+    elif attrs.get("is_causal"):
         bias = bias + np.where(j <= i + past, 0.0, -np.inf)
     elif kind != "none":
         offset = 0 if kind == "upper_left" else t - s
         bias = bias + np.where(j <= i + offset, 0.0, -np.inf)
-    if "kv_lengths" in x:
-        keep = j[None] < x["kv_lengths"][:, None, None]
+    if lengths is not None:
+        keep = j[None] < lengths[:, None, None]
         bias = bias + np.where(keep, 0.0, -np.inf)[:, None]
     logits = logits + bias
     if attrs.get("TRT_normalization_op", "softmax") == "none":

@@ -51,6 +51,10 @@ ONNX_CASES = {
     "qk output mode 3": {"outputs": 4, "mask": "bool", "qk_matmul_output_mode": 3},
     "softmax precision": {"softmax_precision": onnx.TensorProto.DOUBLE},
     "opset 24": {"opset": 24, "mask": "bool"},
+    "opset 24 external cache": {"opset": 24, "nonpad": True},
+    "opset 24 external cache, causal": {"opset": 24, "nonpad": True, "is_causal": 1, "s": 3},
+    # batch 1 keeps 4 keys for 5 queries: offset −1, its first query row is empty (zeros)
+    "opset 24 causal, an empty row": {"opset": 24, "nonpad": True, "is_causal": 1},
     "bool mask shorter than the keys": {"mask": "bool", "mask_keys": 4},
     "float mask shorter than the keys": {"mask": "float", "mask_keys": 5},
 }

@@ -17,8 +17,8 @@ Native attention nodes are the fused forms TensorRT-era exports contain:
   INT8) with the scalar `normalization_quantize_scale` input and dequantized before P·V.
 - `TRT_KVCacheUpdate`: a cache write, not attention; listed and left alone.
 
-A form graphfix cannot lower (packed `packed_nhd` tensors, Attention-24's `nonpad_kv_seqlen`,
-a cache update) is read with the reason in `NativeForm.unsupported`.
+Attention-24's `nonpad_kv_seqlen` (an external cache) gives per-batch key counts and causal
+offsets.  A form graphfix cannot lower (packed `packed_nhd` tensors, a cache update) is read with the reason in `NativeForm.unsupported`.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class Causal(str, Enum):
     UPPER_LEFT = "upper_left"  # key j ≤ query i
     LOWER_RIGHT = "lower_right"  # key j ≤ i + (T − S)
     PAST = "past"  # key j ≤ i + past_key's length (Attention with a cache; 0 without)
+    LENGTHS = "lengths"  # key j ≤ i + nonpad_kv_seqlen[b] − S (Attention-24's external cache)
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,8 @@ class NativeForm:
     softcap: float
     past_key: str | None = None
     past_value: str | None = None
-    kv_lengths: str | None = None  # TRT_Attention, padded form: keys per batch entry
+    kv_lengths: str | None = None  # keys per batch entry: TRT_Attention's padded kv_lengths,
+    # Attention-24's nonpad_kv_seqlen
     softmax: bool = True  # False: TRT_normalization_op "none"
     softmax_precision: int | None = None
     quantize_scale: str | None = None  # TRT_QuantizedAttention's normalization scale
@@ -168,11 +170,8 @@ def _onnx_attention(
             unsupported = f"normalization_quantize_to_type {quantize_to} (FP8 or INT8 only)"
     else:
         past_key, past_value = inputs[4] or None, inputs[5] or None
-        if inputs[6]:
-            unsupported = (
-                "nonpad_kv_seqlen (Attention-24's external KV cache: per-batch key counts and "
-                "causal offsets); graphfix lowers Attention without it"
-            )
+        if inputs[6] and past_key:
+            unsupported = "nonpad_kv_seqlen with past_key/past_value, which the spec forbids"
         elif (past_key is None) != (past_value is None):
             unsupported = "only one of past_key and past_value, which the spec forbids"
     if common["rank"] == 3 and not (attrs.get("q_num_heads") and attrs.get("kv_num_heads")):
@@ -184,10 +183,13 @@ def _onnx_attention(
         q_heads=attrs.get("q_num_heads"),
         kv_heads=attrs.get("kv_num_heads"),
         scale=attrs.get("scale"),
-        causal=Causal.PAST if attrs.get("is_causal", 0) else Causal.NONE,
+        causal=(Causal.LENGTHS if inputs[6] else Causal.PAST)
+        if attrs.get("is_causal", 0)
+        else Causal.NONE,
         softcap=float(attrs.get("softcap", 0.0)),
         past_key=past_key,
         past_value=past_value,
+        kv_lengths=None if quantized else inputs[6] or None,
         softmax_precision=attrs.get("softmax_precision"),
         quantize_scale=quantize_scale,
         quantize_to=quantize_to,

@@ -170,16 +170,15 @@ def _mask(b: _Builder, form: NativeForm, scores: str, q: str, k: str) -> str:
         else:
             scores = b.add("Add", [scores, b.add("CastLike", [mask, q])])
     if form.kv_lengths:
-        keys = b.add(
-            "Range",
-            [b.ints("zero", 0), b.add("Squeeze", [b.dim(k, 2)]), b.ints("step", 1)],
-        )
+        keys = _range(b, k)
         lengths = b.add(
             "Unsqueeze",
             [b.add("Cast", [form.kv_lengths], to=onnx.TensorProto.INT64), b.ints("bhs", [1, 2, 3])],
         )
         scores = b.add("Where", [b.add("Less", [keys, lengths]), scores, neg_inf])
-    if form.causal is not Causal.NONE:
+    if form.causal is Causal.LENGTHS:
+        scores = b.add("Where", [_frontier_per_batch(b, form, q, k), scores, neg_inf])
+    elif form.causal is not Causal.NONE:
         square = b.add("Concat", [b.dim(q, 2), b.dim(k, 2)], axis=0)
         ones = b.add("ConstantOfShape", [square], value=numpy_helper.from_array(np.array([True])))
         offset = _causal_offset(b, form, q, k)
@@ -205,6 +204,23 @@ def _pad_keys(b: _Builder, mask: str, k: str, boolean: bool) -> str:
     return b.add("Pad", [mask, pads, fill])
 
 
+def _frontier_per_batch(b: _Builder, form: NativeForm, q: str, k: str) -> str:
+    """[B, 1, S, T] booleans: key j ≤ i + nonpad_kv_seqlen[b] − S (the spec's external cache)."""
+    queries = b.add("Unsqueeze", [_range(b, q), b.ints("query_axis", [1])])  # [S, 1]
+    ahead = b.add("Sub", [_range(b, k), queries])  # j − i, [S, T]
+    lengths = b.add("Cast", [form.kv_lengths], to=onnx.TensorProto.INT64)
+    offset = b.add("Sub", [lengths, b.dim(q, 2)])  # [B]
+    offset = b.add("Unsqueeze", [offset, b.ints("bhs", [1, 2, 3])])
+    return b.add("LessOrEqual", [ahead, offset])
+
+
+def _range(b: _Builder, tensor: str) -> str:
+    """0, 1, … along `tensor`'s sequence axis (2)."""
+    return b.add(
+        "Range", [b.ints("zero", 0), b.add("Squeeze", [b.dim(tensor, 2)]), b.ints("step", 1)]
+    )
+
+
 def _causal_offset(b: _Builder, form: NativeForm, q: str, k: str) -> str | None:
     """The diagonal's offset as Trilu's scalar `k`; None when it is 0."""
     if form.causal is Causal.LOWER_RIGHT:
@@ -222,7 +238,7 @@ def _normalise(b: _Builder, form: NativeForm, scores: str, q: str) -> str:
         probs = b.add("CastLike", [b.add("Softmax", [wide], axis=-1), q])
     else:
         probs = b.add("Softmax", [scores], axis=-1)
-    if form.zero_empty_rows and (form.mask or form.causal is not Causal.NONE):
+    if form.zero_empty_rows and (form.mask or form.causal is not Causal.NONE or form.kv_lengths):
         probs = b.add("Where", [b.add("IsNaN", [probs]), b.like("zero", 0.0, q), probs])
     return probs
 

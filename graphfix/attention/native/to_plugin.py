@@ -52,7 +52,7 @@ def _unexpressible(index: GraphIndex, form: NativeForm) -> str | None:
             any((form.present_key, form.present_value, form.qk_output)),
             "extra outputs (present_key/present_value/qk_matmul_output)",
         ),
-        (form.kv_lengths is not None, "per-batch key lengths (kv_lengths)"),
+        (form.kv_lengths is not None, "per-batch key lengths (kv_lengths, nonpad_kv_seqlen)"),
         (not form.softmax, "no normalization (TRT_normalization_op none)"),
         (
             form.softmax_precision not in (None, onnx.TensorProto.FLOAT),
