@@ -179,3 +179,13 @@ def test_inspect_json_lists_native_nodes_with_their_attributes(tmp_path, capsys)
     assert [op["op_type"] for op in ops] == ["TRT_Attention", "TRT_KVCacheUpdate"]
     assert ["causal_kind", "upper_left"] in ops[0]["attributes"] and ops[0]["is_causal"]
     assert ops[0]["unsupported"] is None and "KV-cache update" in ops[1]["unsupported"]
+
+
+def test_inspect_names_extra_outputs(tmp_path, capsys) -> None:
+    path = tmp_path / "cache.onnx"
+    onnx.save(attention_model(past=2, outputs=4, qk_matmul_output_mode=3), path)
+    assert main(["inspect", str(path)]) == 0
+    line = capsys.readouterr().out
+    assert "qk_matmul_output_mode=3" in line
+    assert "output present_key present_key, output present_value present_value" in line
+    assert "output qk_matmul_output qk" in line

@@ -294,6 +294,7 @@ class AttentionOpNode:
     op_type: str = "Attention"
     attributes: tuple[tuple[str, object], ...] = ()
     unsupported: str | None = None
+    extra_outputs: tuple[str, ...] = ()  # present_key, present_value, qk_matmul_output as given
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ def native_op_line(op: AttentionOpNode) -> str:
     label = "ONNX Attention" if op.op_type == "Attention" else op.op_type
     written = ", ".join(f"{name}={value}" for name, value in op.attributes) or "no attributes"
     mask = f", mask {op.mask}" if op.mask else ""
+    mask += "".join(f", output {extra}" for extra in op.extra_outputs)
     action = (
         f"left as is: {op.unsupported}"
         if op.unsupported

@@ -215,4 +215,13 @@ def attention_op_node(form: NativeForm) -> AttentionOpNode:
         op_type=form.op_type,
         attributes=form.attributes,
         unsupported=form.unsupported,
+        extra_outputs=tuple(
+            f"{role} {name}"
+            for role, name in (
+                ("present_key", form.present_key),
+                ("present_value", form.present_value),
+                ("qk_matmul_output", form.qk_output),
+            )
+            if name
+        ),
     )
