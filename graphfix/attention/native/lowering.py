@@ -81,30 +81,22 @@ def lower(edit: GraphEdit, node: onnx.NodeProto, form: NativeForm) -> list[onnx.
     if form.scale != 1.0:
         root = _root_scale(b, form, q)
         q, k = b.add("Mul", [q, root]), b.add("Mul", [k, root])
-    scores = b.add("MatMul", [q, b.add("Transpose", [k], perm=[0, 1, 3, 2])])
-    stages = {0: scores}
+    raw = b.add("MatMul", [q, b.add("Transpose", [k], perm=[0, 1, 3, 2])])
+    capped = raw
     if form.softcap > 0:
         cap = b.like("softcap", form.softcap, q)
-        scores = b.add("Mul", [b.add("Tanh", [b.add("Div", [scores, cap])]), cap])
-    stages[1] = scores
-    masked = _mask(b, form, scores, q, k)
-    stages[2] = masked
+        capped = b.add("Mul", [b.add("Tanh", [b.add("Div", [raw, cap])]), cap])
+    masked = _mask(b, form, capped, q, k)
     probs = _normalise(b, form, masked, q)
-    stages[3] = probs
-    if form.qk_output:
-        b.add("Identity", [stages[form.qk_mode]], form.qk_output)
+    if form.qk_output:  # qk_matmul_output_mode 0–3: which stage the extra output shows
+        b.add("Identity", [(raw, capped, masked, probs)[form.qk_mode]], form.qk_output)
     if form.quantize_to is not None:
         probs = _quantize(b, form, probs)
     if form.rank == 3:
-        out = b.add("MatMul", [probs, v])
-        out = b.add("Transpose", [out], perm=[0, 2, 1, 3])
+        out = b.add("Transpose", [b.add("MatMul", [probs, v])], perm=[0, 2, 1, 3])
         b.add("Reshape", [out, b.ints("hidden", [0, 0, -1])], form.y)
     else:
-        b.nodes.append(
-            helper.make_node(
-                "MatMul", [probs, v], [form.y], name=b.edit.unique(f"{b.base}/MatMul_pv")
-            )
-        )
+        b.add("MatMul", [probs, v], form.y)
     return b.nodes
 
 
