@@ -25,8 +25,8 @@ import onnx
 
 from graphfix.attention.match_types import AttentionMatch
 from graphfix.attention.strategies.base import Outcome
-from graphfix.attention.strategies.fused.mask import plan_mask
-from graphfix.attention.strategies.fused.operands import plan_operands
+from graphfix.attention.strategies.fused.mask import MaskPlan, plan_mask
+from graphfix.attention.strategies.fused.operands import Operands, plan_operands
 from graphfix.attention.strategies.fused.sink import add_sink_key, check_sink_steps
 from graphfix.attention.strategies.fused.unsupported import Unsupported
 from graphfix.attention.strategies.fused_plugin import _read_steps as read_steps
@@ -51,70 +51,28 @@ class NativeAttentionStrategy:
         self.accumulate = accumulate
 
     def apply(self, edit: GraphEdit, match: AttentionMatch) -> Outcome:
-        index = edit.index
         base = match.softmax or f"graphfix_attention_{match.index}"
         try:
-            softcap = read_steps(match)
-            if softcap:
-                raise Unsupported("a softcap, which TensorRT's Attention importer refuses")
-            if match.sink is not None:
-                check_sink_steps(edit, match, softcap)
-            operands = plan_operands(edit, match, base)
-            mask = plan_mask(edit, match, base, operands.q, allow_causal=match.sink is None)
-            if match.sink is not None:  # one more key, as for fused_plugin (fused/sink.py)
-                operands, mask = add_sink_key(edit, match, base, operands, mask)
-            if mask.fill is not None and mask.fill != -math.inf:
-                raise Unsupported(
-                    f"a boolean mask with the finite fill {mask.fill:g}; IAttention's boolean "
-                    "mask blocks with -inf"
-                )
-            removed = removed_positions(index, match, operands, mask)
+            operands, mask = _plan(edit, match, base)
+            removed = removed_positions(edit.index, match, operands, mask)
         except Unsupported as reason:
             return Outcome(False, f"left as is, not expressible as IAttention: {reason}")
-        nodes = [*operands.nodes, *mask.nodes]
         for tensor in (*operands.initializers, *mask.initializers):
             edit.add_initializer(tensor)
-
-        def add(op: str, inputs: list[str], output: str | None = None, **attrs) -> str:
-            out = output or edit.unique(f"{base}/{op.lower()}_out")
-            nodes.append(
-                onnx.helper.make_node(op, inputs, [out], name=edit.unique(f"{base}/{op}"), **attrs)
-            )
-            return out
-
-        q, k, v = operands.q, operands.k, operands.v
-        rank = index.rank(q)
-        if operands.k_transposed:
-            k = add("Transpose", [k], perm=[*range(rank - 2), rank - 1, rank - 2])
-        elem = index.elem_type(q)
+        nodes = _Nodes(edit, base, [*operands.nodes, *mask.nodes])
+        elem = edit.index.elem_type(operands.q)
         widen = self.accumulate == "float32" and elem in _LOW_PRECISION
+        y = nodes.attention(operands, mask, widen=widen)
         if widen:
-            q, k, v = (add("Cast", [t], to=onnx.TensorProto.FLOAT) for t in (q, k, v))
-        inputs = [q, k, v]
-        if mask.tensor is not None:
-            tensor = mask.tensor if mask.fill is not None else add("CastLike", [mask.tensor, q])
-            if rank == 3:  # [N, S, T] or [S, T] against [N, 1, S, T]
-                tensor = add("Unsqueeze", [tensor, _ints(edit, base, "head_axis", [-3])])
-            # IAttention (and onnxruntime's kernel) take a mask of [.., .., S, T], broadcast
-            # over batch and heads only
-            size = [add("Shape", [t], start=-2, end=-1) for t in (q, k)]
-            ones = _ints(edit, base, "ones", [1, 1])
-            inputs.append(add("Expand", [tensor, add("Concat", [ones, *size], axis=0)]))
-        pv = edit.node_at(match.chain_positions[-1])
-        output = pv.output[0]
-        heads = {"q_num_heads": 1, "kv_num_heads": 1} if rank == 3 else {}
-        y = add(
-            "Attention", inputs, scale=float(operands.scale), is_causal=int(mask.causal), **heads
-        )
-        if widen:
-            y = add("Cast", [y], to=elem)
+            y = nodes.add("Cast", [y], to=elem)
         if operands.output_perm is not None:
-            y = add("Transpose", [y], perm=list(operands.output_perm))
+            y = nodes.add("Transpose", [y], perm=list(operands.output_perm))
         if operands.cast_output_to is not None:
-            y = add("Cast", [y], to=operands.cast_output_to)
-        nodes[-1].output[0] = output  # the last node writes the chain's output tensor
+            y = nodes.add("Cast", [y], to=operands.cast_output_to)
+        output = edit.node_at(match.chain_positions[-1]).output[0]
+        nodes.list[-1].output[0] = output  # the last node writes the chain's output tensor
         for position in removed:
-            edit.replace(position, nodes if position == match.chain_positions[-1] else [])
+            edit.replace(position, nodes.list if position == match.chain_positions[-1] else [])
         edit.drop_if_unused({i for p in removed for i in edit.node_at(p).input})
         edit.annotate(output)
         features = [f"scale {operands.scale:.6g}"]
@@ -128,7 +86,64 @@ class NativeAttentionStrategy:
         return Outcome(True, f"chain → Attention ({', '.join(features)})")
 
 
-def _ints(edit: GraphEdit, base: str, suffix: str, values: list[int]) -> str:
-    name = edit.unique(f"{base}/{suffix}")
-    edit.add_initializer(onnx.numpy_helper.from_array(np.array(values, np.int64), name))
-    return name
+def _plan(edit: GraphEdit, match: AttentionMatch, base: str) -> tuple[Operands, MaskPlan]:
+    """The node's operands and mask, as fused_plugin plans them; raises Unsupported."""
+    softcap = read_steps(match)
+    if softcap:
+        raise Unsupported("a softcap, which TensorRT's Attention importer refuses")
+    if match.sink is not None:
+        check_sink_steps(edit, match, softcap)
+    operands = plan_operands(edit, match, base)
+    mask = plan_mask(edit, match, base, operands.q, allow_causal=match.sink is None)
+    if match.sink is not None:  # one more key, as for fused_plugin (fused/sink.py)
+        operands, mask = add_sink_key(edit, match, base, operands, mask)
+    if mask.fill is not None and mask.fill != -math.inf:
+        raise Unsupported(
+            f"a boolean mask with the finite fill {mask.fill:g}; IAttention's boolean mask "
+            "blocks with -inf"
+        )
+    return operands, mask
+
+
+class _Nodes:
+    """The nodes replacing one chain, named under its Softmax."""
+
+    def __init__(self, edit: GraphEdit, base: str, nodes: list[onnx.NodeProto]) -> None:
+        self.edit, self.base, self.list = edit, base, nodes
+
+    def add(self, op: str, inputs: list[str], **attrs) -> str:
+        out = self.edit.unique(f"{self.base}/{op.lower()}_out")
+        name = self.edit.unique(f"{self.base}/{op}")
+        self.list.append(onnx.helper.make_node(op, inputs, [out], name=name, **attrs))
+        return out
+
+    def ints(self, suffix: str, values: list[int]) -> str:
+        name = self.edit.unique(f"{self.base}/{suffix}")
+        self.edit.add_initializer(onnx.numpy_helper.from_array(np.array(values, np.int64), name))
+        return name
+
+    def attention(self, operands: Operands, mask: MaskPlan, *, widen: bool) -> str:
+        """The Attention node in the importer's layout: K not transposed, float32 Q/K/V when
+        `widen`, the mask of Q's type (or boolean) as [.., .., S, T]."""
+        q, k, v = operands.q, operands.k, operands.v
+        rank = self.edit.index.rank(q)
+        if operands.k_transposed:
+            k = self.add("Transpose", [k], perm=[*range(rank - 2), rank - 1, rank - 2])
+        if widen:
+            q, k, v = (self.add("Cast", [t], to=onnx.TensorProto.FLOAT) for t in (q, k, v))
+        inputs = [q, k, v]
+        if mask.tensor is not None:
+            tensor = (
+                mask.tensor if mask.fill is not None else self.add("CastLike", [mask.tensor, q])
+            )
+            if rank == 3:  # [N, S, T] or [S, T] against [N, 1, S, T]
+                tensor = self.add("Unsqueeze", [tensor, self.ints("head_axis", [-3])])
+            # IAttention (and onnxruntime's kernel) take a mask of [.., .., S, T], broadcast
+            # over batch and heads only
+            size = [self.add("Shape", [t], start=-2, end=-1) for t in (q, k)]
+            target = self.add("Concat", [self.ints("ones", [1, 1]), *size], axis=0)
+            inputs.append(self.add("Expand", [tensor, target]))
+        heads = {"q_num_heads": 1, "kv_num_heads": 1} if rank == 3 else {}
+        return self.add(
+            "Attention", inputs, scale=float(operands.scale), is_causal=int(mask.causal), **heads
+        )
