@@ -133,6 +133,18 @@ TRT_LOWERED = ("TRT_Attention", "TRT_QuantizedAttention")
 LOWERINGS = {SOFTMAX.op_type: _lower_softmax, ATTENTION.op_type: _lower_attention}
 
 
+def _lower_trt_ops(model: onnx.ModelProto) -> None:
+    """TensorRT's attention custom ops in `model`'s main graph lowered in place, or an error
+    naming the form graphfix cannot lower."""
+    for form in native_forms(model):
+        if form.op_type in TRT_LOWERED and form.unsupported:
+            raise UnsupportedModelError(
+                f"{form.op_type} node '{form.node}' uses {form.unsupported}; graphfix has no "
+                "reference implementation of that form, so onnxruntime cannot run the model"
+            )
+    lower_native_nodes(model, op_types=TRT_LOWERED)
+
+
 def has_plugin_ops(model: onnx.ModelProto) -> bool:
     return any(n.domain == PLUGIN_DOMAIN for g in all_graphs(model.graph) for n in g.node)
 
@@ -150,13 +162,8 @@ def with_reference_ops(model: onnx.ModelProto) -> onnx.ModelProto:
     TRT_QuantizedAttention nodes by their lowering (graphfix.attention.native)."""
     result = onnx.ModelProto()
     result.CopyFrom(model)
-    for form in native_forms(result):
-        if form.op_type in TRT_LOWERED and form.unsupported:
-            raise UnsupportedModelError(
-                f"{form.op_type} node '{form.node}' uses {form.unsupported}; graphfix has no "
-                "reference implementation of that form, so onnxruntime cannot run the model"
-            )
-    lower_native_nodes(result, op_types=TRT_LOWERED)
+    if any(n.op_type in TRT_LOWERED for n in result.graph.node):
+        _lower_trt_ops(result)
     main = GraphIndex(result)
     scopes = [(None, main), *((target, index) for _, target, index in main.subgraph_scopes())]
     for target, index in reversed(scopes):  # bodies first, written back before their parent
