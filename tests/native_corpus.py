@@ -15,9 +15,38 @@ from pathlib import Path
 
 import matcher_corpus
 import model_corpus
-from model_corpus import CorpusEntry, Expected
+from model_corpus import CorpusEntry, Expected, Exportable
 
 OPSET = 23
+
+
+def _sdpa_gqa(*, causal: bool) -> Exportable:
+    """F.scaled_dot_product_attention with 4 query heads over 2 key/value heads (enable_gqa):
+    one Attention node with grouped heads, a boolean mask or is_causal."""
+    torch = model_corpus._seeded()
+
+    class Block(torch.nn.Module):
+        def forward(self, q, k, v, keep=None):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=keep, is_causal=causal, enable_gqa=True
+            )
+
+    q = torch.randn(2, 4, 6, 8)
+    k, v = torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
+    keep = torch.rand(2, 1, 6, 6) > 0.2
+    keep[..., 0] = True
+    args, names = (
+        ((q, k, v), ("q", "k", "v")) if causal else ((q, k, v, keep), ("q", "k", "v", "keep"))
+    )
+    return Exportable(Block().eval(), args, names)
+
+
+def _sdpa_gqa_mask() -> Exportable:
+    return _sdpa_gqa(causal=False)
+
+
+def _sdpa_gqa_causal() -> Exportable:
+    return _sdpa_gqa(causal=True)
 
 
 def _entry(factory, attention_ops: int, library: str | None = None) -> CorpusEntry:
@@ -32,6 +61,8 @@ ENTRIES: tuple[CorpusEntry, ...] = (
     _entry(model_corpus._sdpa_causal, 1),
     _entry(model_corpus._sdpa_cross, 1),
     _entry(model_corpus._sdpa_fp16, 1),
+    _entry(_sdpa_gqa_mask, 1),
+    _entry(_sdpa_gqa_causal, 1),
     _entry(model_corpus._bert_sdpa, 2, "transformers"),
     _entry(model_corpus._llama_sdpa, 2, "transformers"),  # grouped heads: 4 query, 2 key/value
     _entry(model_corpus._timm_vit_tiny, 2, "timm"),
