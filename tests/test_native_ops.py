@@ -212,3 +212,23 @@ def test_native_attention_rebuilds_the_export_node(entry, corpus_dir: Path) -> N
     feed = {k: np.ones_like(v) if v.dtype == np.bool_ else v for k, v in feed.items()}
     for got, want in zip(_run(result.model, feed), _run(original, feed), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"causal_kind": "upper_left", "t": 5}, {"mask": "float", "hkv": 2}], ids=str
+)
+def test_trt_attention_becomes_onnx_attention_for_tensorrt_10(kwargs) -> None:
+    """TRT_Attention (TensorRT 11 only) → its chain → one ONNX Attention node (IAttention from
+    TensorRT 10.14): scale 1, as TRT_Attention applies none."""
+    model = attention_model("TRT_Attention", **kwargs)
+    result = graphfix.fix_attention(
+        model, strategy="native_attention", decompose_attention_ops=True
+    )
+    (node,) = [n for n in result.model.graph.node if n.op_type.endswith("Attention")]
+    assert node.op_type == "Attention" and node.domain == ""
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["scale"] == 1.0
+    data = feeds(model)
+    (want,) = reference(model, data)
+    (got,) = _run(result.model, data)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
