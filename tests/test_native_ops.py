@@ -232,3 +232,31 @@ def test_trt_attention_becomes_onnx_attention_for_tensorrt_10(kwargs) -> None:
     (want,) = reference(model, data)
     (got,) = _run(result.model, data)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_native_node_inside_an_if_body_is_listed_and_left_with_the_reason() -> None:
+    inner = attention_model()
+    body = onnx.helper.make_graph(list(inner.graph.node), "then", [], list(inner.graph.output))
+    other = onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["q"], ["y_else"])],
+        "else",
+        [],
+        [onnx.helper.make_tensor_value_info("y_else", onnx.TensorProto.FLOAT, None)],
+    )
+    cond = onnx.helper.make_tensor_value_info("cond", onnx.TensorProto.BOOL, [])
+    branch = onnx.helper.make_node(
+        "If", ["cond"], ["out"], name="branch", then_branch=body, else_branch=other
+    )
+    graph = onnx.helper.make_graph(
+        [branch],
+        "g",
+        [cond, *inner.graph.input],
+        [onnx.helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, None)],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=list(inner.opset_import))
+    (op,) = graphfix.scan_attention(model).attention_ops
+    assert op.node.startswith("If 'branch'/then_branch/")
+    assert "main graph only" in op.unsupported
+    result = graphfix.fix_attention(model, decompose_attention_ops=True)
+    assert result.report.decomposed_attention_ops == 0
+    assert "main graph only" in result.report.summary()

@@ -163,7 +163,10 @@ def scan_graph(index: GraphIndex, *, scopes: list[Scope] | None = None) -> Atten
                     )
                 )
     attention_ops = tuple(
-        attention_op_node(read_form(index, node)) for node in index.graph.node if is_native(node)
+        attention_op_node(read_form(scope, node), location=location)
+        for location, _, scope in scopes
+        for node in scope.graph.node
+        if is_native(node)
     )
     return AttentionScan(
         matches=tuple(matches),

@@ -201,10 +201,16 @@ def _onnx_attention(
     )
 
 
-def attention_op_node(form: NativeForm) -> AttentionOpNode:
-    """The scan's record of a native node (what `inspect` lists)."""
+def attention_op_node(form: NativeForm, *, location: str = "") -> AttentionOpNode:
+    """The scan's record of a native node (what `inspect` lists); `location` names the If/Loop/
+    Scan body it sits in ("" for the main graph), where graphfix does not lower it."""
+    unsupported = form.unsupported
+    if location and unsupported is None:
+        unsupported = (
+            f"inside {location}; graphfix lowers native attention nodes of the main graph only"
+        )
     return AttentionOpNode(
-        node=form.node,
+        node=f"{location}/{form.node}" if location else form.node,
         q=form.q,
         k=form.k,
         v=form.v,
@@ -214,7 +220,7 @@ def attention_op_node(form: NativeForm) -> AttentionOpNode:
         softcap=form.softcap or None,
         op_type=form.op_type,
         attributes=form.attributes,
-        unsupported=form.unsupported,
+        unsupported=unsupported,
         extra_outputs=tuple(
             f"{role} {name}"
             for role, name in (
