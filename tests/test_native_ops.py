@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from native_graphs import attention_model, feeds, reference
+from native_graphs import HQ, B, D, S, attention_model, feeds, reference
 
 import graphfix
 from graphfix.cli.main import main
@@ -234,14 +234,15 @@ def test_trt_attention_becomes_onnx_attention_for_tensorrt_10(kwargs) -> None:
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_native_node_inside_an_if_body_is_listed_and_left_with_the_reason() -> None:
-    inner = attention_model()
+def _inside_if(op_type: str, **kwargs) -> onnx.ModelProto:
+    """`attention_model(op_type)`'s node as the then-branch of an If on a boolean input."""
+    inner = attention_model(op_type, **kwargs)
     body = onnx.helper.make_graph(list(inner.graph.node), "then", [], list(inner.graph.output))
     other = onnx.helper.make_graph(
         [onnx.helper.make_node("Identity", ["q"], ["y_else"])],
         "else",
         [],
-        [onnx.helper.make_tensor_value_info("y_else", onnx.TensorProto.FLOAT, None)],
+        [onnx.helper.make_tensor_value_info("y_else", onnx.TensorProto.FLOAT, [B, HQ, S, D])],
     )
     cond = onnx.helper.make_tensor_value_info("cond", onnx.TensorProto.BOOL, [])
     branch = onnx.helper.make_node(
@@ -251,12 +252,33 @@ def test_native_node_inside_an_if_body_is_listed_and_left_with_the_reason() -> N
         [branch],
         "g",
         [cond, *inner.graph.input],
-        [onnx.helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, None)],
+        [onnx.helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [B, HQ, S, D])],
     )
     model = onnx.helper.make_model(graph, opset_imports=list(inner.opset_import))
+    model.ir_version = 10
+    return model
+
+
+@pytest.mark.parametrize(
+    ("op_type", "strategy"),
+    [("Attention", "plugin"), ("Attention", "fused_plugin"), ("TRT_Attention", "fused_plugin")],
+)
+def test_native_node_inside_an_if_body_is_listed_and_rewritten(op_type, strategy) -> None:
+    model = _inside_if(op_type, mask="bool")
     (op,) = graphfix.scan_attention(model).attention_ops
-    assert op.node.startswith("If 'branch'/then_branch/")
-    assert "main graph only" in op.unsupported
-    result = graphfix.fix_attention(model, decompose_attention_ops=True)
-    assert result.report.decomposed_attention_ops == 0
-    assert "main graph only" in result.report.summary()
+    assert op.node.startswith("If 'branch'/then_branch/") and op.op_type == op_type
+    result = graphfix.fix_attention(model, strategy=strategy, decompose_attention_ops=True)
+    report = result.report
+    if strategy == "fused_plugin":
+        assert report.fused_attention_ops == 1
+    else:
+        assert report.decomposed_attention_ops == 1 and report.blocks[0].rewritten
+        assert "inside If 'branch'" in report.blocks[0].detail
+    onnx.checker.check_model(result.model, full_check=True)
+    data = {"cond": np.array(True), **feeds(attention_model(op_type, mask="bool"))}
+    (want,) = reference(attention_model(op_type, mask="bool"), data)
+    (got,) = _run(graphfix.with_reference_ops(result.model), data)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    if op_type == "TRT_Attention":  # validate lowers the TRT_ node inside the body too
+        (original,) = _run(graphfix.with_reference_ops(model), data)
+        np.testing.assert_allclose(original, want, rtol=1e-5, atol=1e-5)

@@ -134,8 +134,8 @@ LOWERINGS = {SOFTMAX.op_type: _lower_softmax, ATTENTION.op_type: _lower_attentio
 
 
 def _lower_trt_ops(model: onnx.ModelProto) -> None:
-    """TensorRT's attention custom ops in `model`'s main graph lowered in place, or an error
-    naming the form graphfix cannot lower."""
+    """TensorRT's attention custom ops in `model` lowered in place, or an error naming the form
+    graphfix cannot lower."""
     for form in native_forms(model):
         if form.op_type in TRT_LOWERED and form.unsupported:
             raise UnsupportedModelError(
@@ -150,10 +150,11 @@ def has_plugin_ops(model: onnx.ModelProto) -> bool:
 
 
 def reference_node_count(model: onnx.ModelProto) -> int:
-    """Nodes onnxruntime cannot run that `with_reference_ops` lowers: graphfix plugin nodes
-    (every graph) and TensorRT's attention custom ops (main graph)."""
-    plugins = sum(n.domain == PLUGIN_DOMAIN for g in all_graphs(model.graph) for n in g.node)
-    return plugins + sum(n.op_type in TRT_LOWERED for n in model.graph.node)
+    """Nodes onnxruntime cannot run that `with_reference_ops` lowers: graphfix plugin nodes and
+    TensorRT's attention custom ops, in every graph."""
+    graphs = list(all_graphs(model.graph))
+    plugins = sum(n.domain == PLUGIN_DOMAIN for g in graphs for n in g.node)
+    return plugins + sum(n.op_type in TRT_LOWERED for g in graphs for n in g.node)
 
 
 def with_reference_ops(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -162,7 +163,7 @@ def with_reference_ops(model: onnx.ModelProto) -> onnx.ModelProto:
     TRT_QuantizedAttention nodes by their lowering (graphfix.attention.native)."""
     result = onnx.ModelProto()
     result.CopyFrom(model)
-    if any(n.op_type in TRT_LOWERED for n in result.graph.node):
+    if any(n.op_type in TRT_LOWERED for g in all_graphs(result.graph) for n in g.node):
         _lower_trt_ops(result)
     main = GraphIndex(result)
     scopes = [(None, main), *((target, index) for _, target, index in main.subgraph_scopes())]

@@ -203,12 +203,7 @@ def _onnx_attention(
 
 def attention_op_node(form: NativeForm, *, location: str = "") -> AttentionOpNode:
     """The scan's record of a native node (what `inspect` lists); `location` names the If/Loop/
-    Scan body it sits in ("" for the main graph), where graphfix does not lower it."""
-    unsupported = form.unsupported
-    if location and unsupported is None:
-        unsupported = (
-            f"inside {location}; graphfix lowers native attention nodes of the main graph only"
-        )
+    Scan body it sits in ("" for the main graph)."""
     return AttentionOpNode(
         node=f"{location}/{form.node}" if location else form.node,
         q=form.q,
@@ -220,7 +215,7 @@ def attention_op_node(form: NativeForm, *, location: str = "") -> AttentionOpNod
         softcap=form.softcap or None,
         op_type=form.op_type,
         attributes=form.attributes,
-        unsupported=unsupported,
+        unsupported=form.unsupported,
         extra_outputs=tuple(
             f"{role} {name}"
             for role, name in (
