@@ -35,12 +35,14 @@ class FixReport:
     attention_ops: tuple[AttentionOpNode, ...]
     decomposed_attention_ops: int
     matches: tuple[AttentionMatch, ...]
-    fused_attention_ops: int = 0  # native nodes rewritten as one GraphfixAttention node each
-    native_notes: tuple[str, ...] = ()  # why a native node was decomposed, not fused directly
+    direct_attention_ops: int = 0  # native nodes the strategy took without decomposing them
+    direct_target: str = ""  # what it made of them, e.g. "as one GraphfixAttention node each"
+    native_notes: tuple[str, ...] = ()  # why a native node was decomposed instead
+    native_kept: tuple[str, ...] = ()  # native nodes already in the strategy's form, kept
 
     @property
     def rewritten(self) -> int:
-        return sum(b.rewritten for b in self.blocks) + self.fused_attention_ops
+        return sum(b.rewritten for b in self.blocks) + self.direct_attention_ops
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
@@ -57,10 +59,10 @@ class FixReport:
         for b in self.blocks:
             mark = "rewritten" if b.rewritten else "skipped  "
             lines.append(f"  [{b.index}] {mark} {b.softmax} ({b.kind.value}): {b.detail}")
-        if self.fused_attention_ops:
+        if self.direct_attention_ops:
             lines.append(
-                f"  rewrote {self.fused_attention_ops} native attention op(s) as one "
-                "GraphfixAttention node each (no decomposition)"
+                f"  {self.direct_attention_ops} native attention op(s) {self.direct_target} "
+                "(no decomposition)"
             )
         lines += [f"  decomposed {note}" for note in self.native_notes]
         if self.decomposed_attention_ops:
@@ -72,6 +74,10 @@ class FixReport:
             label = "ONNX Attention" if op.op_type == "Attention" else op.op_type
             if op.unsupported:
                 lines.append(f"  {label} op {op.node} left as is: {op.unsupported}")
+            elif op.node in self.native_kept:
+                lines.append(
+                    f"  {label} op {op.node} kept as it is: already the node {self.strategy} writes"
+                )
             else:
                 lines.append(
                     f"  {label} op {op.node} left as is: pass --decompose-attention "

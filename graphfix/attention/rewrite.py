@@ -10,7 +10,13 @@ import onnx
 
 from graphfix.attention.match_types import AttentionMatch
 from graphfix.attention.matcher import graph_scopes, scan_graph
-from graphfix.attention.native.decompose import NativeRewrite, rewrite_native_nodes
+from graphfix.attention.native.decompose import (
+    DirectRewrite,
+    NativeRewrite,
+    rewrite_native_nodes,
+)
+from graphfix.attention.native.to_iattention import to_iattention
+from graphfix.attention.native.to_plugin import TO_PLUGIN
 from graphfix.attention.report import BlockOutcome, FixReport, FixResult
 from graphfix.attention.strategies import Strategy, get_strategy
 from graphfix.attention.strategies.fused_plugin import FusedPluginStrategy
@@ -45,7 +51,8 @@ def fix_attention(
     against the Softmax node name; None rewrites every block.
     `decompose_attention_ops`: native attention nodes (ONNX Attention, TRT_Attention,
     TRT_QuantizedAttention) are lowered to the explicit chain first; with fused_plugin, each the
-    GraphfixAttention contract expresses becomes one such node directly instead.
+    GraphfixAttention contract expresses becomes one such node directly instead, and with
+    native_attention an Attention node IAttention takes is kept (Casts around it to accumulate).
     `accumulate="float32"` (native_attention only) casts float16/bfloat16 Q, K and V to
     float32 around each Attention node.  A strategy whose nodes need a newer opset (Attention:
     23) raises the model's opset first where no op changes meaning (precision/opset_upgrade.py).
@@ -54,8 +61,9 @@ def fix_attention(
     result = onnx.ModelProto()
     result.CopyFrom(loaded.model)
     chosen_strategy = _strategy(strategy, accumulate)
+    direct = _direct_rewrite(chosen_strategy, accumulate)
     native = (
-        rewrite_native_nodes(result, to_plugin=chosen_strategy.name == FusedPluginStrategy.name)
+        rewrite_native_nodes(result, direct=direct)
         if decompose_attention_ops
         else NativeRewrite(())
     )
@@ -99,8 +107,10 @@ def fix_attention(
         not_attention=scan.skipped,
         attention_ops=scan.attention_ops,
         decomposed_attention_ops=len(native.lowered),
-        fused_attention_ops=len(native.fused),
-        native_notes=native.why_not_fused,
+        direct_attention_ops=len(native.direct),
+        direct_target="" if direct is None else direct.target,
+        native_notes=native.why_lowered,
+        native_kept=tuple(form.node for form in native.kept),
         matches=scan.matches,
     )
     return FixResult(model=result, report=report)
@@ -117,6 +127,15 @@ def _strategy(name: str | None, accumulate: str | None) -> Strategy:
             f"pass --strategy {NativeAttentionStrategy.name} --accumulate float32"
         )
     return NativeAttentionStrategy(accumulate=accumulate)
+
+
+def _direct_rewrite(strategy: Strategy, accumulate: str | None) -> DirectRewrite | None:
+    """What the strategy makes of a native node without decomposing it (None: decompose)."""
+    if strategy.name == FusedPluginStrategy.name:
+        return TO_PLUGIN
+    if strategy.name == NativeAttentionStrategy.name:
+        return to_iattention(accumulate=accumulate is not None)
+    return None
 
 
 def _raise_opset(model: onnx.ModelProto, opset: int | None) -> tuple[onnx.ModelProto, str]:

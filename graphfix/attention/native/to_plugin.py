@@ -15,16 +15,28 @@ import math
 
 import onnx
 
+from graphfix.attention.native.decompose import DirectRewrite
 from graphfix.attention.native.forms import Causal, NativeForm
+from graphfix.graph.edit import GraphEdit
 from graphfix.graph.index import GraphIndex
 from graphfix.plugins.spec import ATTENTION, PLUGIN_ELEMENT_TYPES, make_attention_node
 
 
-def plugin_node(index: GraphIndex, form: NativeForm, name: str) -> onnx.NodeProto | str:
-    """The GraphfixAttention node computing `form`'s node, or why the contract cannot."""
-    reason = _unexpressible(index, form)
+def plugin_nodes(
+    edit: GraphEdit, node: onnx.NodeProto, form: NativeForm
+) -> list[onnx.NodeProto] | str:
+    """[the GraphfixAttention node computing `node`], or why the contract cannot."""
+    reason = _unexpressible(edit.index, form)
     if reason is not None:
         return f"not one {ATTENTION.op_type} node: {reason}"
+    name = edit.unique(f"{node.name or form.y}/plugin")
+    return [_plugin_node(edit.index, form, name)]
+
+
+TO_PLUGIN = DirectRewrite(f"as one {ATTENTION.op_type} node each", plugin_nodes)
+
+
+def _plugin_node(index: GraphIndex, form: NativeForm, name: str) -> onnx.NodeProto:
     head = index.shape(form.q)[-1]  # known: checked above when the scale needs it
     scale = 1 / math.sqrt(head) if form.scale is None else form.scale
     inputs = [form.q, form.k, form.v] + ([form.mask] if form.mask else [])
