@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from graphfix.precision.locate import locate
-from graphfix.precision.locate.remedies import Remedy, RemedyKind, TrialRunner
+from graphfix.precision.locate.remedies import Remedy, RemedyKind, TrialRunner, search_remedies
 from graphfix.validation.compare import Tolerance
 
 S, D = 12, 16
@@ -89,20 +89,34 @@ def test_locate_prefers_float32_accumulation_to_a_float32_island(tmp_path) -> No
     assert [n.op_type for n in report.fixed_model.graph.node].count("Attention") == 1
 
 
-@pytest.mark.parametrize(("version", "offered"), [("11.2.0", False), ("11.3.0", True)])
-def test_wiring_tensorrt_runners_offer_it_from_11_3(version, offered, monkeypatch) -> None:
-    import sys
-    import types
+@pytest.mark.parametrize(
+    ("version", "offered"), [("10.14.1", False), ("11.2.0", False), ("11.3.0", True)]
+)
+def test_tensorrt_honours_the_remedy_from_11_3(version, offered) -> None:
+    from graphfix.precision.locate.trt_candidate import accumulates_attention_in_float32
+    from graphfix.validation.backends.tensorrt_backend import TensorRTStatus
 
-    from graphfix.precision.locate.trt_candidate import TensorRTTrialRunner
+    status = TensorRTStatus(version, "0.53.6", None)
+    assert accumulates_attention_in_float32(status) is offered
 
-    monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(__version__=version))
+
+def test_a_runner_without_it_searches_the_other_remedies(tmp_path) -> None:
+    """A TensorRT older than 11.3: the search goes on to the attention strategy and islands."""
     model, feeds = _overflowing_attention()
-    runner = TensorRTTrialRunner(
+    inputs = tmp_path / "inputs.npz"
+    np.savez(inputs, **feeds)
+    report = locate(model, precision="float16", inputs=inputs, remedies=False)
+    runner = _runner(model, feeds)
+    older = TrialRunner(
         model,
         precision="float16",
         feeds=feeds,
-        reference_outputs={},
-        tolerance=Tolerance(atol=1e-2, rtol=1e-2),
+        reference_outputs=runner.reference_outputs,
+        tolerance=runner.tolerance,
+        base="minimal",
+        attention_accumulation=False,
     )
-    assert runner.offers_attention_accumulation is offered
+    found = search_remedies(model, report.suspects, report.tensors, older)
+    tried = {r.kind for t in found.trials for r in t.remedies}
+    assert RemedyKind.ATTENTION_ACCUMULATION not in tried
+    assert found.passed and RemedyKind.FLOAT32_ISLAND in {r.kind for r in found.kept}

@@ -116,14 +116,33 @@ def float32_compute_nodes(model: onnx.ModelProto) -> tuple[str, ...]:
     return tuple(found)
 
 
+TrialRun = Callable[
+    [onnx.ModelProto, Mapping[str, np.ndarray]], tuple[dict[str, np.ndarray], float | None]
+]
+
+
+def run_trial_on_onnxruntime(
+    model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]
+) -> tuple[dict[str, np.ndarray], float | None]:
+    """`model`'s outputs on `feeds` by onnxruntime, float16 rounding made explicit; no latency.
+
+    An ONNX Attention node (a remedy writes them) runs through its standard-op lowering, so a
+    plain float16 Attention keeps float16 scores, as a kernel storing them would, and the
+    float32-accumulation remedy float32 ones."""
+    from graphfix.validation.backends.onnxruntime_backend import OnnxRuntimeRunner
+
+    lowered = onnx.ModelProto()
+    lowered.CopyFrom(model)
+    lower_native_nodes(lowered, op_types=("Attention",))
+    runner = OnnxRuntimeRunner(
+        LoadedModel(emulate_low_precision(lowered), None, True),
+        label="the candidate with remedies",
+    )
+    return runner.infer(feeds), None
+
+
 class TrialRunner:
-    """Builds and runs candidates with remedies against the reference outputs.
-
-    On onnxruntime, an ONNX Attention node a remedy writes is run through its standard-op
-    lowering, so a plain float16 Attention keeps float16 scores (as a kernel storing them would)
-    and the float32-accumulation remedy float32 ones."""
-
-    offers_attention_accumulation = True  # TensorRT runners: only from TensorRT 11.3 on
+    """Builds and runs candidates with remedies against the reference outputs."""
 
     def __init__(
         self,
@@ -134,7 +153,15 @@ class TrialRunner:
         reference_outputs: Mapping[str, np.ndarray],
         tolerance: Tolerance,
         base: str | None = None,
+        run_trial: TrialRun | None = None,
+        attention_accumulation: bool | None = None,
     ) -> None:
+        """`run_trial`: what runs each trial's model (a candidate runner's `run_trial`; None:
+        onnxruntime with float16/bfloat16 rounding made explicit).  `attention_accumulation`:
+        whether the runner honours float32 accumulation through IAttention (None: it does, as
+        onnxruntime's lowering does; a TensorRT runner only from 11.3 on)."""
+        self.run_trial = run_trial_on_onnxruntime if run_trial is None else run_trial
+        self.offers_attention_accumulation = attention_accumulation is not False
         self.base = "minimal" if base is None else base
         self._fusion = None  # fuse_norms' result, made on first use
         self.model = model
@@ -185,18 +212,9 @@ class TrialRunner:
         return self._fusion
 
     def run_candidate(self, model: onnx.ModelProto) -> tuple[dict[str, np.ndarray], float | None]:
-        """The candidate's outputs on the feeds (onnxruntime, float16 rounding made explicit),
-        and its latency where it means something (None here; TensorRT runners measure it)."""
-        from graphfix.validation.backends.onnxruntime_backend import OnnxRuntimeRunner
-
-        lowered = onnx.ModelProto()
-        lowered.CopyFrom(model)
-        lower_native_nodes(lowered, op_types=("Attention",))
-        runner = OnnxRuntimeRunner(
-            LoadedModel(emulate_low_precision(lowered), None, True),
-            label="the candidate with remedies",
-        )
-        return runner.infer(self.feeds), None
+        """The candidate's outputs on the feeds, and its latency in ms where the runner measures
+        one (TensorRT does; onnxruntime's CPU timing would mean nothing)."""
+        return self.run_trial(model, self.feeds)
 
     def trial(self, step: str, remedies: Sequence[Remedy]) -> tuple[Trial, BuiltCandidate]:
         start = time.perf_counter()
