@@ -21,12 +21,10 @@ from graphfix.attention.native.decompose import lower_native_nodes
 from graphfix.errors import UsageError
 
 # Blocks the strategy leaves as they are, by entry, and why: the importer refuses softcap;
-# IAttention has no Q/DQ inside; a finite fill combined with a bias (as for fused_plugin).
+# IAttention has no Q/DQ inside.
 NOT_EXPRESSIBLE: dict[str, tuple[int, str]] = {
     "gemma2_eager-legacy17": (2, "softcap"),
     "gemma2_eager-dynamo18": (2, "softcap"),
-    "padding_min_fill_and_causal_bias-legacy17": (1, "finite fill"),
-    "padding_min_fill_and_causal_bias-dynamo18": (1, "finite fill"),
     "sdpa_mask-dynamo18/ort_qdq": (1, "scores are quantized"),
     "bert_eager-legacy17/ort_qdq": (2, "scores are quantized"),
 }
@@ -47,22 +45,38 @@ def _agrees(original: onnx.ModelProto, result: graphfix.FixResult) -> None:
     (the spec's semantics) on model_corpus's random feed, and through onnxruntime's own
     Attention kernel on a feed whose masks keep every key.  (onnxruntime 1.32's kernel gives a
     zero row where every key is masked by a finite -3.4e38, which the random 0/1 attention masks
-    produce; the spec, the original chain and the lowering give a uniform row.)"""
+    produce; the spec, the original chain and the lowering give a uniform row.)  Integer masks
+    keep a key at 1; a boolean input keeps every key all True or all False, as the model reads
+    it, so the kernel has to agree on one of the two."""
     feed = model_corpus.random_feed(original, np.random.default_rng(SEED))
     lowered = onnx.ModelProto()
     lowered.CopyFrom(result.model)
     lower_native_nodes(lowered)
-    keep = {k: np.ones_like(v) if v.dtype.kind in "iub" else v for k, v in feed.items()}
+    _agree_on(lowered, original, feed)
+    problems = []
+    for boolean in (np.ones_like, np.zeros_like):
+        keep = {
+            k: boolean(v) if v.dtype == np.bool_ else np.ones_like(v) if v.dtype.kind in "iu" else v
+            for k, v in feed.items()
+        }
+        try:
+            _agree_on(result.model, original, keep)
+            return
+        except AssertionError as problem:
+            problems.append(problem)
+    raise problems[0]
+
+
+def _agree_on(model: onnx.ModelProto, original: onnx.ModelProto, data: dict) -> None:
     types = {t.data_type for t in original.graph.initializer}
     types |= {v.type.tensor_type.elem_type for v in original.graph.input}
-    for model, data in ((lowered, feed), (result.model, keep)):
-        for a, b in zip(_run(model, data), _run(original, data), strict=True):
-            low = onnx.TensorProto.FLOAT16 in types or b.dtype == np.float16
-            atol, rtol = _NUMPY_TOLERANCE["float16" if low else "float32"]
-            # a row with every key masked by -inf: NaN in the chain, zeros from Attention-23
-            assert np.isfinite(a[np.isnan(b)]).all()
-            defined = ~np.isnan(b)
-            np.testing.assert_allclose(a[defined], b[defined], atol=atol, rtol=rtol)
+    for a, b in zip(_run(model, data), _run(original, data), strict=True):
+        low = onnx.TensorProto.FLOAT16 in types or b.dtype == np.float16
+        atol, rtol = _NUMPY_TOLERANCE["float16" if low else "float32"]
+        # a row with every key masked by -inf: NaN in the chain, zeros from Attention-23
+        assert np.isfinite(a[np.isnan(b)]).all()
+        defined = ~np.isnan(b)
+        np.testing.assert_allclose(a[defined], b[defined], atol=atol, rtol=rtol)
 
 
 @pytest.mark.slow

@@ -27,6 +27,8 @@ from graphfix.attention.match_types import AttentionMatch
 from graphfix.attention.strategies.base import Outcome
 from graphfix.attention.strategies.fused.mask import MaskPlan, plan_mask
 from graphfix.attention.strategies.fused.operands import Operands, plan_operands
+from graphfix.attention.strategies.fused.regroup import find_regroup
+from graphfix.attention.strategies.fused.shape_readers import recompute_shapes, shape_readers
 from graphfix.attention.strategies.fused.sink import add_sink_key, check_sink_steps
 from graphfix.attention.strategies.fused.unsupported import Unsupported
 from graphfix.attention.strategies.fused_plugin import _read_steps as read_steps
@@ -53,8 +55,7 @@ class NativeAttentionStrategy:
     def apply(self, edit: GraphEdit, match: AttentionMatch) -> Outcome:
         base = match.softmax or f"graphfix_attention_{match.index}"
         try:
-            operands, mask = _plan(edit, match, base)
-            removed = removed_positions(edit.index, match, operands, mask)
+            operands, mask, removed, shapes = _plan(edit, match, base)
         except Unsupported as reason:
             return Outcome(False, f"left as is, not expressible as IAttention: {reason}")
         for tensor in (*operands.initializers, *mask.initializers):
@@ -73,6 +74,8 @@ class NativeAttentionStrategy:
         nodes.list[-1].output[0] = output  # the last node writes the chain's output tensor
         for position in removed:
             edit.replace(position, nodes.list if position == match.chain_positions[-1] else [])
+        for position, recomputed in shapes.items():
+            edit.replace(position, recomputed)
         edit.drop_if_unused({i for p in removed for i in edit.node_at(p).input})
         edit.annotate(output)
         features = [f"scale {operands.scale:.6g}"]
@@ -86,14 +89,22 @@ class NativeAttentionStrategy:
         return Outcome(True, f"chain → Attention ({', '.join(features)})")
 
 
-def _plan(edit: GraphEdit, match: AttentionMatch, base: str) -> tuple[Operands, MaskPlan]:
-    """The node's operands and mask, as fused_plugin plans them; raises Unsupported."""
+def _plan(
+    edit: GraphEdit, match: AttentionMatch, base: str
+) -> tuple[Operands, MaskPlan, list[int], dict[int, list[onnx.NodeProto]]]:
+    """The node's operands and mask as fused_plugin plans them, the chain positions removed and
+    the Shape readers recomputed from Q and K; raises Unsupported."""
+    index = edit.index
     softcap = read_steps(match)
     if softcap:
         raise Unsupported("a softcap, which TensorRT's Attention importer refuses")
     if match.sink is not None:
         check_sink_steps(edit, match, softcap)
     operands = plan_operands(edit, match, base)
+    if find_regroup(match) is not None:
+        raise Unsupported("a view of batch·heads around the chain (fused_plugin regroups it)")
+    if index.rank(operands.q) == 5:
+        raise Unsupported("5-D windowed attention (fused_plugin folds the leading axes)")
     mask = plan_mask(edit, match, base, operands.q, allow_causal=match.sink is None)
     if match.sink is not None:  # one more key, as for fused_plugin (fused/sink.py)
         operands, mask = add_sink_key(edit, match, base, operands, mask)
@@ -102,7 +113,10 @@ def _plan(edit: GraphEdit, match: AttentionMatch, base: str) -> tuple[Operands, 
             f"a boolean mask with the finite fill {mask.fill:g}; IAttention's boolean mask "
             "blocks with -inf"
         )
-    return operands, mask
+    readers = shape_readers(index, match)
+    removed = removed_positions(index, match, operands, mask, set(readers))
+    outside = {p: t for p, t in readers.items() if p not in removed}
+    return operands, mask, removed, recompute_shapes(edit, base, operands, outside)
 
 
 class _Nodes:
