@@ -78,10 +78,12 @@ def lower(edit: GraphEdit, node: onnx.NodeProto, form: NativeForm) -> list[onnx.
         if out:
             b.add("Identity", [cache], out)
     k, v = (_repeat_heads(b, t, q) for t in (k, v))
+    # shapes, types and masks read Q and K before the √scale Muls, which belong to the chain
+    q_scaled, k_scaled = q, k
     if form.scale != 1.0:
         root = _root_scale(b, form, q)
-        q, k = b.add("Mul", [q, root]), b.add("Mul", [k, root])
-    raw = b.add("MatMul", [q, b.add("Transpose", [k], perm=[0, 1, 3, 2])])
+        q_scaled, k_scaled = b.add("Mul", [q, root]), b.add("Mul", [k, root])
+    raw = b.add("MatMul", [q_scaled, b.add("Transpose", [k_scaled], perm=[0, 1, 3, 2])])
     capped = raw
     if form.softcap > 0:
         cap = b.like("softcap", form.softcap, q)

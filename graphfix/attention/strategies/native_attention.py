@@ -25,9 +25,10 @@ import onnx
 
 from graphfix.attention.match_types import AttentionMatch
 from graphfix.attention.strategies.base import Outcome
+from graphfix.attention.strategies.fused.fold5 import fold_leading, unfold
 from graphfix.attention.strategies.fused.mask import MaskPlan, plan_mask
 from graphfix.attention.strategies.fused.operands import Operands, plan_operands
-from graphfix.attention.strategies.fused.regroup import find_regroup
+from graphfix.attention.strategies.fused.regroup import find_regroup, regroup_operands, view_back
 from graphfix.attention.strategies.fused.shape_readers import recompute_shapes, shape_readers
 from graphfix.attention.strategies.fused.sink import add_sink_key, check_sink_steps
 from graphfix.attention.strategies.fused.unsupported import Unsupported
@@ -36,6 +37,9 @@ from graphfix.attention.strategies.fused_plugin import _removed_positions as rem
 from graphfix.graph.edit import GraphEdit
 
 _LOW_PRECISION = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+# A float32 fill at or below this absorbs any score added to it (s + fill == fill for
+# |s| < 1e31), so Where(keep, s, fill) == s + Where(keep, 0, fill): finfo(float32).min masks.
+_ABSORBING = 1e30
 ACCUMULATE_CHOICES = ("float32",)
 
 
@@ -55,7 +59,7 @@ class NativeAttentionStrategy:
     def apply(self, edit: GraphEdit, match: AttentionMatch) -> Outcome:
         base = match.softmax or f"graphfix_attention_{match.index}"
         try:
-            operands, mask, removed, shapes = _plan(edit, match, base)
+            operands, mask, removed, shapes, fold_heads = _plan(edit, match, base)
         except Unsupported as reason:
             return Outcome(False, f"left as is, not expressible as IAttention: {reason}")
         for tensor in (*operands.initializers, *mask.initializers):
@@ -66,6 +70,11 @@ class NativeAttentionStrategy:
         y = nodes.attention(operands, mask, widen=widen)
         if widen:
             y = nodes.add("Cast", [y], to=elem)
+        if fold_heads:
+            y = nodes.extend(view_back(edit, base, y, edit.unique(f"{base}/out_folded")))
+        if operands.unfold_like is not None:
+            split = edit.unique(f"{base}/out_5d")
+            y = nodes.extend(unfold(edit, base, y, operands.unfold_like, split))
         if operands.output_perm is not None:
             y = nodes.add("Transpose", [y], perm=list(operands.output_perm))
         if operands.cast_output_to is not None:
@@ -91,9 +100,10 @@ class NativeAttentionStrategy:
 
 def _plan(
     edit: GraphEdit, match: AttentionMatch, base: str
-) -> tuple[Operands, MaskPlan, list[int], dict[int, list[onnx.NodeProto]]]:
-    """The node's operands and mask as fused_plugin plans them, the chain positions removed and
-    the Shape readers recomputed from Q and K; raises Unsupported."""
+) -> tuple[Operands, MaskPlan, list[int], dict[int, list[onnx.NodeProto]], bool]:
+    """The node's operands and mask as fused_plugin plans them, the chain positions removed,
+    the Shape readers recomputed from Q and K, and whether the output is viewed back to
+    batch·heads; raises Unsupported."""
     index = edit.index
     softcap = read_steps(match)
     if softcap:
@@ -101,22 +111,27 @@ def _plan(
     if match.sink is not None:
         check_sink_steps(edit, match, softcap)
     operands = plan_operands(edit, match, base)
-    if find_regroup(match) is not None:
-        raise Unsupported("a view of batch·heads around the chain (fused_plugin regroups it)")
-    if index.rank(operands.q) == 5:
-        raise Unsupported("5-D windowed attention (fused_plugin folds the leading axes)")
-    mask = plan_mask(edit, match, base, operands.q, allow_causal=match.sink is None)
+    regroup = find_regroup(match)
+    if regroup is not None:  # batch·heads viewed as batch, heads (BLOOM, DeBERTa v2)
+        operands = regroup_operands(edit, base, regroup, operands)
+    if index.rank(operands.q) == 5:  # windows folded into the batch (NesT)
+        operands = fold_leading(edit, match, base, operands)
+    mask = plan_mask(
+        edit, match, base, operands.q, allow_causal=match.sink is None, regroup=regroup
+    )
     if match.sink is not None:  # one more key, as for fused_plugin (fused/sink.py)
         operands, mask = add_sink_key(edit, match, base, operands, mask)
-    if mask.fill is not None and mask.fill != -math.inf:
+    if mask.fill is not None and -_ABSORBING < mask.fill < math.inf:
         raise Unsupported(
             f"a boolean mask with the finite fill {mask.fill:g}; IAttention's boolean mask "
-            "blocks with -inf"
+            f"blocks with -inf, and the fill as an additive mask is exact only at ≤ "
+            f"-{_ABSORBING:g}"
         )
     readers = shape_readers(index, match)
     removed = removed_positions(index, match, operands, mask, set(readers))
     outside = {p: t for p, t in readers.items() if p not in removed}
-    return operands, mask, removed, recompute_shapes(edit, base, operands, outside)
+    view_back = regroup is not None and regroup.probs is not None
+    return operands, mask, removed, recompute_shapes(edit, base, operands, outside), view_back
 
 
 class _Nodes:
@@ -130,6 +145,16 @@ class _Nodes:
         name = self.edit.unique(f"{self.base}/{op}")
         self.list.append(onnx.helper.make_node(op, inputs, [out], name=name, **attrs))
         return out
+
+    def extend(self, nodes: list[onnx.NodeProto]) -> str:
+        """Append `nodes` (the last writes the result); the result's name."""
+        self.list.extend(nodes)
+        return nodes[-1].output[0]
+
+    def floats(self, suffix: str, value: float) -> str:
+        name = self.edit.unique(f"{self.base}/{suffix}")
+        self.edit.add_initializer(onnx.numpy_helper.from_array(np.array(value, np.float32), name))
+        return name
 
     def ints(self, suffix: str, values: list[int]) -> str:
         name = self.edit.unique(f"{self.base}/{suffix}")
@@ -147,9 +172,12 @@ class _Nodes:
             q, k, v = (self.add("Cast", [t], to=onnx.TensorProto.FLOAT) for t in (q, k, v))
         inputs = [q, k, v]
         if mask.tensor is not None:
-            tensor = (
-                mask.tensor if mask.fill is not None else self.add("CastLike", [mask.tensor, q])
-            )
+            tensor = mask.tensor
+            if mask.fill is not None and mask.fill != -math.inf:  # an absorbing fill: additive
+                zero, blocked = self.floats("keep", 0.0), self.floats("blocked", mask.fill)
+                tensor = self.add("Where", [tensor, zero, blocked])
+            if mask.fill != -math.inf:  # additive: in Q's type, as IAttention takes it
+                tensor = self.add("CastLike", [tensor, q])
             if rank == 3:  # [N, S, T] or [S, T] against [N, 1, S, T]
                 tensor = self.add("Unsqueeze", [tensor, self.ints("head_axis", [-3])])
             # IAttention (and onnxruntime's kernel) take a mask of [.., .., S, T], broadcast
