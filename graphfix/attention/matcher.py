@@ -58,7 +58,7 @@ from graphfix.attention.match_types import (
 from graphfix.attention.native.forms import attention_op_node, is_native, read_form
 from graphfix.errors import UnsupportedModelError
 from graphfix.graph.index import GraphIndex, dtype_name
-from graphfix.model_io import load_model
+from graphfix.model_io import check_opset, load_model
 
 _MAX_SCORE_HOPS = 14
 _MAX_PROB_HOPS = 8
@@ -103,18 +103,11 @@ _CONTRIB_ATTENTION = {
     "PackedMultiHeadAttention", "DecoderMaskedMultiHeadAttention", "DecoderMaskedSelfAttention",
     "SparseAttention", "PagedAttention",
 }  # fmt: skip
-_MIN_OPSET = 7
 
 
 def check_supported(index: GraphIndex) -> None:
     """Raise UnsupportedModelError for opsets and ops the matcher cannot reason about."""
-    newest = onnx.defs.onnx_opset_version()
-    if not _MIN_OPSET <= index.opset <= newest:
-        raise UnsupportedModelError(
-            f"the model imports ai.onnx opset {index.opset}; graphfix understands opsets "
-            f"{_MIN_OPSET}..{newest} (onnx {onnx.__version__}); convert it with "
-            "onnx.version_converter.convert_version(model, 17) or upgrade onnx"
-        )
+    check_opset(index.opset)
     for node in index.graph.node:
         if node.domain == "com.microsoft" and node.op_type in _CONTRIB_ATTENTION:
             raise UnsupportedModelError(
