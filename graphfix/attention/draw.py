@@ -205,9 +205,8 @@ def _find_block(
             f"0..{len(matches) - 1} and their Softmax nodes are {listed}"
             f"{', …' if len(matches) > 6 else ''}{hint}"
         )
-    nodes = model.graph.node
-    chain = [nodes[p] for p in chosen.chain_positions]
-    qk, pv = chain[0], chain[-1]
+    chain = [n.node for n in chosen.path]
+    qk, pv = chosen.qk.node, chosen.pv.node
     labels = {s.source: "mask" for s in chosen.steps if isinstance(s, (MaskStep, BiasStep))}
     if chosen.sink is not None:
         labels[chosen.sink.sink] = "sink"
@@ -226,7 +225,7 @@ def _find_block(
         chain_tensors=frozenset(t for node in chain for t in node.output if t),
         known_tensors=frozenset(_all_tensors(model)),
         labels=labels,
-        node_names=frozenset(n.name for n in nodes if n.name),
+        node_names=frozenset(n.name for n in model.graph.node if n.name),
     )
 
 
@@ -238,11 +237,11 @@ def _softmax_names(
     producer = GraphIndex(drawn).producer
     names = {}
     for match in matches:
-        out = model.graph.node[match.softmax_position].output[0]
+        out = match.softmax_node.node.output[0]
         candidates = [out, *_cast_outputs(model, out)]
         node = next((producer[t] for t in candidates if t in producer), None)
         names[match.index] = (node.name if node is not None else "") or (
-            match.softmax or f"#{match.softmax_position}"
+            match.softmax or f"#{match.softmax_node.position}"
         )
     return names
 

@@ -18,7 +18,7 @@ from graphfix.attention.native.decompose import (
 from graphfix.attention.native.to_iattention import to_iattention
 from graphfix.attention.native.to_plugin import TO_PLUGIN
 from graphfix.attention.report import BlockOutcome, FixReport, FixResult
-from graphfix.attention.strategies import Strategy, get_strategy
+from graphfix.attention.strategies import Outcome, Strategy, get_strategy
 from graphfix.attention.strategies.fused_plugin import FusedPluginStrategy
 from graphfix.attention.strategies.native_attention import (
     ACCUMULATE_CHOICES,
@@ -27,6 +27,7 @@ from graphfix.attention.strategies.native_attention import (
 from graphfix.errors import SelectionError, UsageError
 from graphfix.graph.edit import GraphEdit
 from graphfix.graph.index import GraphIndex
+from graphfix.graph.value_info import reconcile_value_info
 from graphfix.model_io import LoadedModel, load_model
 from graphfix.plugins.spec import PLUGIN_DOMAIN, ensure_plugin_opset
 from graphfix.precision.opset_upgrade import default_opset, upgrade_opset
@@ -81,24 +82,26 @@ def fix_attention(
             if match.location != location:
                 continue
             if match.index in chosen and blocked:
-                rewritten, detail = False, blocked
+                outcome = Outcome(False, blocked)
             elif match.index in chosen:
                 outcome = chosen_strategy.apply(edit, match)
-                rewritten, detail = outcome.rewritten, outcome.detail
             else:
-                rewritten, detail = False, "not selected"
+                outcome = Outcome(False, "not selected")
+            detail = outcome.describe()
             outcomes[match.index] = BlockOutcome(
                 index=match.index,
-                softmax=match.softmax or f"#{match.softmax_position}",
+                softmax=match.softmax or f"#{match.softmax_node.position}",
                 kind=match.kind,
-                rewritten=rewritten,
+                rewritten=outcome.rewritten,
                 detail=detail if not location else f"{detail} (inside {location})",
+                fallback=outcome.fallback,
             )
         edit.commit()
         if target is not None:
             target.CopyFrom(scope.model.graph)
     if any(_has_plugin_nodes(scope.model.graph) for _, _, scope in scopes):
         ensure_plugin_opset(result)
+    reconcile_value_info(result, base_dir=loaded.base_dir)
     blocks = [outcomes[m.index] for m in scan.matches]
     report = FixReport(
         strategy=chosen_strategy.name,
@@ -210,11 +213,11 @@ def _select(
             texts.append(f"re:{entry.pattern}")
         else:
             texts.append(entry)
-    selection = select_nodes(model, parse_selectors(texts), matches=matches)
-    softmax_at = {m.softmax_position: m.index for m in matches if not m.location}
+    selection = select_nodes(model, parse_selectors(texts), blocks=matches)
+    softmax_at = {m.softmax_node.position: m.index for m in matches if not m.location}
     for hit in selection.hits:
         if not hit.blocks and not any(p in softmax_at for p in hit.positions):
-            names = ", ".join(m.softmax or f"#{m.softmax_position}" for m in matches[:6])
+            names = ", ".join(m.softmax or f"#{m.softmax_node.position}" for m in matches[:6])
             raise SelectionError(
                 f"select entry {hit.selector.text!r} matches no attention block (it picks "
                 f"{len(hit.positions)} node(s), none an attention Softmax); blocks are indexed "

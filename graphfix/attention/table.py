@@ -21,11 +21,12 @@ def match_table(matches: Sequence[AttentionMatch]) -> str:
                 else f"computed ({m.scale.form})"
             )
         )
-        mask = "/".join(dict.fromkeys(n.split("/")[-1] for n in m.mask_nodes)) or "-"
+        mask = "/".join(dict.fromkeys(n.name.split("/")[-1] for n in m.mask_nodes)) or "-"
         rows.append(
             (
                 str(m.index),
-                (f"{m.location}/" if m.location else "") + (m.softmax or f"#{m.softmax_position}"),
+                (f"{m.location}/" if m.location else "")
+                + (m.softmax or f"#{m.softmax_node.position}"),
                 m.kind.value,
                 *(_dim(x) for x in (m.heads, m.q_len, m.kv_len)),
                 scale,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -69,6 +70,24 @@ def _free_names(graph: onnx.GraphProto) -> set[str]:
 
 def dtype_name(elem_type: int) -> str:
     return _DTYPE_NAMES.get(elem_type, onnx.TensorProto.DataType.Name(elem_type).lower())
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundNode:
+    """One node of an indexed graph, bound by a match: `node` is the NodeProto itself (read it,
+    never re-find it), `position` its index in graph.node (what a GraphEdit replaces), `name` how
+    reports show it (the node's name, or `<OpType #position>` for an unnamed node)."""
+
+    position: int
+    name: str
+    node: onnx.NodeProto = dataclasses.field(compare=False, repr=False)
+
+    @property
+    def op_type(self) -> str:
+        return self.node.op_type
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class GraphIndex:
@@ -155,7 +174,7 @@ class GraphIndex:
     def _infer_value_info(self) -> dict[str, onnx.ValueInfoProto]:
         infos: dict[str, onnx.ValueInfoProto] = {}
         self._shape_inference_problem: str | None = None
-        model = self._inference_model()
+        model = self.inference_model()
         # strict first, for the reason when it fails (the user sees it); then lenient, which
         # keeps every shape it could infer
         try:
@@ -170,7 +189,7 @@ class GraphIndex:
             infos[vi.name] = vi
         return infos
 
-    def _inference_model(self) -> onnx.ModelProto:
+    def inference_model(self) -> onnx.ModelProto:
         """What shape inference needs, and no more: small initializers (shape tensors, scales)
         with their values, read from disk if external; weights by type and dims only.
 
@@ -248,6 +267,11 @@ class GraphIndex:
 
     def position(self, node: onnx.NodeProto) -> int:
         return self.node_order[id(node)]
+
+    def bind(self, node: onnx.NodeProto) -> BoundNode:
+        """`node` (one of this graph's) as a BoundNode."""
+        position = self.position(node)
+        return BoundNode(position, node.name or f"<{node.op_type} #{position}>", node)
 
     # --- constants ----------------------------------------------------------------------------
     def is_constant(self, name: str) -> bool:

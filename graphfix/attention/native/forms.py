@@ -28,7 +28,6 @@ from enum import Enum
 
 import onnx
 
-from graphfix.attention.chain_steps import display
 from graphfix.attention.match_types import AttentionOpNode
 from graphfix.graph.index import GraphIndex
 
@@ -90,7 +89,7 @@ def read_form(index: GraphIndex, node: onnx.NodeProto) -> NativeForm:
     attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
     inputs = [*node.input, *[""] * 8]
     outputs = [*node.output, *[""] * 4]
-    name = display(node, index.position(node))
+    name = index.bind(node).name
     written = tuple(sorted(attrs.items()))
     rank = index.rank(inputs[0])
     common = {

@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 
 from graphfix.attention.match_types import AttentionMatch
-from graphfix.attention.strategies.base import Outcome
+from graphfix.attention.strategies.base import FallbackKind, Outcome
 from graphfix.attention.strategies.fused.fold5 import fold_leading, unfold
 from graphfix.attention.strategies.fused.mask import MaskPlan, plan_mask
 from graphfix.attention.strategies.fused.operands import Operands, plan_operands
@@ -79,10 +79,10 @@ class NativeAttentionStrategy:
             y = nodes.add("Transpose", [y], perm=list(operands.output_perm))
         if operands.cast_output_to is not None:
             y = nodes.add("Cast", [y], to=operands.cast_output_to)
-        output = edit.node_at(match.chain_positions[-1]).output[0]
+        output = match.pv.node.output[0]
         nodes.list[-1].output[0] = output  # the last node writes the chain's output tensor
         for position in removed:
-            edit.replace(position, nodes.list if position == match.chain_positions[-1] else [])
+            edit.replace(position, nodes.list if position == match.pv.position else [])
         for position, recomputed in shapes.items():
             edit.replace(position, recomputed)
         edit.drop_if_unused({i for p in removed for i in edit.node_at(p).input})
@@ -107,7 +107,9 @@ def _plan(
     index = edit.index
     softcap = read_steps(match)
     if softcap:
-        raise Unsupported("a softcap, which TensorRT's Attention importer refuses")
+        raise Unsupported(
+            FallbackKind.SOFTCAP, "a softcap, which TensorRT's Attention importer refuses"
+        )
     if match.sink is not None:
         check_sink_steps(edit, match, softcap)
     operands = plan_operands(edit, match, base)
@@ -123,9 +125,10 @@ def _plan(
         operands, mask = add_sink_key(edit, match, base, operands, mask)
     if mask.fill is not None and -_ABSORBING < mask.fill < math.inf:
         raise Unsupported(
+            FallbackKind.MASK,
             f"a boolean mask with the finite fill {mask.fill:g}; IAttention's boolean mask "
             f"blocks with -inf, and the fill as an additive mask is exact only at ≤ "
-            f"-{_ABSORBING:g}"
+            f"-{_ABSORBING:g}",
         )
     readers = shape_readers(index, match)
     removed = removed_positions(index, match, operands, mask, set(readers))
