@@ -92,9 +92,12 @@ def test_decomposed_attention_matches_the_op(kwargs):
     )
 
 
-def test_kv_cache_attention_is_refused_with_a_reason():
+def test_half_a_kv_cache_is_left_alone_with_the_reason():
+    """past_key without past_value breaks the spec: the node stays, and the report says why."""
     model = attention_op_model()
     model.graph.node[0].input.extend(["", "", ""])
-    model.graph.node[0].input[4] = "q"
-    with pytest.raises(graphfix.UnsupportedModelError, match="KV cache"):
-        graphfix.fix_attention(model, decompose_attention_ops=True)
+    model.graph.node[0].input[4] = "k"
+    result = graphfix.fix_attention(model, decompose_attention_ops=True)
+    assert result.report.decomposed_attention_ops == 0
+    assert [n.op_type for n in result.model.graph.node] == ["Attention"]
+    assert "only one of past_key and past_value" in result.report.summary()

@@ -48,6 +48,9 @@ def test_every_strategy_preserves_outputs(strategy, variant):
             np.testing.assert_allclose(have, want, rtol=0, atol=5e-2)
         elif strategy == "plugin" and low and not VARIANTS[variant].cast_island:
             np.testing.assert_allclose(have, want, rtol=0, atol=5e-2)  # plugin math is float32
+        elif strategy == "native_attention" and low:
+            # onnxruntime's float16 Attention kernel computes in float32 inside
+            np.testing.assert_allclose(have, want, rtol=0, atol=5e-2)
         else:
             np.testing.assert_allclose(have, want, rtol=1e-6, atol=1e-6)
 

@@ -485,7 +485,9 @@ class SkippedSoftmax:
 
 @dataclass(frozen=True)
 class AttentionOpNode:
-    """An ONNX `Attention` op (opset 23+): already fused; decompose it to rewrite it."""
+    """A native attention node (ONNX `Attention`, opset 23+; TensorRT's `TRT_Attention`,
+    `TRT_QuantizedAttention`, `TRT_KVCacheUpdate`): already fused; decompose it to rewrite it.
+    `unsupported` says why graphfix leaves it as it is (None: it can decompose it)."""
 
     node: str
     q: str
@@ -495,6 +497,10 @@ class AttentionOpNode:
     is_causal: bool
     scale: float | None
     softcap: float | None
+    op_type: str = "Attention"
+    attributes: tuple[tuple[str, object], ...] = ()
+    unsupported: str | None = None
+    extra_outputs: tuple[str, ...] = ()  # present_key, present_value, qk_matmul_output as given
 
 
 @dataclass(frozen=True)

@@ -45,13 +45,13 @@ from graphfix.attention.chain_steps import (
 from graphfix.attention.match_types import (
     AttentionKind,
     AttentionMatch,
-    AttentionOpNode,
     AttentionScan,
     KTransposedBy,
     Layout,
     QdqSite,
     SkippedSoftmax,
 )
+from graphfix.attention.native.forms import attention_op_node, is_native, read_form
 from graphfix.errors import UnsupportedModelError
 from graphfix.graph.index import GraphIndex, dtype_name
 from graphfix.model_io import check_opset, load_model
@@ -151,9 +151,10 @@ def scan_graph(index: GraphIndex, *, scopes: list[Scope] | None = None) -> Atten
                     )
                 )
     attention_ops = tuple(
-        _attention_op(index, node)
-        for node in index.graph.node
-        if node.op_type == "Attention" and node.domain in ("", "ai.onnx")
+        attention_op_node(read_form(scope, node), location=location)
+        for location, _, scope in scopes
+        for node in scope.graph.node
+        if is_native(node)
     )
     return AttentionScan(
         matches=tuple(matches),
@@ -710,19 +711,3 @@ def _strip_layout(index: GraphIndex, tensor: str) -> str:
             break
         tensor = node.input[0]
     return tensor
-
-
-# --- ONNX Attention ops -----------------------------------------------------------------------
-def _attention_op(index: GraphIndex, node: onnx.NodeProto) -> AttentionOpNode:
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    inputs = list(node.input) + [""] * (4 - len(node.input))
-    return AttentionOpNode(
-        node=index.bind(node).name,
-        q=inputs[0],
-        k=inputs[1],
-        v=inputs[2],
-        mask=inputs[3] or None,
-        is_causal=bool(attrs.get("is_causal", 0)),
-        scale=attrs.get("scale"),
-        softcap=attrs.get("softcap") or None,
-    )

@@ -39,10 +39,14 @@ class FixReport:
     attention_ops: tuple[AttentionOpNode, ...]
     decomposed_attention_ops: int
     matches: tuple[AttentionMatch, ...]  # as found before the rewrite (bound to that graph)
+    direct_attention_ops: int = 0  # native nodes the strategy took without decomposing them
+    direct_target: str = ""  # what it made of them, e.g. "as one GraphfixAttention node each"
+    native_notes: tuple[str, ...] = ()  # why a native node was decomposed instead
+    native_kept: tuple[str, ...] = ()  # native nodes already in the strategy's form, kept
 
     @property
     def rewritten(self) -> int:
-        return sum(b.rewritten for b in self.blocks)
+        return sum(b.rewritten for b in self.blocks) + self.direct_attention_ops
 
     def to_dict(self) -> dict:
         data = {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
@@ -51,20 +55,38 @@ class FixReport:
 
     def summary(self) -> str:
         lines = [
-            f"strategy {self.strategy}: rewrote {self.rewritten} of {len(self.matches)} attention "
+            f"strategy {self.strategy}: rewrote {sum(b.rewritten for b in self.blocks)} of "
+            f"{len(self.matches)} attention "
             f"block(s)"
             + ("" if self.strategy_proven else " (heuristic: not verifiable without TensorRT)")
         ]
         for b in self.blocks:
             mark = "rewritten" if b.rewritten else "skipped  "
             lines.append(f"  [{b.index}] {mark} {b.softmax} ({b.kind.value}): {b.detail}")
-        if self.decomposed_attention_ops:
-            lines.append(f"  decomposed {self.decomposed_attention_ops} ONNX Attention op(s)")
-        for op in self.attention_ops:
+        if self.direct_attention_ops:
             lines.append(
-                f"  ONNX Attention op {op.node} left as is: pass --decompose-attention "
-                "(decompose_attention_ops=True) to rewrite it"
+                f"  {self.direct_attention_ops} native attention op(s) {self.direct_target} "
+                "(no decomposition)"
             )
+        lines += [f"  decomposed {note}" for note in self.native_notes]
+        if self.decomposed_attention_ops:
+            lines.append(
+                f"  decomposed {self.decomposed_attention_ops} native attention op(s) "
+                "(ONNX Attention, TRT_Attention, TRT_QuantizedAttention)"
+            )
+        for op in self.attention_ops:
+            label = "ONNX Attention" if op.op_type == "Attention" else op.op_type
+            if op.unsupported:
+                lines.append(f"  {label} op {op.node} left as is: {op.unsupported}")
+            elif op.node in self.native_kept:
+                lines.append(
+                    f"  {label} op {op.node} kept as it is: already the node {self.strategy} writes"
+                )
+            else:
+                lines.append(
+                    f"  {label} op {op.node} left as is: pass --decompose-attention "
+                    "(decompose_attention_ops=True) to rewrite it"
+                )
         for s in self.not_attention:
             lines.append(f"  left alone: {s.softmax}: {s.reason}")
         return "\n".join(lines)

@@ -8,17 +8,29 @@ from collections.abc import Sequence
 
 import onnx
 
-from graphfix.attention.attention_op import decompose_attention_ops as _decompose
 from graphfix.attention.match_types import AttentionMatch
 from graphfix.attention.matcher import graph_scopes, scan_graph
+from graphfix.attention.native.decompose import (
+    DirectRewrite,
+    NativeRewrite,
+    rewrite_native_nodes,
+)
+from graphfix.attention.native.to_iattention import to_iattention
+from graphfix.attention.native.to_plugin import TO_PLUGIN
 from graphfix.attention.report import BlockOutcome, FixReport, FixResult
-from graphfix.attention.strategies import Outcome, get_strategy
-from graphfix.errors import SelectionError
+from graphfix.attention.strategies import Outcome, Strategy, get_strategy
+from graphfix.attention.strategies.fused_plugin import FusedPluginStrategy
+from graphfix.attention.strategies.native_attention import (
+    ACCUMULATE_CHOICES,
+    NativeAttentionStrategy,
+)
+from graphfix.errors import SelectionError, UsageError
 from graphfix.graph.edit import GraphEdit
 from graphfix.graph.index import GraphIndex
 from graphfix.graph.value_info import reconcile_value_info
 from graphfix.model_io import LoadedModel, load_model
 from graphfix.plugins.spec import PLUGIN_DOMAIN, ensure_plugin_opset
+from graphfix.precision.opset_upgrade import default_opset, upgrade_opset
 from graphfix.selectors import parse_selectors, select_nodes
 
 Selector = int | str | re.Pattern[str]
@@ -30,6 +42,7 @@ def fix_attention(
     strategy: str | None = None,
     select: Sequence[Selector] | None = None,
     decompose_attention_ops: bool | None = None,
+    accumulate: str | None = None,
 ) -> FixResult:
     """Rewrite attention chains in a copy of `model`; return it with a report.
 
@@ -37,16 +50,29 @@ def fix_attention(
     data references (relative to the input's folder) — save it with `graphfix.save_model`.
     `select` picks blocks by index, exact Softmax node name, or regex (str or compiled) matched
     against the Softmax node name; None rewrites every block.
+    `decompose_attention_ops`: native attention nodes (ONNX Attention, TRT_Attention,
+    TRT_QuantizedAttention) are lowered to the explicit chain first; with fused_plugin, each the
+    GraphfixAttention contract expresses becomes one such node directly instead, and with
+    native_attention an Attention node IAttention takes is kept (Casts around it to accumulate).
+    `accumulate="float32"` (native_attention only) casts float16/bfloat16 Q, K and V to
+    float32 around each Attention node.  A strategy whose nodes need a newer opset (Attention:
+    23) raises the model's opset first where no op changes meaning (precision/opset_upgrade.py).
     """
     loaded = load_model(model, load_weights=False)
     result = onnx.ModelProto()
     result.CopyFrom(loaded.model)
-    decomposed = _decompose(result) if decompose_attention_ops else 0
+    chosen_strategy = _strategy(strategy, accumulate)
+    direct = _direct_rewrite(chosen_strategy, accumulate)
+    native = (
+        rewrite_native_nodes(result, direct=direct)
+        if decompose_attention_ops
+        else NativeRewrite(())
+    )
+    result, blocked = _raise_opset(result, chosen_strategy.opset)
     index = GraphIndex(result, base_dir=loaded.base_dir)
     scopes = graph_scopes(index)
     scan = scan_graph(index, scopes=scopes)
     chosen = _select(result, scan.matches, select)
-    chosen_strategy = get_strategy(strategy)
     outcomes: dict[int, BlockOutcome] = {}
     # Subgraphs first (reverse depth-first order): each is edited on its own copy and written
     # back into its parent before the parent's edit copies the parent's nodes.
@@ -55,7 +81,9 @@ def fix_attention(
         for match in scan.matches:
             if match.location != location:
                 continue
-            if match.index in chosen:
+            if match.index in chosen and blocked:
+                outcome = Outcome(False, blocked)
+            elif match.index in chosen:
                 outcome = chosen_strategy.apply(edit, match)
             else:
                 outcome = Outcome(False, "not selected")
@@ -81,10 +109,46 @@ def fix_attention(
         blocks=tuple(blocks),
         not_attention=scan.skipped,
         attention_ops=scan.attention_ops,
-        decomposed_attention_ops=decomposed,
+        decomposed_attention_ops=len(native.lowered),
+        direct_attention_ops=len(native.direct),
+        direct_target="" if direct is None else direct.target,
+        native_notes=native.why_lowered,
+        native_kept=tuple(form.node for form in native.kept),
         matches=scan.matches,
     )
     return FixResult(model=result, report=report)
+
+
+def _strategy(name: str | None, accumulate: str | None) -> Strategy:
+    chosen = get_strategy(name)
+    if accumulate is None:
+        return chosen
+    if chosen.name != NativeAttentionStrategy.name or accumulate not in ACCUMULATE_CHOICES:
+        raise UsageError(
+            f"accumulate={accumulate!r} with strategy {chosen.name!r}: only strategy "
+            f"{NativeAttentionStrategy.name!r} takes it, with {', '.join(ACCUMULATE_CHOICES)}; "
+            f"pass --strategy {NativeAttentionStrategy.name} --accumulate float32"
+        )
+    return NativeAttentionStrategy(accumulate=accumulate)
+
+
+def _direct_rewrite(strategy: Strategy, accumulate: str | None) -> DirectRewrite | None:
+    """What the strategy makes of a native node without decomposing it (None: decompose)."""
+    if strategy.name == FusedPluginStrategy.name:
+        return TO_PLUGIN
+    if strategy.name == NativeAttentionStrategy.name:
+        return to_iattention(accumulate=accumulate is not None)
+    return None
+
+
+def _raise_opset(model: onnx.ModelProto, opset: int | None) -> tuple[onnx.ModelProto, str]:
+    """`model` at `opset` or newer, or unchanged with why no block can be rewritten."""
+    if opset is None or default_opset(model) >= opset:
+        return model, ""
+    upgrade = upgrade_opset(model, opset)
+    if upgrade.model is None:
+        return model, f"left as is: the model cannot move to opset {opset}: {upgrade.reason}"
+    return upgrade.model, ""
 
 
 def _has_plugin_nodes(graph: onnx.GraphProto) -> bool:
@@ -97,6 +161,7 @@ def break_attention_fusion(
     strategy: str | None = None,
     select: Sequence[Selector] | None = None,
     decompose_attention_ops: bool | None = None,
+    accumulate: str | None = None,
 ) -> onnx.ModelProto:
     """A new ModelProto whose attention chains TensorRT cannot fuse (the input is not mutated).
 
@@ -105,7 +170,11 @@ def break_attention_fusion(
     """
     source = load_model(model, load_weights=True).model
     return fix_attention(
-        source, strategy=strategy, select=select, decompose_attention_ops=decompose_attention_ops
+        source,
+        strategy=strategy,
+        select=select,
+        decompose_attention_ops=decompose_attention_ops,
+        accumulate=accumulate,
     ).model
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from graphfix.attention.match_types import AttentionMatch
+from graphfix.attention.match_types import AttentionMatch, AttentionOpNode
 
 
 def match_table(matches: Sequence[AttentionMatch]) -> str:
@@ -52,3 +52,17 @@ def _dim(value: int | str | None) -> str:
     if value is None or (isinstance(value, str) and _PLACEHOLDER.fullmatch(value)):
         return "?"
     return str(value)
+
+
+def native_op_line(op: AttentionOpNode) -> str:
+    """One native attention node as `inspect` lists it: its op, attributes and what fix does."""
+    label = "ONNX Attention" if op.op_type == "Attention" else op.op_type
+    written = ", ".join(f"{name}={value}" for name, value in op.attributes) or "no attributes"
+    mask = f", mask {op.mask}" if op.mask else ""
+    mask += "".join(f", output {extra}" for extra in op.extra_outputs)
+    action = (
+        f"left as is: {op.unsupported}"
+        if op.unsupported
+        else "already fused; `graphfix fix --decompose-attention` rewrites it"
+    )
+    return f"{label} op {op.node} ({written}{mask}): {action}"

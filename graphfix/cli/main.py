@@ -57,6 +57,14 @@ def _fix_options() -> tuple[Option, ...]:
             convert=_parse_select,
         ),
         Option(
+            ("--accumulate",),
+            "accumulate",
+            "with --strategy native_attention: float32 casts float16/bfloat16 Q, K, V to float32 "
+            "around each Attention node (TensorRT ≥ 11.3 keeps the FP16 fused kernel and "
+            "accumulates in float32)",
+            {"choices": ("float32",)},
+        ),
+        Option(
             ("--decompose-attention",),
             "decompose_attention_ops",
             "decompose ONNX Attention ops (opset 23+) into the explicit chain, then rewrite them",
@@ -67,7 +75,7 @@ def _fix_options() -> tuple[Option, ...]:
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from graphfix.attention.matcher import scan_attention
-    from graphfix.attention.table import match_table
+    from graphfix.attention.table import match_table, native_op_line
 
     scan = scan_attention(args.model)
     if args.json:
@@ -80,10 +88,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     elif not scan.attention_ops:
         print(f"no attention blocks found in {args.model}")
     for op in scan.attention_ops:
-        print(
-            f"ONNX Attention op {op.node} (causal={op.is_causal}, scale={op.scale}): already fused; "
-            "`graphfix fix --decompose-attention` rewrites it"
-        )
+        print(native_op_line(op))
     for skipped in scan.skipped:
         print(f"skipped {skipped.softmax}: {skipped.reason}")
     if scan.shape_inference_problem:

@@ -7,6 +7,7 @@ from graphfix.attention.strategies.fp32_island import Fp32IslandStrategy
 from graphfix.attention.strategies.fused_plugin import FusedPluginStrategy
 from graphfix.attention.strategies.mark_output import MarkOutputStrategy
 from graphfix.attention.strategies.max_subtract import MaxSubtractStrategy
+from graphfix.attention.strategies.native_attention import NativeAttentionStrategy
 from graphfix.attention.strategies.plugin import PluginStrategy
 from graphfix.errors import GraphfixError
 
@@ -18,6 +19,7 @@ STRATEGIES: dict[str, Strategy] = {
         MarkOutputStrategy(),
         MaxSubtractStrategy(),
         Fp32IslandStrategy(),
+        NativeAttentionStrategy(),
     )
 }
 DEFAULT_STRATEGY = "plugin"

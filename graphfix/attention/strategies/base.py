@@ -55,5 +55,6 @@ class Strategy(Protocol):
     name: str
     proven: bool  # verified to stop Myelin's fusion (only the plugin, by construction)
     summary: str
+    opset: int | None  # the default-domain opset its nodes need (None: any)
 
     def apply(self, edit: GraphEdit, match: AttentionMatch) -> Outcome: ...

@@ -19,6 +19,7 @@ _LOW_PRECISION = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 class Fp32IslandStrategy:
     name = "fp32_island"
     proven = False
+    opset = None
     summary = "compute each float16/bfloat16 attention Softmax in float32 between Casts (heuristic)"
 
     def apply(self, edit: GraphEdit, match: AttentionMatch) -> Outcome:

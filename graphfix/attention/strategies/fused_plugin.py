@@ -64,6 +64,7 @@ from graphfix.plugins.spec import (
 class FusedPluginStrategy:
     name = "fused_plugin"
     proven = True
+    opset = None
     summary = (
         "replace the whole attention chain by one GraphfixAttention plugin node (a fused, "
         "float32-accumulating kernel); falls back to GraphfixSoftmax where the node cannot "

@@ -17,6 +17,7 @@ from graphfix.graph.edit import GraphEdit
 class MarkOutputStrategy:
     name = "mark_output"
     proven = False
+    opset = None
     summary = "also expose each attention probability tensor as a graph output (heuristic)"
 
     def apply(self, edit: GraphEdit, match: AttentionMatch) -> Outcome:

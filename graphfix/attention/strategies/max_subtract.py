@@ -18,6 +18,7 @@ from graphfix.graph.edit import GraphEdit
 class MaxSubtractStrategy:
     name = "max_subtract"
     proven = False
+    opset = None
     summary = "insert ReduceMax → Sub before each attention Softmax (heuristic)"
 
     def apply(self, edit: GraphEdit, match: AttentionMatch) -> Outcome:

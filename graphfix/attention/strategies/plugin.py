@@ -16,6 +16,7 @@ from graphfix.plugins.spec import (
 class PluginStrategy:
     name = "plugin"
     proven = True
+    opset = None
     summary = (
         "replace the attention Softmax by the GraphfixSoftmax TensorRT plugin; Myelin cannot "
         "look inside a plugin, so the chain cannot be fused (needs the graphfix plugin library)"

@@ -166,6 +166,7 @@ def run_plan(plan: LocatePlan) -> LocateReport:
             tolerance=plan.tolerance,
             base=plan.remedies.base,
             run_trial=runner.run_trial,
+            attention_accumulation=runner.offers_attention_accumulation,
         )
         return with_remedies(
             report,

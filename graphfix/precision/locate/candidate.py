@@ -11,7 +11,7 @@ plus the remedies).  Remedies: nodes kept in float32, attention strategies.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import onnx
@@ -36,10 +36,12 @@ def build_candidate(
     precision: str,
     keep: Sequence[str] = (),
     attention: Sequence[tuple[int, str, Sequence[str]]] = (),
+    accumulate: Collection[int] = (),
     base: str | None = None,
 ) -> BuiltCandidate:
     """`model` converted to `precision`, keeping the nodes `keep` names in float32, then the
-    attention strategy of each (block, strategy, chain nodes) in `attention` applied.
+    attention strategy of each (block, strategy, chain nodes) in `attention` applied (with float32
+    accumulation for the blocks in `accumulate`: native_attention's option).
 
     A block the matcher no longer finds in the converted graph (a conversion's Casts can split
     its chain) is kept in float32 whole instead: its chain nodes join `keep`.
@@ -54,9 +56,15 @@ def build_candidate(
     if lost:
         keep += [n for nodes in lost for n in nodes if n not in keep]
         built = _convert(model, precision, keep, base)
-    for block, strategy, _ in attention:
+    # last block first: a strategy that removes a block's Softmax renumbers the blocks after it
+    for block, strategy, _ in sorted(attention, reverse=True):
         if block in found:
-            fixed = fix_attention(built.model, strategy=strategy, select=[block])
+            fixed = fix_attention(
+                built.model,
+                strategy=strategy,
+                select=[block],
+                accumulate="float32" if block in accumulate else None,
+            )
             built = BuiltCandidate(fixed.model, built.converter)
     return built
 

@@ -4,8 +4,11 @@ Remedies: a float32 island (nodes kept in float32 by the converter) grown from a
 suspect inside a decomposed norm, norm fusion (`graphfix.precision.norms`: one LayerNormalization
 / RMSNormalization / GroupNormalization node, whose statistics TensorRT and onnxruntime compute in
 float32); for a suspect inside an attention block, that block's `fp32_island` attention strategy.
-The search is greedy over the ranked suspects — per suspect norm fusion, the attention strategy,
-then the island in rings
+For a suspect inside an attention block, float32 accumulation through IAttention comes first
+(the block as one ONNX Attention node with float32 Q, K, V: TensorRT ≥ 11.3 keeps its fused
+kernel; offered by onnxruntime runs and TensorRT ≥ 11.3 runners), as the one remedy that keeps
+fusion.  The search is greedy over the ranked suspects — per suspect float32 accumulation, norm
+fusion, the attention strategy, then the island in rings
 (the suspect plus every node whose reference values exceed the type's range, then its neighbours,
 1, 1, 2, 4, ... rings more per trial) until the candidate passes — followed by a bisection that drops contiguous runs of
 island nodes the verdict does not need.  Every trial is one candidate build and run, recorded with
@@ -23,6 +26,8 @@ import numpy as np
 import onnx
 
 from graphfix.attention.matcher import find_attention
+from graphfix.attention.native.decompose import lower_native_nodes
+from graphfix.attention.strategies.native_attention import NativeAttentionStrategy
 from graphfix.model_io import LoadedModel
 from graphfix.precision import policy
 from graphfix.precision.locate.candidate import BuiltCandidate, build_candidate
@@ -39,6 +44,9 @@ class RemedyKind(str, Enum):
     FLOAT32_ISLAND = "float32_island"
     ATTENTION_STRATEGY = "attention_strategy"
     NORM_FUSION = "norm_fusion"
+    # the block as one Attention node with Q, K, V cast to float32 around it: TensorRT ≥ 11.3
+    # keeps its FP16 fused kernel and accumulates in float32 (native_attention --accumulate)
+    ATTENTION_ACCUMULATION = "attention_float32_accumulation"
 
 
 @dataclass(frozen=True)
@@ -51,7 +59,17 @@ class Remedy:
     block: int | None = None
     strategy: str | None = None
 
+    @property
+    def keeps_fusion(self) -> bool:
+        """The engine keeps its fused attention kernel (the search tries these first)."""
+        return self.kind is RemedyKind.ATTENTION_ACCUMULATION
+
     def describe(self) -> str:
+        if self.kind is RemedyKind.ATTENTION_ACCUMULATION:
+            return (
+                f"attention block {self.block}: float32 accumulation through IAttention "
+                "(TensorRT ≥ 11.3; keeps the fused kernel)"
+            )
         if self.kind is RemedyKind.ATTENTION_STRATEGY:
             return f"attention block {self.block}: strategy {self.strategy}"
         if self.kind is RemedyKind.NORM_FUSION:
@@ -110,11 +128,18 @@ def run_trial_on_onnxruntime(
     low_precision: LowPrecision | None = None,
 ) -> tuple[dict[str, np.ndarray], float | None]:
     """`model`'s outputs on `feeds` by onnxruntime, float16/bfloat16 materialised unless
-    `low_precision` says as-is (`graphfix.validation.low_precision`); no latency."""
+    `low_precision` says as-is (`graphfix.validation.low_precision`); no latency.
+
+    An ONNX Attention node (a remedy writes them) runs through its standard-op lowering, so a
+    plain float16 Attention keeps float16 scores, as a kernel storing them would, and the
+    float32-accumulation remedy float32 ones."""
     from graphfix.validation.backends.onnxruntime_backend import OnnxRuntimeRunner
 
+    lowered = onnx.ModelProto()
+    lowered.CopyFrom(model)
+    lower_native_nodes(lowered, op_types=("Attention",))
     runner = OnnxRuntimeRunner(
-        LoadedModel(model, None, True),
+        LoadedModel(lowered, None, True),
         label="the candidate with remedies",
         low_precision=low_precision,
     )
@@ -134,10 +159,14 @@ class TrialRunner:
         tolerance: Tolerance,
         base: str | None = None,
         run_trial: TrialRun | None = None,
+        attention_accumulation: bool | None = None,
     ) -> None:
         """`run_trial`: what runs each trial's model (a candidate runner's `run_trial`; None:
-        onnxruntime with float16/bfloat16 materialised)."""
+        onnxruntime with float16/bfloat16 materialised).  `attention_accumulation`: whether the
+        runner honours float32 accumulation through IAttention (None: it does, as onnxruntime's
+        lowering does; a TensorRT runner only from 11.3 on)."""
         self.run_trial = run_trial_on_onnxruntime if run_trial is None else run_trial
+        self.offers_attention_accumulation = attention_accumulation is not False
         self.base = "minimal" if base is None else base
         self._fusion = None  # fuse_norms' result, made on first use
         self.model = model
@@ -156,10 +185,16 @@ class TrialRunner:
         attention = [
             (r.block, r.strategy, r.nodes)
             for r in remedies
-            if r.kind is RemedyKind.ATTENTION_STRATEGY
+            if r.kind in (RemedyKind.ATTENTION_STRATEGY, RemedyKind.ATTENTION_ACCUMULATION)
         ]
+        accumulate = {r.block for r in remedies if r.kind is RemedyKind.ATTENTION_ACCUMULATION}
         return build_candidate(
-            model, precision=self.precision, keep=keep, attention=attention, base=self.base
+            model,
+            precision=self.precision,
+            keep=keep,
+            attention=attention,
+            accumulate=accumulate,
+            base=self.base,
         )
 
     def fused_norms(self) -> onnx.ModelProto:
@@ -256,20 +291,16 @@ def search_remedies(
         if any(suspect.node in r.nodes for r in kept):
             continue
         options: list[Remedy] = []
+        block = suspect.attention_block
+        free = block is not None and not any(r.block == block for r in kept)
+        if free and runner.offers_attention_accumulation:  # keeps the fused kernel: first
+            accumulate = RemedyKind.ATTENTION_ACCUMULATION
+            options.append(_block_remedy(accumulate, suspect, chains, NativeAttentionStrategy.name))
         if suspect.node in norms and not any(r.kind is RemedyKind.NORM_FUSION for r in kept):
             options.append(Remedy(RemedyKind.NORM_FUSION, suspect.node, nodes=norms[suspect.node]))
-        if suspect.attention_block is not None and not any(
-            r.block == suspect.attention_block for r in kept
-        ):
-            options.append(
-                Remedy(
-                    RemedyKind.ATTENTION_STRATEGY,
-                    suspect.node,
-                    nodes=chains.get(suspect.attention_block, ()),
-                    block=suspect.attention_block,
-                    strategy="fp32_island",
-                )
-            )
+        if free:
+            widen = RemedyKind.ATTENTION_STRATEGY
+            options.append(_block_remedy(widen, suspect, chains, "fp32_island"))
         steps = (
             1  # rings added per trial: 1, 1, 2, 4, ... so the whole graph is reached in log steps
         )
@@ -306,6 +337,15 @@ def search_remedies(
         float32_nodes=float32_compute_nodes(built.model),
         model=built.model if kept or current.passed else None,
     )
+
+
+def _block_remedy(
+    kind: RemedyKind, suspect: Suspect, chains: Mapping[int, tuple[str, ...]], strategy: str
+) -> Remedy:
+    """A remedy rewriting the suspect's attention block with `strategy`."""
+    block = suspect.attention_block
+    nodes = chains.get(block, ()) if block is not None else ()
+    return Remedy(kind, suspect.node, nodes=nodes, block=block, strategy=strategy)
 
 
 def _bisect(

@@ -33,6 +33,8 @@ class CandidateRunner(TensorStream, Protocol):
     description: str  # what ran, for the report
     notes: list[str]  # what the report should say about how it ran
     low_precision: str | None  # how float16/bfloat16 ran (None: as the backend stores them)
+    # whether trials honour float32 accumulation through IAttention (remedies.py)
+    offers_attention_accumulation: bool
 
     def run_trial(
         self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]
@@ -46,6 +48,8 @@ class CandidateRunner(TensorStream, Protocol):
 class OnnxRuntimeCandidate:
     """The candidate on onnxruntime's CPU, each float16/bfloat16 tensor materialised where it is
     produced (`low_precision` MATERIALISE) or run as onnxruntime runs it (AS_IS)."""
+
+    offers_attention_accumulation = True  # trials lower Attention with float16 materialised
 
     def __init__(self, model: LoadedModel, *, label: str, low_precision: LowPrecision) -> None:
         self.notes: list[str] = []

@@ -42,6 +42,15 @@ from graphfix.validation.backends.tensorrt_backend import (
 from graphfix.validation.inputs import input_specs
 
 DEBUG_TENSORS_SINCE = (10, 12)  # INetworkDefinition::markUnfusedTensorsAsDebugTensors
+# IAttention with Q, K, V cast from float16 to float32 keeps the FP16 fused kernel and
+# accumulates in float32 (TensorRT 11.3 release notes)
+ATTENTION_ACCUMULATION_SINCE = (11, 3)
+
+
+def accumulates_attention_in_float32(status: TensorRTStatus) -> bool:
+    """Whether this TensorRT honours locate's float32-accumulation-through-IAttention remedy."""
+    version = tuple(int(p) for p in str(status.version).split(".")[:2])
+    return version >= ATTENTION_ACCUMULATION_SINCE
 
 
 def debug_tensor_problem(status: TensorRTStatus, runner_class: type | None = None) -> str | None:
@@ -152,6 +161,7 @@ class TensorRTCandidate:
         self.engine, self.build_seconds = self._build(model, debug_tensors=problem is None)
         self.debug_tensors = problem is None
         self.low_precision: str | None = None  # the engine stores each tensor in its own type
+        self.offers_attention_accumulation = accumulates_attention_in_float32(self.status)
         self.description = (
             f"TensorRT {self.status.version} (polygraphy {self.status.polygraphy}, strongly "
             f"typed) on {label}"

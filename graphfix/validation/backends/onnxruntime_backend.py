@@ -19,7 +19,7 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from graphfix.model_io import LoadedModel, fits_protobuf
-from graphfix.plugins.reference import with_reference_ops
+from graphfix.plugins.reference import reference_node_count, with_reference_ops
 from graphfix.plugins.spec import PLUGIN_DOMAIN
 from graphfix.validation.backends import BackendError, InputsRejected
 from graphfix.validation.inputs import cast_feeds, input_specs
@@ -58,7 +58,7 @@ class OnnxRuntimeRunner:
         reference_ops: bool | None = None,
         low_precision: LowPrecision | str | None = None,
     ) -> None:
-        plugin_nodes = sum(n.domain == PLUGIN_DOMAIN for n in model.model.graph.node)
+        plugin_nodes = reference_node_count(model.model)
         lower = plugin_nodes > 0 if reference_ops is None else reference_ops
         mode = low_precision_mode(low_precision)
         self.label = label
@@ -106,8 +106,9 @@ class OnnxRuntimeRunner:
                 self.session = _session(str(path), options)
         except _ORT_ERRORS as exc:
             hint = (
-                f"; it has {plugin_nodes} {PLUGIN_DOMAIN} node(s): pass reference_ops=None or "
-                "True to lower them"
+                f"; it has {plugin_nodes} node(s) onnxruntime has no kernel for ({PLUGIN_DOMAIN} "
+                "plugins, TRT_Attention/TRT_QuantizedAttention): pass reference_ops=None or True "
+                "to lower them"
                 if plugin_nodes and not lower
                 else "; onnxruntime's CPU provider has no bfloat16 kernel for most ops: leave "
                 "--low-precision at materialise (each op then computes in float32), run a "
