@@ -1,16 +1,37 @@
-"""Fixtures shared by the test modules.
+"""Fixtures and hooks shared by the test modules.
 
 `corpus_dir`: where tests/model_corpus.py caches exported models ($GRAPHFIX_CORPUS_DIR, else
-<repo>/.cache/corpus/).  `torchvision_ops`: lets torchvision (imported by transformers, timm,
-open_clip and diffusers) load next to a CPU-only torch; request it before importing any of them.
+cache_dirs.root()/corpus: outside the source tree).  `torchvision_ops`: lets torchvision (imported
+by transformers, timm, open_clip and diffusers) load next to a CPU-only torch; request it before
+importing any of them.
+
+Every module runs under `_leaves_the_source_tree_alone`: a file it adds to the checkout (seen by
+`git status --ignored`) fails it.  Tests marked `corpus` stop, skipping with the reason, once the
+sweep has run past its budget (CORPUS_BUDGET_S, $GRAPHFIX_CORPUS_BUDGET_S).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import time
 from pathlib import Path
 
-import model_corpus
+import cache_dirs
 import pytest
+
+# The exporters read it too (tests/model_corpus.py), as do the notebooks' and README's subprocesses.
+os.environ.setdefault("GRAPHFIX_CORPUS_DIR", str(cache_dirs.corpus()))
+
+import model_corpus  # noqa: E402  (after the default above)
+
+REPO = Path(__file__).resolve().parents[1]
+# The whole model-corpus sweep (`-m corpus`), exports included, on 2 quiet cores: see README.
+CORPUS_BUDGET_S = 2400
+# What Python and pytest themselves write (bytecode, pytest's own cache), not the tests.
+_NOT_THE_TESTS = ("__pycache__/", ".pytest_cache/")
+_corpus_started: list[float] = []
 
 
 @pytest.fixture(scope="session")
@@ -21,3 +42,48 @@ def corpus_dir() -> Path:
 @pytest.fixture(scope="session")
 def torchvision_ops() -> None:
     model_corpus.define_torchvision_ops()
+
+
+def _tree_entries() -> set[str] | None:
+    """Untracked and ignored files of the checkout, one by one; None outside a git checkout."""
+    git = shutil.which("git")
+    if git is None or not (REPO / ".git").exists():
+        return None
+    done = subprocess.run(
+        [git, "status", "--porcelain", "--ignored", "--untracked-files=all", "--", ".",
+         ":(exclude).ci-venv"],
+        cwd=REPO, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        return None
+    lines = {line[3:] for line in done.stdout.splitlines() if line[:2] in ("??", "!!")}
+    return {line for line in lines if not any(part in line for part in _NOT_THE_TESTS)}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _leaves_the_source_tree_alone():
+    before = _tree_entries()
+    yield
+    after = _tree_entries()
+    if before is not None and after is not None:
+        added = sorted(after - before)
+        assert not added, (
+            f"this module wrote into the source tree: {', '.join(added[:10])}; "
+            "write under tmp_path or cache_dirs.root() instead"
+        )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("corpus") is None:
+        return
+    if not _corpus_started:
+        _corpus_started.append(time.monotonic())
+    configured = os.environ.get("GRAPHFIX_CORPUS_BUDGET_S")
+    budget = float(configured) if configured else CORPUS_BUDGET_S
+    spent = time.monotonic() - _corpus_started[0]
+    if spent > budget:
+        pytest.skip(
+            f"the corpus sweep's budget of {budget:.0f} s ($GRAPHFIX_CORPUS_BUDGET_S) is spent "
+            f"({spent:.0f} s): this machine is slower or busier than the budget assumes; "
+            "rerun with a larger budget"
+        )

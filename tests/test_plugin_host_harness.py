@@ -30,6 +30,8 @@ from graphfix.plugins.build import find_plugin_libraries, trtexec_command
 from graphfix.plugins.spec import PLUGIN_NAMESPACE, PLUGIN_SPECS, SOFTMAX
 
 REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.compile  # builds the plugin libraries and a harness with nvcc
 SUPPORTED_TYPES = ("kFLOAT", "kHALF", "kBF16")
 LOADINGS = ("static", "dynamic")
 
