@@ -65,7 +65,9 @@ def test_there_are_notebooks() -> None:
 
 
 @pytest.mark.parametrize("path", _notebooks(), ids=lambda p: p.name)
-def test_notebook_runs(path: Path) -> None:
+def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The notebooks' scratch folders (tempfile.mkdtemp in the kernel) land in the test's own.
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     start = time.perf_counter()
     executed = execute(path)
     seconds = time.perf_counter() - start
