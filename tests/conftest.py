@@ -24,7 +24,7 @@ import pytest
 # The exporters read it too (tests/model_corpus.py), as do the notebooks' and README's subprocesses.
 os.environ.setdefault("GRAPHFIX_CORPUS_DIR", str(cache_dirs.corpus()))
 
-import model_corpus  # noqa: E402  (after the default above)
+import model_corpus  # after the default above
 
 REPO = Path(__file__).resolve().parents[1]
 # The whole model-corpus sweep (`-m corpus`), exports included, on 2 quiet cores: see README.

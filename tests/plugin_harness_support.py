@@ -22,6 +22,7 @@ from graphfix.errors import PluginBuildError
 from graphfix.plugins import build as plugin_build
 from graphfix.plugins.build import PluginLibraries, build_plugin_harness, build_plugins
 
+
 @dataclass(frozen=True)
 class Tools:
     libraries: PluginLibraries

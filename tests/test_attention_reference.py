@@ -22,16 +22,30 @@ from onnx import TensorProto, helper
 from graphfix.plugins.reference import with_reference_ops
 from graphfix.plugins.spec import ensure_plugin_opset, make_attention_node
 
-TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
-         "bfloat16": TensorProto.BFLOAT16}  # fmt: skip
+TYPES = {
+    "float32": TensorProto.FLOAT,
+    "float16": TensorProto.FLOAT16,
+    "bfloat16": TensorProto.BFLOAT16,
+}
 # The lowering computes in float32 and rounds its output once to the I/O type: within one unit in
 # the last place of that type (relative `eps`), plus float32's own error near zero.
 EPS = {"float32": 2.0**-20, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 ATOL = {"float32": 1e-6, "float16": 1e-5, "bfloat16": 1e-4}
 
 
-def contract_float64(q, k, v, mask=None, *, scale, k_transposed=False, causal=False,
-                     softcap=0.0, mask_fill=-np.inf, nan_to_zero=False) -> np.ndarray:  # fmt: skip
+def contract_float64(
+    q,
+    k,
+    v,
+    mask=None,
+    *,
+    scale,
+    k_transposed=False,
+    causal=False,
+    softcap=0.0,
+    mask_fill=-np.inf,
+    nan_to_zero=False,
+) -> np.ndarray:
     """The node's output, from its contract alone (spec.py's ATTENTION comment, DESIGN.md)."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     rank3 = q.ndim == 3
@@ -80,21 +94,34 @@ CASES = {
     "plain": Case((B, H, S, D), (B, H, T, D), (B, H, T, D)),
     "bool_mask": Case((B, H, S, D), (B, H, T, D), (B, H, T, D), (B, 1, S, T)),
     "key_padding": Case((B, H, S, D), (B, H, T, D), (B, H, T, D), (B, 1, 1, T)),
-    "finite_fill": Case((B, H, S, D), (B, H, T, D), (B, H, T, D), (B, 1, S, T),
-                        attrs={"mask_fill": -1e4}, blocked_rows=True),  # fmt: skip
+    "finite_fill": Case(
+        (B, H, S, D),
+        (B, H, T, D),
+        (B, H, T, D),
+        (B, 1, S, T),
+        attrs={"mask_fill": -1e4},
+        blocked_rows=True,
+    ),
     "additive": Case((B, H, S, D), (B, H, T, D), (B, H, T, D), (1, 1, S, T), "additive"),
     "additive_qtype": Case((B, H, S, D), (B, H, T, D), (B, H, T, D), (S, T), "additive_qtype"),
     "causal": Case((B, H, T, D), (B, H, T, D), (B, H, T, D), attrs={"causal": 1}),
-    "causal_and_mask": Case((B, H, T, D), (B, H, T, D), (B, H, T, D), (B, 1, 1, T),
-                            attrs={"causal": 1}),  # fmt: skip
-    "softcap": Case((B, H, S, D), (B, H, T, D), (B, H, T, D), (B, 1, S, T),
-                    attrs={"softcap": 1.5}),  # fmt: skip
+    "causal_and_mask": Case(
+        (B, H, T, D), (B, H, T, D), (B, H, T, D), (B, 1, 1, T), attrs={"causal": 1}
+    ),
+    "softcap": Case((B, H, S, D), (B, H, T, D), (B, H, T, D), (B, 1, S, T), attrs={"softcap": 1.5}),
     "grouped": Case((B, H, S, D), (B, 2, T, D), (B, 2, T, D), (B, 1, S, T)),
     "multi_query": Case((B, H, S, D), (B, 1, T, D), (B, 1, T, D)),
-    "blocked_rows_nan": Case((B, H, S, D), (B, H, T, D), (B, H, T, D), (B, 1, S, T),
-                             blocked_rows=True),  # fmt: skip
-    "blocked_rows_zero": Case((B, H, S, D), (B, H, T, D), (B, H, T, D), (B, 1, S, T),
-                              attrs={"nan_to_zero": 1}, blocked_rows=True),  # fmt: skip
+    "blocked_rows_nan": Case(
+        (B, H, S, D), (B, H, T, D), (B, H, T, D), (B, 1, S, T), blocked_rows=True
+    ),
+    "blocked_rows_zero": Case(
+        (B, H, S, D),
+        (B, H, T, D),
+        (B, H, T, D),
+        (B, 1, S, T),
+        attrs={"nan_to_zero": 1},
+        blocked_rows=True,
+    ),
     "dv_not_d": Case((B, H, S, D), (B, H, T, D), (B, H, T, 12), (B, 1, S, T)),
     "k_transposed": Case((B, H, S, D), (B, H, D, T), (B, H, T, D), attrs={"k_transposed": 1}),
     "rank3": Case((6, S, D), (6, T, D), (6, T, 12), (6, S, T)),
@@ -134,11 +161,22 @@ def _model(case: Case, dtype: str, feeds: dict[str, np.ndarray]) -> onnx.ModelPr
             names.append(name)
             continue
         nodes.append(helper.make_node("Cast", [name], [f"{name}_t"], to=elem))
-        nodes.append(helper.make_node("Cast", [f"{name}_t"], [f"{name}_seen"], to=TensorProto.FLOAT))
-        outputs.append(helper.make_tensor_value_info(f"{name}_seen", TensorProto.FLOAT, value.shape))
+        nodes.append(
+            helper.make_node("Cast", [f"{name}_t"], [f"{name}_seen"], to=TensorProto.FLOAT)
+        )
+        outputs.append(
+            helper.make_tensor_value_info(f"{name}_seen", TensorProto.FLOAT, value.shape)
+        )
         names.append(f"{name}_t")
-    attrs = {"scale": 0.3, "k_transposed": 0, "causal": 0, "softcap": 0.0,
-             "mask_fill": -np.inf, "nan_to_zero": 0, **case.attrs}  # fmt: skip
+    attrs = {
+        "scale": 0.3,
+        "k_transposed": 0,
+        "causal": 0,
+        "softcap": 0.0,
+        "mask_fill": -np.inf,
+        "nan_to_zero": 0,
+        **case.attrs,
+    }
     out_shape = [*case.q[:-1], case.v[-1]]
     nodes.append(make_attention_node(names, "y_t", name="attention", **attrs))
     nodes.append(helper.make_node("Cast", ["y_t"], ["y"], to=TensorProto.FLOAT))
@@ -147,8 +185,11 @@ def _model(case: Case, dtype: str, feeds: dict[str, np.ndarray]) -> onnx.ModelPr
         "contract",
         graph_inputs,
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape), *outputs],
-        value_info=[helper.make_tensor_value_info(n, elem, feeds[n[:-2]].shape)
-                    for n in names if n.endswith("_t")],  # fmt: skip
+        value_info=[
+            helper.make_tensor_value_info(n, elem, feeds[n[:-2]].shape)
+            for n in names
+            if n.endswith("_t")
+        ],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     ensure_plugin_opset(model)
@@ -163,15 +204,23 @@ def test_reference_lowering_computes_the_node_contract(name: str, dtype: str) ->
     lowered = with_reference_ops(_model(case, dtype, feeds))
     onnx.checker.check_model(lowered, full_check=True)
     session = ort.InferenceSession(lowered.SerializeToString(), providers=["CPUExecutionProvider"])
-    results = dict(zip([o.name for o in lowered.graph.output], session.run(None, feeds), strict=True))
+    results = dict(
+        zip([o.name for o in lowered.graph.output], session.run(None, feeds), strict=True)
+    )
     seen = {n: results.get(f"{n}_seen", value) for n, value in feeds.items()}
     attrs = {"scale": 0.3, "mask_fill": -np.inf, **case.attrs}
     exact = contract_float64(
-        seen["q"], seen["k"], seen["v"], seen.get("mask"),
-        scale=attrs["scale"], k_transposed=bool(attrs.get("k_transposed")),
-        causal=bool(attrs.get("causal")), softcap=attrs.get("softcap", 0.0),
-        mask_fill=attrs["mask_fill"], nan_to_zero=bool(attrs.get("nan_to_zero")),
-    )  # fmt: skip
+        seen["q"],
+        seen["k"],
+        seen["v"],
+        seen.get("mask"),
+        scale=attrs["scale"],
+        k_transposed=bool(attrs.get("k_transposed")),
+        causal=bool(attrs.get("causal")),
+        softcap=attrs.get("softcap", 0.0),
+        mask_fill=attrs["mask_fill"],
+        nan_to_zero=bool(attrs.get("nan_to_zero")),
+    )
     np.testing.assert_allclose(results["y"], exact, rtol=EPS[dtype], atol=ATOL[dtype])
     if case.blocked_rows and np.isneginf(attrs["mask_fill"]):  # the rows that are all -inf
         assert np.isnan(exact).any() != bool(attrs.get("nan_to_zero"))
@@ -189,15 +238,21 @@ def test_a_sink_key_is_one_more_key_of_the_node(dtype: str) -> None:
     # One extra head-dimension column: Q's holds sink / scale (exact: a power of two), K's extra
     # key is the unit vector on it, its value row zero.
     q1 = np.concatenate([q, np.full((B, H, S, 1), sink / scale, np.float32)], axis=-1)
-    k1 = np.concatenate([np.pad(k, [(0, 0), (0, 0), (0, 0), (0, 1)]),
-                         np.eye(1, D + 1, D, dtype=np.float32)[None, None].repeat(B, 0).repeat(H, 1)],
-                        axis=2)  # fmt: skip
+    k1 = np.concatenate(
+        [
+            np.pad(k, [(0, 0), (0, 0), (0, 0), (0, 1)]),
+            np.eye(1, D + 1, D, dtype=np.float32)[None, None].repeat(B, 0).repeat(H, 1),
+        ],
+        axis=2,
+    )
     v1 = np.concatenate([v, np.zeros((B, H, 1, D), np.float32)], axis=2)
     case = Case(q1.shape, k1.shape, v1.shape, attrs={"scale": scale})
     feeds = {"q": q1, "k": k1, "v": v1}
     lowered = with_reference_ops(_model(case, dtype, feeds))
     session = ort.InferenceSession(lowered.SerializeToString(), providers=["CPUExecutionProvider"])
-    results = dict(zip([o.name for o in lowered.graph.output], session.run(None, feeds), strict=True))
+    results = dict(
+        zip([o.name for o in lowered.graph.output], session.run(None, feeds), strict=True)
+    )
     seen = {n: results.get(f"{n}_seen", value)[..., :D] for n, value in feeds.items()}
     s = scale * np.einsum("bhsd,bhtd->bhst", seen["q"].astype(np.float64), seen["k"][..., :T, :])
     s = np.concatenate([s, np.full((B, H, S, 1), float(sink))], axis=-1)
