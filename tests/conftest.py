@@ -29,8 +29,8 @@ import model_corpus  # after the default above
 REPO = Path(__file__).resolve().parents[1]
 # The whole model-corpus sweep (`-m corpus`), exports included, on 2 quiet cores: see README.
 CORPUS_BUDGET_S = 2400
-# What Python and pytest themselves write (bytecode, pytest's own cache), not the tests.
-_NOT_THE_TESTS = ("__pycache__/", ".pytest_cache/")
+# What Python, pytest and ruff write (bytecode, their caches), not the tests.
+_NOT_THE_TESTS = ("__pycache__/", ".pytest_cache/", ".ruff_cache/")
 _corpus_started: list[float] = []
 
 
@@ -68,8 +68,8 @@ def _leaves_the_source_tree_alone():
     if before is not None and after is not None:
         added = sorted(after - before)
         assert not added, (
-            f"this module wrote into the source tree: {', '.join(added[:10])}; "
-            "write under tmp_path or cache_dirs.root() instead"
+            f"new in the source tree while this module ran: {', '.join(added[:10])}; "
+            "tests write under tmp_path or cache_dirs.root()"
         )
 
 

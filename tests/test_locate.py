@@ -123,7 +123,6 @@ def layer_norm_model() -> onnx.ModelProto:
 
 
 def test_norm_overflow_is_repaired_by_norm_fusion_without_float32_nodes():
-    pytest.importorskip("graphfix.precision.norms", reason="norm fusion not in this build")
     from graphfix.precision.locate.candidate import build_candidate
     from graphfix.precision.locate.remedies import TrialRunner, search_remedies
     from graphfix.validation.compare import DEFAULT_TOLERANCES
@@ -358,7 +357,6 @@ def test_model_onnxruntime_cannot_run_exits_3(tmp_path, capsys):
 
 
 def test_tensorrt_backend_without_tensorrt_exits_3(planted_files, capsys):
-    pytest.importorskip("polygraphy")
     try:
         import tensorrt  # noqa: F401
 

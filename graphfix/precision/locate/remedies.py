@@ -141,10 +141,7 @@ class TrialRunner:
 
     def norm_chains(self) -> dict[str, tuple[str, ...]]:
         """node → the nodes of the decomposed norm it belongs to (empty without norm fusion)."""
-        try:
-            report = self._norm_fusion().report
-        except ImportError:
-            return {}
+        report = self._norm_fusion().report
         return {node: tuple(f.replaced) for f in report.fused for node in f.replaced}
 
     def _norm_fusion(self):
