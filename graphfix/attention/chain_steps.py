@@ -31,14 +31,11 @@ from graphfix.attention.match_types import (
     SoftcapStep,
 )
 from graphfix.graph.index import GraphIndex, dtype_name
+from graphfix.graph.index import node_label as display
 
 
 class NoMatch(Exception):
     """Internal: the chain walk failed; `args[0]` is the user-facing reason."""
-
-
-def display(node: onnx.NodeProto, position: int) -> str:
-    return node.name or f"<{node.op_type} #{position}>"
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from graphfix.attention.report import BlockOutcome, FixReport, FixResult
 from graphfix.attention.strategies import get_strategy
 from graphfix.errors import SelectionError
 from graphfix.graph.edit import GraphEdit
-from graphfix.graph.index import GraphIndex
+from graphfix.graph.index import GraphIndex, unnamed_label
 from graphfix.model_io import LoadedModel, load_model
 from graphfix.plugins.spec import PLUGIN_DOMAIN, ensure_plugin_opset
 from graphfix.selectors import parse_selectors, select_nodes
@@ -61,7 +61,7 @@ def fix_attention(
                 rewritten, detail = False, "not selected"
             outcomes[match.index] = BlockOutcome(
                 index=match.index,
-                softmax=match.softmax or f"#{match.softmax_position}",
+                softmax=match.softmax or unnamed_label("Softmax", match.softmax_position),
                 kind=match.kind,
                 rewritten=rewritten,
                 detail=detail if not location else f"{detail} (inside {location})",
@@ -145,7 +145,7 @@ def _select(
     softmax_at = {m.softmax_position: m.index for m in matches if not m.location}
     for hit in selection.hits:
         if not hit.blocks and not any(p in softmax_at for p in hit.positions):
-            names = ", ".join(m.softmax or f"#{m.softmax_position}" for m in matches[:6])
+            names = ", ".join(m.softmax or unnamed_label("Softmax", m.softmax_position) for m in matches[:6])
             raise SelectionError(
                 f"select entry {hit.selector.text!r} matches no attention block (it picks "
                 f"{len(hit.positions)} node(s), none an attention Softmax); blocks are indexed "

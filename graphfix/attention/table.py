@@ -6,6 +6,7 @@ import re
 from collections.abc import Sequence
 
 from graphfix.attention.match_types import AttentionMatch
+from graphfix.graph.index import unnamed_label
 
 
 def match_table(matches: Sequence[AttentionMatch]) -> str:
@@ -25,7 +26,7 @@ def match_table(matches: Sequence[AttentionMatch]) -> str:
         rows.append(
             (
                 str(m.index),
-                (f"{m.location}/" if m.location else "") + (m.softmax or f"#{m.softmax_position}"),
+                (f"{m.location}/" if m.location else "") + (m.softmax or unnamed_label("Softmax", m.softmax_position)),
                 m.kind.value,
                 *(_dim(x) for x in (m.heads, m.q_len, m.kv_len)),
                 scale,

@@ -67,6 +67,17 @@ def _free_names(graph: onnx.GraphProto) -> set[str]:
     return read - defined
 
 
+def unnamed_label(op_type: str, position: int) -> str:
+    """How graphfix shows an unnamed node: `<MatMul #12>`, its position in graph.node; selectors
+    accept it back (graphfix/selectors.py)."""
+    return f"<{op_type} #{position}>"
+
+
+def node_label(node: onnx.NodeProto, position: int) -> str:
+    """A node's name, or `unnamed_label` for an unnamed node."""
+    return node.name or unnamed_label(node.op_type, position)
+
+
 def dtype_name(elem_type: int) -> str:
     return _DTYPE_NAMES.get(elem_type, onnx.TensorProto.DataType.Name(elem_type).lower())
 

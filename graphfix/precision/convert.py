@@ -23,7 +23,7 @@ import onnx
 
 from graphfix.attention.matcher import scan_graph
 from graphfix.errors import UsageError
-from graphfix.graph.index import GraphIndex
+from graphfix.graph.index import GraphIndex, node_label
 from graphfix.model_io import LoadedModel, load_model
 from graphfix.precision import norms, weights
 from graphfix.precision.apply import PlanApplier
@@ -344,7 +344,7 @@ class _Snapshot:
     @staticmethod
     def of(index: GraphIndex, plan: Plan, out_of_range: dict[str, float]) -> _Snapshot:
         nodes = index.graph.node
-        labels = tuple(n.name or f"#{p}" for p, n in enumerate(nodes))
+        labels = tuple(node_label(n, p) for p, n in enumerate(nodes))
         return _Snapshot(
             labels=labels,
             op_types=tuple(n.op_type for n in nodes),

@@ -11,6 +11,7 @@ import onnx
 
 from graphfix.attention.matcher import find_attention
 from graphfix.errors import UsageError
+from graphfix.graph.index import node_label
 from graphfix.model_io import LoadedModel, check_output_path, load_model
 from graphfix.plugins.reference import has_plugin_ops, with_reference_ops
 from graphfix.plugins.spec import PLUGIN_DOMAIN
@@ -21,7 +22,6 @@ from graphfix.precision.locate.reference import (
     DEFAULT_CHUNK_BYTES,
     TensorStreamer,
     chunk_tensors,
-    node_label,
     plan_graph,
     stream_pairs,
 )
