@@ -189,6 +189,12 @@ def test_attention_with_large_logits_is_located_in_its_block():
     assert "attention_strategy" in tried  # the block's strategy is tried before islands grow
 
 
+def test_the_rounding_note_names_the_type_the_candidate_computes_in():
+    report = locate(attention_model(key_offset=0.0), precision="bfloat16")
+    (note,) = [n for n in report.notes if "rounding made explicit" in n]
+    assert "most bfloat16 ops in float32" in note and "float16 ops" not in note.replace("bfloat16", "")
+
+
 def test_same_attention_with_ordinary_logits_does_not_diverge(capsys, tmp_path):
     path = tmp_path / "attn.onnx"
     onnx.save(attention_model(key_offset=0.0), path)

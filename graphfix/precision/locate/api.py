@@ -169,7 +169,7 @@ def locate(
         cand = LoadedModel(emulated, cand.path, True)
         notes.append(
             f"{computes_in} rounding made explicit (a Cast pair after every {computes_in} "
-            "tensor): onnxruntime's CPU otherwise runs most float16 ops in float32"
+            f"tensor): onnxruntime's CPU otherwise runs most {computes_in} ops in float32"
         )
     with (
         TensorStreamer(reference, label=_label(reference, "model")) as ref_stream,
