@@ -8,11 +8,13 @@ import json
 import math
 import os
 import re
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from graphfix import progress
 from graphfix.cli.options import Option, add_options, api_kwargs
 from graphfix.errors import GraphfixError, SelectionError
 
@@ -267,7 +269,31 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     for name, module in _MODULES.items():
         if wanted(name):
             importlib.import_module(module).register(sub)
+    for command in _leaf_parsers(sub):
+        command.add_argument(
+            "--quiet",
+            "-q",
+            action="store_true",
+            help="no progress lines on stderr (they are shown only on a terminal, never with --json)",
+        )
     return parser
+
+
+def _leaf_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser]:
+    """The parsers of every command and sub-command (`qdq inspect`, `plugins build`)."""
+    leaves = []
+    for parser in dict.fromkeys(sub.choices.values()):
+        nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        leaves += [leaf for n in nested for leaf in _leaf_parsers(n)] or [parser]
+    return leaves
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised where the program is, so that its `finally` blocks clean up."""
+
+
+def _raise_terminated(signum: int, frame: object) -> NoReturn:
+    raise _Terminated
 
 
 def _command_word(argv: Sequence[str]) -> str | None:
@@ -286,8 +312,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     parser = build_parser(only=command)
     args = parser.parse_args(argv)
+    if program:  # a library caller's own signal handling is its own
+        signal.signal(signal.SIGTERM, _raise_terminated)
+    shows_progress = not (args.quiet or getattr(args, "json", False)) and sys.stderr.isatty()
     try:
-        return int(args.func(args) or 0)
+        with progress.reporting(enabled=shows_progress):
+            return int(args.func(args) or 0)
     except GraphfixError as exc:
         print(f"graphfix: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -295,8 +325,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except KeyboardInterrupt:
-        print("graphfix: interrupted", file=sys.stderr)
-        return 130
+        print("graphfix: interrupted (SIGINT)", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except _Terminated:
+        print("graphfix: terminated (SIGTERM)", file=sys.stderr)
+        return 128 + signal.SIGTERM
     finally:
         if program and command == "precision":
             # What the command wrote is closed and in place.  The interpreter's last garbage

@@ -27,6 +27,7 @@ from graphfix.precision.locate.reference import (
 )
 from graphfix.precision.locate.remedies import TrialRunner
 from graphfix.precision.locate.report import LocateReport, with_remedies
+from graphfix.progress import step
 from graphfix.validation.compare import DEFAULT_TOLERANCES, Tolerance, compare_output
 from graphfix.validation.inputs import ValueRange, check_same_inputs, input_specs, make_inputs
 from graphfix.validation.validate import _model_precision
@@ -142,6 +143,7 @@ def locate(
         computes_in = _LONG[_model_precision(cand.model)]
         cand_label = _label(cand, "candidate")
     else:
+        step(f"converting {_label(reference, 'the model')} to {precision}")
         built = build_candidate(reference.model, precision=precision)
         cand = LoadedModel(built.model, None, True)
         computes_in = precision
@@ -154,6 +156,7 @@ def locate(
     )
 
     start = time.perf_counter()
+    step(f"comparing every tensor of {cand_label} with the float32 original")
     plan = plan_graph(reference.model, data.feeds)
     cand_tensors = {o for n in cand.model.graph.node for o in n.output if o}
     outputs = [o.name for o in reference.model.graph.output]

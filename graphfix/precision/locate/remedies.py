@@ -29,6 +29,7 @@ from graphfix.precision.locate.candidate import BuiltCandidate, build_candidate
 from graphfix.precision.locate.emulate import emulate_low_precision
 from graphfix.precision.locate.localise import RANGE_MAX, UNIT_ROUNDOFF, Suspect, TensorError
 from graphfix.precision.locate.reference import infer_types, node_label
+from graphfix.progress import step as report_step
 from graphfix.validation.compare import OutputComparison, Tolerance, compare_output
 
 _FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
@@ -218,6 +219,7 @@ def search_remedies(
     trials: list[Trial] = []
 
     def run(step: str, remedies: Sequence[Remedy]) -> tuple[Trial, BuiltCandidate]:
+        report_step(f"remedy trial {len(trials) + 1} of at most {max_trials} ({step})")
         trial, built = runner.trial(step, remedies)
         trials.append(trial)
         if progress is not None:

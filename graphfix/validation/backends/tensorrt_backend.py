@@ -37,6 +37,7 @@ import numpy as np
 from graphfix.errors import PluginBuildError
 from graphfix.model_io import LoadedModel, external_data_files, fits_protobuf
 from graphfix.plugins.spec import PLUGIN_DOMAIN
+from graphfix.progress import step
 from graphfix.validation.backends import BackendError
 from graphfix.validation.backends.gpu import GpuIdentity, current_gpu
 from graphfix.validation.fusion_proof import EngineLayer, parse_engine_layers
@@ -394,6 +395,7 @@ class TensorRTRunner:
             profiles=profiles,
             profiling_verbosity=self._trt.ProfilingVerbosity.DETAILED,
         )
+        step(f"building a TensorRT engine of {self.label} (minutes for a large model)")
         engine = EngineFromNetwork(network, config=config)()
         self.engine_path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.engine_path.with_suffix(f".{os.getpid()}.partial")
