@@ -23,6 +23,8 @@ from graphfix.precision.census import is_float32_model, precision_census
 from graphfix.precision.convert import convert_precision
 from graphfix.validation.compare import DEFAULT_TOLERANCES, compare_output
 
+pytestmark = pytest.mark.corpus  # the model-corpus sweep, run by `pytest -m corpus`
+
 _FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
 # Compute nodes that must run in float16 (the target).
 LOW_SHARE = 0.80
