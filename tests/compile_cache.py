@@ -30,7 +30,7 @@ BUDGET_ENV = "GRAPHFIX_COMPILE_BUDGET_S"
 
 @dataclass(frozen=True)
 class Compiled:
-    output: Path
+    output: Path  # absent when the compile failed (returncode != 0): only its log is kept
     log: str
     returncode: int
 
