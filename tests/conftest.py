@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 CORPUS_BUDGET_S = 2400
 # What Python, pytest and ruff write (bytecode, their caches), not the tests.
 _NOT_THE_TESTS = ("__pycache__/", ".pytest_cache/", ".ruff_cache/")
+_SOURCES = (".py", ".md", ".ipynb", ".cu", ".cuh", ".h", ".cpp", ".txt", ".toml")
 _corpus_started: list[float] = []
 
 
@@ -56,8 +57,15 @@ def _tree_entries() -> set[str] | None:
     )  # fmt: skip
     if done.returncode != 0:
         return None
-    lines = {line[3:] for line in done.stdout.splitlines() if line[:2] in ("??", "!!")}
-    return {line for line in lines if not any(part in line for part in _NOT_THE_TESTS)}
+    entries = set()
+    for line in done.stdout.splitlines():
+        status, path = line[:2], line[3:]
+        if any(part in path for part in _NOT_THE_TESTS):
+            continue
+        # Untracked sources are what a person writes while the tests run, not what a test writes.
+        if status == "!!" or (status == "??" and not path.endswith(_SOURCES)):
+            entries.add(path)
+    return entries
 
 
 @pytest.fixture(scope="module", autouse=True)
