@@ -10,13 +10,14 @@ removed whatever happens, so a killed compile leaves nothing in the system temp 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +74,25 @@ def compile_once(
         return Compiled(output, log, 0)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def owned_temp_folder() -> Iterator[None]:
+    """Within the block, subprocesses (CMake's nvcc) write their temporary files into a folder of
+    the cache that is removed afterwards, however the block ends."""
+    root = cache_dirs.root() / "nvcc"
+    root.mkdir(parents=True, exist_ok=True)
+    folder = tempfile.mkdtemp(prefix=".tmp-", dir=root)
+    previous = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = folder
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["TMPDIR"]
+        else:
+            os.environ["TMPDIR"] = previous
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _run(command: list[str], work: Path) -> tuple[str, int]:

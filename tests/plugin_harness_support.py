@@ -17,6 +17,7 @@ from pathlib import Path
 import cache_dirs
 import numpy as np
 import pytest
+from compile_cache import owned_temp_folder
 
 from graphfix.errors import PluginBuildError
 from graphfix.plugins import build as plugin_build
@@ -45,8 +46,9 @@ def build_tools(archs: str, target: str | None = None) -> Tools:
     """The plugin libraries for CUDA architectures `archs` and the harness `target`."""
     require_build_tools()
     build_dir = cache_dirs.root() / f"plugin-build-{archs.replace(';', '-')}"
-    libraries = build_plugins(build_dir=build_dir, cuda_archs=archs).libraries
-    harness = build_plugin_harness(build_dir=build_dir, target=target)
+    with owned_temp_folder():  # nvcc's temporaries, removed however the build ends
+        libraries = build_plugins(build_dir=build_dir, cuda_archs=archs).libraries
+        harness = build_plugin_harness(build_dir=build_dir, target=target)
     return Tools(libraries=libraries, harness=harness)
 
 
