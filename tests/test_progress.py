@@ -83,8 +83,13 @@ def test_progress_lines_show_on_a_terminal(model: Path, tmp_path: Path) -> None:
     lines = [line for line in shown.splitlines() if line.startswith("graphfix: [")]
     assert [line.split("] ", 1)[1] for line in lines] == [
         f"converting {model.name} to float16",
+        "fusing decomposed norms",
+        "finding the attention blocks and the float32 islands",
+        "rewriting the graph and its weights in float16",
         f"writing {tmp_path / 'a.onnx'}",
     ], shown
+    seconds = [float(line.split("[", 1)[1].split(" s]")[0]) for line in lines]
+    assert seconds == sorted(seconds)  # the time since the command started
 
 
 @pytest.mark.parametrize("flag", ["--quiet", "--json"])

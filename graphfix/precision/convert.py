@@ -41,6 +41,7 @@ from graphfix.precision.report import (
     PrecisionReport,
     PrecisionResult,
 )
+from graphfix.progress import step
 from graphfix.selectors import parse_selectors, select_nodes
 
 TARGETS = tuple(weights.TARGETS)
@@ -147,8 +148,10 @@ def _convert(
 
     norms_note, unfused = ("not run (fuse_norms=False)", ())
     if options.fuse_norms:
+        step("fusing decomposed norms")
         work, norms_note, unfused = _fuse_norms(work, options.opset)
 
+    step("finding the attention blocks and the float32 islands")
     index = GraphIndex(work, base_dir=base_dir)
     out_of_range = {**_out_of_range(index, base_dir, to), **known}
     scan = scan_graph(index)
@@ -184,6 +187,7 @@ def _convert(
         out_of_range=set(out_of_range),
     )
     before = _Snapshot.of(index, plan, out_of_range)
+    step(f"rewriting the graph and its weights in {to}")
     rewrite.apply()
     source = place_weights(rewrite, base_dir, out)
     report = _report(
