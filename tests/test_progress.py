@@ -50,6 +50,17 @@ def _env() -> dict[str, str]:
     }
 
 
+def _piped(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run `graphfix ARGV` with stdout and stderr captured (pipes, not a terminal)."""
+    return subprocess.run(
+        [sys.executable, "-m", "graphfix", *argv],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        check=False,
+    )
+
+
 def _on_a_terminal(argv: list[str]) -> tuple[int, str]:
     """Run `graphfix ARGV` with stderr on a pseudo-terminal; its exit code and what it showed."""
     leader, follower = pty.openpty()
@@ -99,13 +110,7 @@ def test_no_progress_with_quiet_or_json(model: Path, tmp_path: Path, flag: str) 
 
 
 def test_no_progress_when_piped(model: Path, tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "graphfix", "precision", str(model), "-o", str(tmp_path / "a.onnx")],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        check=False,
-    )
+    done = _piped(["precision", str(model), "-o", str(tmp_path / "a.onnx")])
     assert done.returncode == 0 and done.stderr == "", done.stderr
 
 
@@ -152,13 +157,7 @@ def test_the_next_save_removes_what_a_killed_save_left(model: Path, tmp_path: Pa
     ours.write_bytes(b"in use")
     unrelated = out_dir / ".fixed.onnx.1234.graphfix-tmp"  # not a name graphfix makes
     unrelated.write_bytes(b"not ours")
-    done = subprocess.run(
-        [sys.executable, "-m", "graphfix", "fix", str(model), "-o", str(out_dir / "again.onnx")],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        check=False,
-    )
+    done = _piped(["fix", str(model), "-o", str(out_dir / "again.onnx")])
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in out_dir.iterdir()) == sorted(
         ["again.onnx", ours.name, unrelated.name]
