@@ -54,7 +54,7 @@ def _fix_options() -> tuple[Option, ...]:
             ("--select",),
             "select",
             "comma-separated selectors: block indices, attention:N, node names, re:REGEX, "
-            "op:OpType; a block is rewritten when picked by index or through its Softmax node "
+            "op:OpType, #N (an unnamed node as graphfix shows it, <Softmax #N>); a block is rewritten when picked by index or through its Softmax node "
             "(default: every block)",
             convert=_parse_select,
         ),

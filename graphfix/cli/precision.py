@@ -48,7 +48,8 @@ PRECISION_OPTIONS = (
         ("--keep",),
         "keep",
         "nodes to keep in float32: a block index as `graphfix inspect` numbers it, attention:N, "
-        "op:OpType, a node name or re:REGEX (repeatable)",
+        "op:OpType, a node name, re:REGEX or #N (an unnamed node as graphfix shows it, "
+        "<MatMul #N>) (repeatable)",
         {"action": "append", "metavar": "SEL"},
     ),
     Option(
