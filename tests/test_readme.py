@@ -167,6 +167,17 @@ def test_setup_commands_are_the_ones_ci_runs(readme: str) -> None:
     assert "pip install -e . && graphfix demo" in readme
 
 
+def test_ci_and_the_readme_run_every_check_the_default_run_leaves_out(readme: str) -> None:
+    addopts = re.search(r"^addopts = (.*)$", (REPO / "pyproject.toml").read_text(), re.M)
+    assert addopts is not None
+    left_out = set(re.findall(r"not (\w+)", addopts.group(1)))
+    assert left_out, "pyproject.toml's addopts no longer leave the heavy checks out"
+    loop = re.search(r"^for marker in (.*); do$", (REPO / ".ci" / "run").read_text(), re.M)
+    assert loop is not None and set(loop.group(1).split()) == left_out
+    for marker in left_out:
+        assert f"`python -m pytest -m {marker}`" in readme, f"the README does not name -m {marker}"
+
+
 def test_strategy_table_lists_every_strategy_and_what_is_proven(readme: str) -> None:
     section = readme.split("\n## Strategies", 1)[1].split("\n## ", 1)[0]
     rows = {
