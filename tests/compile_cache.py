@@ -2,9 +2,9 @@
 
 A compile's result (its output file and its log: the tests read ptxas's messages) is kept under
 cache_dirs.root()/nvcc/, keyed by the command line, nvcc's version and the bytes of every file in
-the folders it reads, so a rerun on unchanged sources compiles nothing.  A compile that runs past
-$GRAPHFIX_COMPILE_BUDGET_S seconds (default COMPILE_BUDGET_S) is killed and the test skips saying
-so: machine load is not a test failure.  nvcc's temporary files go to a folder the compile owns,
+the folders it reads, so a rerun on unchanged sources compiles nothing.  A compile still running when
+the compile checks' budget (tests/budgets.py) runs out is killed and the test skips saying so:
+machine load is not a test failure.  nvcc's temporary files go to a folder the compile owns,
 removed whatever happens, so a killed compile leaves nothing in the system temp folder.
 """
 
@@ -21,12 +21,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import budgets
 import cache_dirs
 import pytest
-
-# The float16 Hopper translation unit, the longest, took 162 s wall alone at load 2.9 on 2 cores.
-COMPILE_BUDGET_S = 1800
-BUDGET_ENV = "GRAPHFIX_COMPILE_BUDGET_S"
 
 
 @dataclass(frozen=True)
@@ -34,11 +31,6 @@ class Compiled:
     output: Path  # absent when the compile failed (returncode != 0): only its log is kept
     log: str
     returncode: int
-
-
-def budget_s() -> float:
-    configured = os.environ.get(BUDGET_ENV)
-    return float(configured) if configured else COMPILE_BUDGET_S
 
 
 def _digest(command: list[str], read: Iterable[Path]) -> str:
@@ -96,7 +88,7 @@ def owned_temp_folder() -> Iterator[None]:
 
 
 def _run(command: list[str], work: Path) -> tuple[str, int]:
-    budget = budget_s()
+    budgets.skip_when_spent("compile")
     (work / "tmp").mkdir()
     env = {**os.environ, "TMPDIR": str(work / "tmp")}  # nvcc's intermediate files
     process = subprocess.Popen(
@@ -108,12 +100,9 @@ def _run(command: list[str], work: Path) -> tuple[str, int]:
         start_new_session=True,  # its own process group: cicc and ptxas die with it
     )
     try:
-        log, _ = process.communicate(timeout=budget)
+        log, _ = process.communicate(timeout=budgets.remaining("compile"))
     except subprocess.TimeoutExpired:
-        pytest.skip(
-            f"`{Path(command[0]).name}` ran past the compile budget of {budget:.0f} s "
-            f"(${BUDGET_ENV}) on this machine; rerun with a larger budget or on a quieter machine"
-        )
+        pytest.skip(budgets.spent("compile", doing=f"`{Path(command[0]).name}` stopped: "))
     finally:  # past the budget, or the test run interrupted: stop the whole compile
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)

@@ -6,8 +6,8 @@ by transformers, timm, open_clip and diffusers) load next to a CPU-only torch; r
 importing any of them.
 
 Every module runs under `_leaves_the_source_tree_alone`: a file it adds to the checkout (seen by
-`git status --ignored`) fails it.  Tests marked `corpus` stop, skipping with the reason, once the
-sweep has run past its budget (CORPUS_BUDGET_S, $GRAPHFIX_CORPUS_BUDGET_S).
+`git status --ignored`) fails it.  Tests marked `compile` or `corpus` skip with the reason once
+their marker's time budget is spent (tests/budgets.py).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
+import budgets
 import cache_dirs
 import pytest
 
@@ -27,12 +27,9 @@ os.environ.setdefault("GRAPHFIX_CORPUS_DIR", str(cache_dirs.corpus()))
 import model_corpus  # after the default above
 
 REPO = Path(__file__).resolve().parents[1]
-# The whole model-corpus sweep (`-m corpus`), exports included, on 2 quiet cores: see README.
-CORPUS_BUDGET_S = 2400
 # What Python, pytest and ruff write (bytecode, their caches), not the tests.
 _NOT_THE_TESTS = ("__pycache__/", ".pytest_cache/", ".ruff_cache/")
 _SOURCES = (".py", ".md", ".ipynb", ".cu", ".cuh", ".h", ".cpp", ".txt", ".toml")
-_corpus_started: list[float] = []
 
 
 @pytest.fixture(scope="session")
@@ -82,16 +79,6 @@ def _leaves_the_source_tree_alone():
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker("corpus") is None:
-        return
-    if not _corpus_started:
-        _corpus_started.append(time.monotonic())
-    configured = os.environ.get("GRAPHFIX_CORPUS_BUDGET_S")
-    budget = float(configured) if configured else CORPUS_BUDGET_S
-    spent = time.monotonic() - _corpus_started[0]
-    if spent > budget:
-        pytest.skip(
-            f"the corpus sweep's budget of {budget:.0f} s ($GRAPHFIX_CORPUS_BUDGET_S) is spent "
-            f"({spent:.0f} s): this machine is slower or busier than the budget assumes; "
-            "rerun with a larger budget"
-        )
+    for marker in budgets.BUDGETS:
+        if item.get_closest_marker(marker) is not None:
+            budgets.skip_when_spent(marker)
