@@ -54,8 +54,8 @@ def _fix_options() -> tuple[Option, ...]:
             ("--select",),
             "select",
             "comma-separated selectors: block indices, attention:N, node names, re:REGEX, "
-            "op:OpType, #N (an unnamed node as graphfix shows it, <Softmax #N>); a block is rewritten when picked by index or through its Softmax node "
-            "(default: every block)",
+            "op:OpType, #N (an unnamed node as graphfix shows it, <Softmax #N>); a block is "
+            "rewritten when picked by index or through its Softmax node (default: every block)",
             convert=_parse_select,
         ),
         Option(
