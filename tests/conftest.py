@@ -12,19 +12,13 @@ their marker's time budget is spent (tests/budgets.py).
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import budgets
-import cache_dirs
+import model_corpus
 import pytest
-
-# The exporters read it too (tests/model_corpus.py), as do the notebooks' and README's subprocesses.
-os.environ.setdefault("GRAPHFIX_CORPUS_DIR", str(cache_dirs.corpus()))
-
-import model_corpus  # after the default above
 
 REPO = Path(__file__).resolve().parents[1]
 # What Python, pytest and ruff write (bytecode, their caches), not the tests.
