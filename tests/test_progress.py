@@ -4,6 +4,7 @@ graphfix/cli/main.py, graphfix/model_io.py)."""
 
 from __future__ import annotations
 
+import io
 import os
 import pty
 import select
@@ -16,10 +17,21 @@ from pathlib import Path
 import onnx
 import pytest
 from graphs import Variant, attention_model
+from qdq_graphs import residual_block
 
+from graphfix.attention.rewrite import fix_attention
 from graphfix.model_io import remove_stale_temporaries, temporary_name
+from graphfix.precision.locate import locate
+from graphfix.progress import reporting, step
+from graphfix.qdq.fix import PASSES, fix_qdq
+from graphfix.validation.validate import validate
 
 REPO = Path(__file__).resolve().parents[1]
+CONVERSION_STEPS = [
+    "fusing decomposed norms",
+    "finding the attention blocks and the float32 islands",
+    "rewriting the graph and its weights in float16",
+]
 # A stand-in for a long step: the staged save stops before moving its files into place, says so
 # on stdout, and waits to be signalled.
 HOLD_THE_SAVE = """
@@ -94,9 +106,7 @@ def test_progress_lines_show_on_a_terminal(model: Path, tmp_path: Path) -> None:
     lines = [line for line in shown.splitlines() if line.startswith("graphfix: [")]
     assert [line.split("] ", 1)[1] for line in lines] == [
         f"converting {model.name} to float16",
-        "fusing decomposed norms",
-        "finding the attention blocks and the float32 islands",
-        "rewriting the graph and its weights in float16",
+        *CONVERSION_STEPS,
         f"writing {tmp_path / 'a.onnx'}",
     ], shown
     seconds = [float(line.split("[", 1)[1].split(" s]")[0]) for line in lines]
@@ -174,3 +184,36 @@ def test_a_reused_process_id_does_not_protect_an_older_temporary(tmp_path: Path)
     fresh.mkdir()
     assert remove_stale_temporaries(tmp_path) == (stale,)
     assert fresh.exists()
+
+
+def _steps(run) -> list[str]:
+    """What `run()` reports as its steps, the elapsed seconds left out."""
+    shown = io.StringIO()
+    with reporting(enabled=True, stream=shown):
+        run()
+    return [line.split("] ", 1)[1] for line in shown.getvalue().splitlines()]
+
+
+def test_validate_and_locate_say_which_run_is_under_way() -> None:
+    original = attention_model(Variant(scale="div_after"))
+    fixed = fix_attention(original, strategy="plugin").model
+    steps = _steps(lambda: validate(original, fixed, backend="onnxruntime"))
+    assert [s.split(":")[0] for s in steps] == ["running the original", "running the candidate"]
+    steps = _steps(lambda: locate(original, precision="float16"))
+    assert steps[:4] == [
+        "converting the model (in memory) to float16",
+        *CONVERSION_STEPS,
+    ]
+    assert steps[4].startswith(
+        "comparing every tensor of the model (in memory) converted to float16"
+    )
+
+
+def test_qdq_fix_says_which_pass_runs() -> None:
+    steps = _steps(lambda: fix_qdq(residual_block(qdq_on_conv=True, qdq_on_skip=False)))
+    assert steps == [f"Q/DQ fix: {p.__name__.replace('_', ' ')}" for p in PASSES]
+
+
+def test_without_a_reporter_nothing_is_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    step("a step nobody asked to see")
+    assert capsys.readouterr() == ("", "")

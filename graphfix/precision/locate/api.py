@@ -143,7 +143,7 @@ def locate(
         computes_in = _LONG[_model_precision(cand.model)]
         cand_label = _label(cand, "candidate")
     else:
-        step(f"converting {_label(reference, 'the model')} to {precision}")
+        step(f"converting {_label(reference, 'model')} to {precision}")
         built = build_candidate(reference.model, precision=precision)
         cand = LoadedModel(built.model, None, True)
         computes_in = precision
