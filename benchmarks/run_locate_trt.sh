@@ -12,7 +12,7 @@ PY=${PYTHON:-python3}
 status=0
 $PY -c "import tensorrt, polygraphy; print('TensorRT', tensorrt.__version__, 'polygraphy', polygraphy.__version__)" \
   | tee "$OUT/versions.txt" || exit 3
-$PY -m pytest -q -m trt tests/test_locate.py 2>&1 | tee "$OUT/pytest.log" || status=1
+$PY -m pytest -q -m trt tests/test_locate.py tests/test_locate_tensorrt.py 2>&1 | tee "$OUT/pytest.log" || status=1
 # the README's planted fault: an MLP weight of the example ViT scaled so fc1 peaks near 1.4e5
 $PY - <<'PYEOF' 2>&1 | tee "$OUT/plant.log" || status=1
 import numpy as np, onnx

@@ -107,3 +107,18 @@ def test_proof_counts_and_summary(resnet_layers):
     text = "\n".join(proof.summary_lines())
     assert "resnet50/predictions/Softmax: unfused (ran as layer" in text
     assert json.loads(json.dumps(blocks[0].status)) == "unfused"
+
+
+def test_published_myelin_kernels_are_told_apart_by_their_tactic():
+    """TensorRT 10 DETAILED layers printed in NVIDIA/TensorRT#4397: a GEMM whose layer name is
+    the ONNX module path `…/mha/output/dense/MatMul` is not an attention kernel; the MHA kernel
+    is known by its tactic."""
+    layers = parse_engine_layers((DATA / "issue4397_bert_myelin_layers.json").read_text())
+    kinds = {layer.name: layer.kind for layer in layers}
+    assert kinds == {
+        "/encoder/layers_0/pos_ff/output/MatMul_myl0_7": LayerKind.MYELIN_KERNEL,
+        "__myl_AddCastMeanSubMulMeanAddSqrtDivMulCastMulAdd_myl0_8": LayerKind.MYELIN_KERNEL,
+        "_gemm_mha_v2_myl0_59": LayerKind.ATTENTION_KERNEL,
+        "/encoder/layers_8/mha/output/dense/MatMul_myl0_60": LayerKind.MYELIN_KERNEL,
+    }
+    assert all(layer.nodes_from_metadata for layer in layers)

@@ -140,12 +140,14 @@ def test_locate_out_of_range_and_conflicting_flags(example, tmp_path, capsys, fl
 
 
 def test_locate_help_states_the_default_trials_the_search_uses(capsys):
-    from graphfix.precision.locate.api import DEFAULT_MAX_TRIALS
+    from graphfix.precision.locate.plan import DEFAULT_MAX_TRIALS
+    from graphfix.validation.validate import Backend
 
     with pytest.raises(SystemExit):
         main(["locate", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert f"may make (default {DEFAULT_MAX_TRIALS})" in help_text
+    onnxruntime, tensorrt = DEFAULT_MAX_TRIALS[Backend.ONNXRUNTIME], DEFAULT_MAX_TRIALS[Backend.TENSORRT]
+    assert f"may make (default {onnxruntime} with onnxruntime, {tensorrt} with tensorrt)" in help_text
 
 
 def test_qdq_fix_max_trials_needs_reference_and_a_positive_value(quantized, tmp_path, capsys):

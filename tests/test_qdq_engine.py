@@ -47,6 +47,22 @@ def test_residual_qat_resnet_fuses_its_residual_adds_into_int8_convolutions():
     assert "Conv_34" in fused[0].onnx_nodes and "Add_42" in fused[0].onnx_nodes
 
 
+def test_myelin_gemm_kernels_are_counted_as_gemms():
+    """TensorRT >= 9 lists a Myelin region kernel by kernel (issue 20 item 13): its `gemm`
+    kernels are GEMM layers like any other, its generated (`kgen`) and MHA kernels fused ones."""
+    info = Path(__file__).parent / "data" / "engine_inspector" / "issue4397_bert_myelin_layers.json"
+    count = engine_precision(info.read_text())
+    assert (count.compute_quantized, count.compute_float) == (0, 2)
+    assert count.by_precision == {"FP16": 2}
+    assert (count.myelin_quantized, count.myelin_float) == (0, 2)
+    gemms = [layer for layer in count.layers if layer.compute]
+    # the ONNX nodes come from the layer's Metadata, not from its Myelin kernel name
+    assert gemms[1].onnx_nodes == (
+        "/encoder/layers.8/mha/output/dense/MatMul",
+        "/encoder/layers.8/mha/output/dense/Add",
+    )
+
+
 def test_names_only_json_asks_for_detailed_verbosity():
     with pytest.raises(UsageError, match="DETAILED"):
         engine_precision(json.dumps({"Layers": ["Conv_0 + Relu_1"]}))

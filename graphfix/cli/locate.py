@@ -11,8 +11,9 @@ import sys
 
 from graphfix.cli.options import Option, add_options, api_kwargs, print_json
 from graphfix.cli.validate import VALIDATE_OPTIONS
-from graphfix.precision.locate.api import BACKENDS, DEFAULT_MAX_TRIALS, PRECISIONS
+from graphfix.precision.locate.api import BACKENDS, PRECISIONS
 from graphfix.precision.locate.candidate import BASES
+from graphfix.precision.locate.plan import DEFAULT_MAX_TRIALS
 
 _SHARED = {o.api: o for o in VALIDATE_OPTIONS}
 LOCATE_OPTIONS = (
@@ -60,7 +61,9 @@ LOCATE_OPTIONS = (
     Option(
         ("--max-trials",),
         "max_trials",
-        f"most candidate runs the remedy search may make (default {DEFAULT_MAX_TRIALS})",
+        "most candidate runs (TensorRT: engine builds) the remedy search may make (default "
+        + ", ".join(f"{n} with {b.value}" for b, n in DEFAULT_MAX_TRIALS.items())
+        + ")",
         {"type": int},
     ),
     Option(

@@ -28,6 +28,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
     )
     print(f"built in {build.build_dir} for CUDA architectures {build.cuda_archs}")
     print(f"TensorRT headers: {build.headers.include_dir} ({build.headers.origin})")
+    for note in build.notes:
+        print(note)
     if build.nvinfer_library is None:
         print(
             f"{build.libraries.static.name} takes getPluginRegistry from the process that loads "

@@ -21,7 +21,9 @@ linked; without `cudnn.h` (CI) the libraries have the portable attention kernel 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
+import json
 import os
 import platform
 import re
@@ -29,7 +31,9 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
+import urllib.request
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,6 +54,7 @@ _KERNEL_LENS_TENSORRT_MAJOR = 10  # kernel-lens 2.0.1 holds TensorRT 10.14's hea
 _HEADER = "NvInferRuntime.h"
 _VERSION_HEADER = "NvInferVersion.h"
 _BUILD_LOG = "graphfix-plugin-build.log"
+BUILD_MANIFEST = "graphfix-build.json"
 _DEFAULT_CUDA_ROOT = "/usr/local/cuda"
 # The cuDNN frontend (header-only C++, MIT), fetched only where cudnn.h is found.
 CUDNN_FRONTEND_REQUIREMENT = "nvidia-cudnn-frontend==1.16.0"
@@ -103,6 +108,7 @@ class PluginBuild:
     nvinfer_library: Path | None
     cudnn: CudnnHeaders | None = None
     cuda_archs_origin: str = ""
+    notes: tuple[str, ...] = ()  # what the build left out and why
 
 
 @dataclass(frozen=True)
@@ -145,6 +151,12 @@ def default_build_dir(*, tensorrt_major: int | None = None) -> Path:
 
 def tensorrt_header_major(include_dir: Path) -> int:
     """NV_TENSORRT_MAJOR as `include_dir`'s NvInferVersion.h defines it."""
+    return tensorrt_header_version(include_dir)[0]
+
+
+def tensorrt_header_version(include_dir: Path) -> tuple[int, int]:
+    """(NV_TENSORRT_MAJOR, NV_TENSORRT_MINOR) as `include_dir`'s NvInferVersion.h defines them
+    (TensorRT 10.x and 11.x define them through TRT_MAJOR_ENTERPRISE / TRT_MINOR_ENTERPRISE)."""
     header = Path(include_dir) / _VERSION_HEADER
     try:
         text = header.read_text(errors="replace")
@@ -152,26 +164,62 @@ def tensorrt_header_major(include_dir: Path) -> int:
         raise PluginBuildError(
             f"cannot read {header} ({exc}); point TENSORRT_ROOT at a complete TensorRT install"
         ) from exc
-    for macro in ("NV_TENSORRT_MAJOR", "TRT_MAJOR_ENTERPRISE"):
-        found = re.search(rf"#define\s+{macro}\s+(\d+)", text)
-        if found:
-            return int(found.group(1))
-    raise PluginBuildError(
-        f"{header} defines no NV_TENSORRT_MAJOR; point TENSORRT_ROOT at a TensorRT 10 or 11 install"
-    )
+    found = []
+    for part in ("MAJOR", "MINOR"):
+        for macro in (f"NV_TENSORRT_{part}", f"TRT_{part}_ENTERPRISE"):
+            value = re.search(rf"#define\s+{macro}\s+(\d+)", text)
+            if value:
+                found.append(int(value.group(1)))
+                break
+    if len(found) != 2:
+        raise PluginBuildError(
+            f"{header} defines no NV_TENSORRT_MAJOR/MINOR; point TENSORRT_ROOT at a TensorRT 10 or "
+            "11 install"
+        )
+    return found[0], found[1]
 
 
-def _tensorrt_major() -> int:
+# pip installs TensorRT as one of these distributions (a metapackage and its CUDA-specific parts).
+_TENSORRT_DISTRIBUTIONS = (
+    "tensorrt",
+    "tensorrt-cu13",
+    "tensorrt-cu12",
+    "tensorrt-cu11",
+    "tensorrt-cu13-libs",
+    "tensorrt-cu12-libs",
+    "tensorrt-cu11-libs",
+    "tensorrt-libs",
+)
+
+
+def installed_tensorrt_version() -> str | None:
+    """The installed TensorRT's version: its pip distribution's metadata (nothing imported), else
+    `import tensorrt` (an NGC image or a tar/deb install's wheel); None without TensorRT."""
+    for name in _TENSORRT_DISTRIBUTIONS:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
     try:
         import tensorrt as trt
     except (ImportError, OSError):
-        pass
-    else:
-        return int(str(trt.__version__).split(".")[0])
+        return None
+    return str(trt.__version__)
+
+
+def _tensorrt_major() -> int:
+    installed = installed_tensorrt_version()
+    if installed is not None:
+        return _major_minor(installed)[0]
     try:
         return tensorrt_header_major(find_tensorrt_headers(allow_download=False).include_dir)
     except PluginBuildError:  # nothing installed: a build would fetch kernel-lens's headers
         return _KERNEL_LENS_TENSORRT_MAJOR
+
+
+def _major_minor(version: str) -> tuple[int, int]:
+    major, minor = (int(p) for p in re.findall(r"\d+", version)[:2])
+    return major, minor
 
 
 def find_nvcc() -> Path:
@@ -212,10 +260,13 @@ def _system_include_dirs() -> list[Path]:
     machine = platform.machine()
     return [
         Path("/usr/include"),
-        Path(f"/usr/include/{machine}-linux-gnu"),
+        Path(f"/usr/include/{machine}-linux-gnu"),  # NGC images and the deb packages
         Path("/usr/local/include"),
         Path("/usr/local/TensorRT/include"),
         Path("/usr/local/tensorrt/include"),
+        Path("/opt/tensorrt/include"),
+        *sorted(Path("/usr/local").glob("TensorRT-*/include")),  # the tar packages, unpacked
+        *sorted(Path("/opt").glob("TensorRT-*/include")),
         Path("/usr/local/cuda/include"),
     ]
 
@@ -238,10 +289,18 @@ def fetch_tensorrt_headers() -> Path:
 
 
 def _fetch_wheel_headers(
-    requirement: str, *, prefix: str, include_dir: Path, header: str, missing: str, remedy: str
+    requirement: str,
+    *,
+    prefix: str,
+    include_dir: Path,
+    header: str,
+    missing: str,
+    remedy: str,
+    suffixes: tuple[str, ...] | None = (".h", ".hpp"),
 ) -> Path:
     """`pip download` one wheel and extract its headers under `prefix` into `include_dir`
-    (keeping their relative paths); the folder appears only once it is complete."""
+    (keeping their relative paths); the folder appears only once it is complete.
+    `suffixes`: the file endings that are headers (None: every file, for libcu++'s `nv/target`)."""
     if (include_dir / header).is_file():
         return include_dir
     with tempfile.TemporaryDirectory() as download:
@@ -259,7 +318,9 @@ def _fetch_wheel_headers(
         staging.mkdir(parents=True)
         with zipfile.ZipFile(wheels[0]) as wheel:
             for member in wheel.namelist():
-                if member.startswith(prefix) and member.endswith((".h", ".hpp")):
+                if member.startswith(prefix) and not member.endswith("/"):
+                    if suffixes is not None and not member.endswith(suffixes):
+                        continue
                     target = staging / member[len(prefix) :]
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_bytes(wheel.read(member))
@@ -272,8 +333,12 @@ def _fetch_wheel_headers(
 
 
 def find_tensorrt_headers(*, allow_download: bool | None = None) -> TensorRTHeaders:
-    """TensorRT's headers: $TENSORRT_ROOT/include, the system include folders, an installed
-    `tensorrt` wheel, else (when `allow_download`, the default) the `kernel-lens` wheel's copy."""
+    """TensorRT's headers: $TENSORRT_ROOT/include, else the first of these whose major version is
+    the installed TensorRT's (any, when none is installed): the system include folders (NGC
+    images, deb packages, unpacked tar packages), an installed `tensorrt` wheel, NVIDIA's published
+    headers for the installed major.minor or kernel-lens's TensorRT 10.14 copy in the cache.
+    Otherwise, when `allow_download` (the default), a pip-only TensorRT 11+ (whose wheels ship no
+    headers) gets NVIDIA's published headers for its major.minor, anything else kernel-lens's."""
     root = os.environ.get("TENSORRT_ROOT")
     if root:
         include_dir = Path(root) / "include"
@@ -283,14 +348,30 @@ def find_tensorrt_headers(*, allow_download: bool | None = None) -> TensorRTHead
                 "(the folder holding include/ and lib/) or unset it"
             )
         return TensorRTHeaders(include_dir, "TENSORRT_ROOT")
-    for include_dir in _system_include_dirs():
-        if (include_dir / _HEADER).is_file():
-            return TensorRTHeaders(include_dir, "system")
-    for folder in _installed_package_dirs(("tensorrt", "tensorrt_libs", "tensorrt_bindings")):
-        if (folder / "include" / _HEADER).is_file():
-            return TensorRTHeaders(folder / "include", "tensorrt wheel")
-    if (_kernel_lens_include_dir() / _HEADER).is_file():
-        return TensorRTHeaders(_kernel_lens_include_dir(), KERNEL_LENS_REQUIREMENT)
+    installed = installed_tensorrt_version()
+    wanted = None if installed is None else _major_minor(installed)
+    candidates = [(d, "system") for d in _system_include_dirs()]
+    candidates += [
+        (folder / "include", "tensorrt wheel")
+        for folder in _installed_package_dirs(("tensorrt", "tensorrt_libs", "tensorrt_bindings"))
+    ]
+    if wanted is not None:
+        candidates.append((published_headers_dir(*wanted), "NVIDIA's published headers"))
+    candidates.append((_kernel_lens_include_dir(), KERNEL_LENS_REQUIREMENT))
+    passed_over = []
+    for include_dir, origin in candidates:
+        if not (include_dir / _HEADER).is_file():
+            continue
+        if wanted is None or tensorrt_header_major(include_dir) == wanted[0]:
+            return TensorRTHeaders(include_dir, origin)
+        passed_over.append(f"{include_dir} (TensorRT {tensorrt_header_major(include_dir)})")
+    if wanted is not None and wanted[0] != _KERNEL_LENS_TENSORRT_MAJOR:
+        if allow_download is False:
+            raise PluginBuildError(_no_published_headers(installed, passed_over, None))
+        return TensorRTHeaders(
+            fetch_published_headers(installed, passed_over=passed_over),
+            "NVIDIA's published headers",
+        )
     if allow_download is False:
         raise PluginBuildError(
             f"TensorRT headers ({_HEADER}) were not found in TENSORRT_ROOT, the system include "
@@ -298,6 +379,97 @@ def find_tensorrt_headers(*, allow_download: bool | None = None) -> TensorRTHead
             f"{KERNEL_LENS_REQUIREMENT}"
         )
     return TensorRTHeaders(fetch_tensorrt_headers(), KERNEL_LENS_REQUIREMENT)
+
+
+# NVIDIA publishes each release's headers in the TensorRT OSS repository's include/, tagged
+# v<major>.<minor> or v<major>.<minor>.<patch>; GitHub serves a tag as a tarball whose top folder is
+# TensorRT-<tag without v>.  $GRAPHFIX_TENSORRT_HEADERS_URL replaces the address (a mirror, or a
+# file:// URL of a tarball) with {tag} standing for the tag.
+_PUBLISHED_HEADERS_URL = "https://github.com/NVIDIA/TensorRT/archive/refs/tags/{tag}.tar.gz"
+
+
+def published_headers_dir(major: int, minor: int) -> Path:
+    """Where NVIDIA's published headers for TensorRT major.minor go in the cache."""
+    return cache_dir() / "tensorrt-headers" / f"nvidia-{major}.{minor}" / "include"
+
+
+def _release_tags(version: str) -> list[str]:
+    numbers = re.findall(r"\d+", version)[:3]
+    tags = [f"v{'.'.join(numbers)}", f"v{'.'.join(numbers[:2])}"]
+    return list(dict.fromkeys(tags))
+
+
+def _headers_url(tag: str) -> str:
+    return (os.environ.get("GRAPHFIX_TENSORRT_HEADERS_URL") or _PUBLISHED_HEADERS_URL).format(
+        tag=tag
+    )
+
+
+def _no_published_headers(version: str, passed_over: list[str], reason: str | None) -> str:
+    major, minor = _major_minor(version)
+    folder = published_headers_dir(major, minor).parent
+    url = _headers_url(_release_tags(version)[-1])
+    other = f"; headers of another major version were passed over: {', '.join(passed_over)}"
+    return (
+        f"TensorRT {version} is installed from pip, whose wheels ship no headers, and "
+        + (
+            f"NVIDIA's published headers could not be downloaded ({reason})"
+            if reason
+            else f"no TensorRT {major} headers were found"
+        )
+        + f"; run `mkdir -p {folder} && curl -fL {url} | tar xz -C {folder} --strip-components=1 "
+        f"--wildcards '*/include/*'` and build again, or set TENSORRT_ROOT to a TensorRT {major} "
+        "install" + (other if passed_over else "")
+    )
+
+
+def fetch_published_headers(version: str, *, passed_over: list[str] | None = None) -> Path:
+    """NVIDIA's published headers for TensorRT `version`'s major.minor (the OSS repository's
+    include/ at its release tag), downloaded once into the cache; PluginBuildError with the
+    command to run where the download fails (offline)."""
+    major, minor = _major_minor(version)
+    include_dir = published_headers_dir(major, minor)
+    if (include_dir / _HEADER).is_file():
+        return include_dir
+    reasons = []
+    for tag in _release_tags(version):
+        url = _headers_url(tag)
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response:
+                staging = _extract_include(response, include_dir)
+        except (OSError, tarfile.TarError) as exc:  # URLError and HTTPError are OSErrors
+            reasons.append(f"{url}: {' '.join(str(exc).split())}")
+            continue
+        found = tensorrt_header_version(staging) if (staging / _VERSION_HEADER).is_file() else None
+        if found != (major, minor):
+            shutil.rmtree(staging, ignore_errors=True)
+            reasons.append(f"{url} holds TensorRT {found} headers, not {major}.{minor}")
+            continue
+        shutil.rmtree(include_dir, ignore_errors=True)
+        staging.rename(include_dir)
+        return include_dir
+    raise PluginBuildError(_no_published_headers(version, passed_over or [], "; ".join(reasons)))
+
+
+def _extract_include(stream, include_dir: Path) -> Path:
+    """The headers under `<top>/include/` of the gzip tarball `stream`, into a staging folder
+    next to `include_dir` (keeping their paths below include/)."""
+    staging = include_dir.with_name(include_dir.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    with tarfile.open(fileobj=stream, mode="r|gz") as archive:
+        for member in archive:
+            parts = Path(member.name).parts
+            if len(parts) < 3 or parts[1] != "include" or not member.isfile():
+                continue
+            if not member.name.endswith((".h", ".hpp", ".inl")) or ".." in parts:
+                continue
+            target = staging.joinpath(*parts[2:])
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source = archive.extractfile(member)
+            assert source is not None  # a regular file, checked above
+            target.write_bytes(source.read())
+    return staging
 
 
 def _cudnn_include_candidates() -> list[Path]:
@@ -529,7 +701,10 @@ def build_plugins(
     major = tensorrt_header_major(headers.include_dir)
     _check_same_major(headers, major, nvinfer)
     build = Path(build_dir) if build_dir is not None else default_build_dir(tensorrt_major=major)
-    cudnn = find_cudnn_headers()
+    cudnn, cudnn_note = cudnn_headers_for_build()
+    notes = (cudnn_note,) if cudnn_note else ()
+    if progress is not None and cudnn_note:
+        progress(cudnn_note)
     _make_build_dir(build)
     log = build / _BUILD_LOG
     log.write_text("")
@@ -560,6 +735,7 @@ def build_plugins(
         "building the plugins",
         progress,
     )
+    _write_manifest(build, headers, nvinfer, cudnn, notes)
     return PluginBuild(
         libraries=find_plugin_libraries(build_dir=build),
         build_dir=build,
@@ -569,7 +745,72 @@ def build_plugins(
         nvcc=nvcc,
         nvinfer_library=nvinfer,
         cudnn=cudnn,
+        notes=notes,
     )
+
+
+def cudnn_headers_for_build() -> tuple[CudnnHeaders | None, str | None]:
+    """cuDNN's headers for the build, or None and why the cuDNN path is left out when cudnn.h is
+    there but its frontend cannot be had (offline: the wheel download failed)."""
+    try:
+        return find_cudnn_headers(), None
+    except PluginBuildError as exc:
+        return None, (f"GraphfixAttention's cuDNN path left out, its own kernels only: {exc}")
+
+
+def _write_manifest(
+    build: Path,
+    headers: TensorRTHeaders,
+    nvinfer: Path | None,
+    cudnn: CudnnHeaders | None,
+    notes: tuple[str, ...],
+) -> None:
+    """What the build folder's libraries were built from, beside them (graphfix-build.json)."""
+    major, minor = tensorrt_header_version(headers.include_dir)
+    manifest = {
+        "tensorrt_headers": f"{major}.{minor}",
+        "tensorrt_include_dir": str(headers.include_dir),
+        "tensorrt_headers_origin": headers.origin,
+        "nvinfer_library": None if nvinfer is None else str(nvinfer),
+        "cudnn": cudnn is not None,
+        "notes": list(notes),
+    }
+    (build / BUILD_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+_HEADER_MARKER = re.compile(rb"graphfix-tensorrt-headers=(\d+)\.(\d+);")
+
+
+def library_tensorrt_headers(library: Path | str) -> tuple[int, int] | None:
+    """The TensorRT (major, minor) whose headers built `library`, read from the file without
+    loading it (plugins/common/tensorrtHeaderVersion.cpp); None for a library that does not
+    record it (built by an older graphfix, or not graphfix's)."""
+    try:
+        data = Path(library).read_bytes()
+    except OSError as exc:
+        raise PluginBuildError(
+            f"cannot read plugin library {library} ({exc.strerror or exc}); build it with "
+            "`graphfix plugins build` or pass the path of the built library"
+        ) from exc
+    found = _HEADER_MARKER.search(data)
+    return None if found is None else (int(found.group(1)), int(found.group(2)))
+
+
+def check_library_tensorrt(library: Path | str, *, tensorrt_version: str | None) -> None:
+    """PluginBuildError unless `library` was built with headers of TensorRT `tensorrt_version`'s
+    major version (None: nothing to check against).  TensorRT 11 moved vtable slots of the
+    plugin registry, logger and logger finder, so the other major's library would crash."""
+    if tensorrt_version is None:
+        return
+    built = library_tensorrt_headers(library)
+    major = _major_minor(tensorrt_version)[0]
+    if built is not None and built[0] != major:
+        raise PluginBuildError(
+            f"plugin library {library} was built with TensorRT {built[0]}.{built[1]} headers but "
+            f"this is TensorRT {tensorrt_version}: loading it would crash (TensorRT 11 moved the "
+            "plugin registry's and logger's virtual functions); rebuild it with `graphfix plugins "
+            "build` where this TensorRT is installed"
+        )
 
 
 def build_plugin_harness(
@@ -626,6 +867,7 @@ def load_plugins_into_tensorrt(*, libraries: PluginLibraries | None = None) -> L
     if not missing_creators(registry):
         return LoadedPlugins(library=None, already_registered=True)
     libraries = libraries if libraries is not None else find_plugin_libraries()
+    check_library_tensorrt(libraries.dynamic, tensorrt_version=str(trt.__version__))
     registry.load_library(str(libraries.dynamic))
     require_creators(registry, loaded=libraries.dynamic, tensorrt_version=str(trt.__version__))
     return LoadedPlugins(library=libraries.dynamic, already_registered=False)
@@ -656,6 +898,8 @@ def require_creators(registry, *, loaded: Path | str, tensorrt_version: str) -> 
 
 
 def trtexec_command(model_path: Path | str, *, libraries: PluginLibraries | None = None) -> str:
-    """The trtexec command line that builds an engine of `model_path` with the plugin library."""
+    """The trtexec command line that builds an engine of `model_path` with the plugin library
+    (PluginBuildError when the library was built for another TensorRT major than the installed)."""
     libraries = libraries if libraries is not None else find_plugin_libraries()
+    check_library_tensorrt(libraries.dynamic, tensorrt_version=installed_tensorrt_version())
     return shlex.join(["trtexec", f"--onnx={model_path}", f"--dynamicPlugins={libraries.dynamic}"])

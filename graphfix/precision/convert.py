@@ -23,6 +23,7 @@ import onnx
 
 from graphfix.attention.matcher import scan_graph
 from graphfix.errors import UsageError
+from graphfix.float_types import LOW_PRECISIONS, FloatType, spellings
 from graphfix.graph.index import GraphIndex, node_label
 from graphfix.model_io import LoadedModel, load_model
 from graphfix.precision import norms, weights
@@ -44,7 +45,7 @@ from graphfix.precision.report import (
 from graphfix.progress import step
 from graphfix.selectors import parse_selectors, select_nodes
 
-TARGETS = tuple(weights.TARGETS)
+TARGETS = spellings(LOW_PRECISIONS)  # float16, bfloat16 (fp16, bf16 accepted too)
 
 
 def convert_precision(
@@ -58,7 +59,7 @@ def convert_precision(
     external_data: str | os.PathLike[str] | None = None,
     opset: int | None = None,
 ) -> PrecisionResult:
-    """Convert a float32 model to `to` ("float16", the default, or "bfloat16").
+    """Convert a float32 model to `to` ("float16", the default, or "bfloat16"; "fp16"/"bf16" too).
 
     `keep`: selector texts (`graphfix.selectors`) for nodes that stay float32.  `keep_io_types`
     (default True) keeps float32 graph inputs and outputs.  `fuse_norms` (default True) first
@@ -75,9 +76,7 @@ def convert_precision(
     result with `graphfix.save_model(result.model, path, source=result.source)`.
     The caller's model is not mutated.
     """
-    to = "float16" if to is None else to
-    if to not in weights.TARGETS:
-        raise UsageError(f"to={to!r} is not a target type; choose one of {', '.join(TARGETS)}")
+    to = "float16" if to is None else FloatType.parse(to, allowed=LOW_PRECISIONS, option="to").value
     options = _Options(
         to=to,
         keep=keep,

@@ -3,7 +3,10 @@
 The JSON is what `IEngineInspector.get_engine_information(LayerInformationFormat.JSON)` returns
 (or trtexec `--exportLayerInfo`) at detailed profiling verbosity: a `Layers` list whose entries
 carry `Inputs[i]["Format/Datatype"]` and, for convolutions and GEMMs, a `Weights` type.  As TREx
-does (trex/activations.py), a layer's precision is its first input's data type.  Pure JSON: no
+does (trex/activations.py), a layer's precision is its first input's data type.  Layer kinds and
+ONNX node names are read as `graphfix.validation.fusion_proof` reads them: since TensorRT 9 a
+Myelin region is listed kernel by kernel, and a Myelin `gemm` kernel is a GEMM like any other
+(counted with the conv/GEMM layers), a `kgen` kernel a generated fused one (counted with Myelin).  Pure JSON: no
 TensorRT needed to read a file someone else built; `engine_layer_precisions(engine)` needs one.
 
 `compare_with_lint` says, per Conv/MatMul the lint covers, whether the engine agrees.
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 
 from graphfix.errors import UsageError
 from graphfix.qdq.report import QdqReport
+from graphfix.validation.fusion_proof import EngineLayer, LayerKind, engine_layer
 
 QUANTIZED_TYPES = frozenset({"INT8", "FP8", "INT4", "FP4"})
 # Data-type words in "Format/Datatype" strings, e.g. "Thirty-two wide channel vectorized row major
@@ -30,7 +34,6 @@ _TYPE_WORDS = {
 _COMPUTE_TYPES = frozenset(
     {"Convolution", "Deconvolution", "MatrixMultiply", "FullyConnected", "Gemm", "ConvActPool"}
 )
-_NAME_SPLIT = re.compile(r" \+ |, |PWN\(|\{ForeignNode\[|\]\}|[()]")
 
 
 @dataclass(frozen=True)
@@ -40,8 +43,9 @@ class EngineLayerPrecision:
     parameter_type: str
     precision: str  # of the first input ("" when the JSON has no formats: a lower verbosity)
     weights: str  # "INT8", "FP16"... for layers with weights, else ""
-    compute: bool  # a convolution or GEMM
+    compute: bool  # a convolution or GEMM (a Myelin `gemm` kernel included)
     onnx_nodes: tuple[str, ...]
+    kind: LayerKind = LayerKind.LAYER
 
     @property
     def quantized(self) -> bool:
@@ -55,7 +59,8 @@ class EnginePrecisionCount:
     compute_float: int
     by_precision: dict[str, int] = field(default_factory=dict)  # compute layers per precision
     reformats_to_or_from_quantized: int = 0  # TREx ReformatLinter's red flag
-    # Myelin regions ({ForeignNode[...]}) hide their convs/GEMMs: counted apart, by input type
+    # Myelin regions ({ForeignNode[...]}) hide their convs/GEMMs, and Myelin's generated (kgen)
+    # and MHA kernels fuse what they compute: counted apart, by input type
     myelin_quantized: int = 0
     myelin_float: int = 0
 
@@ -64,7 +69,7 @@ class EnginePrecisionCount:
         return (
             f"{self.compute_quantized} quantized and {self.compute_float} float conv/GEMM layers "
             f"({kinds}); {self.reformats_to_or_from_quantized} reformats to or from a quantized type; "
-            f"Myelin regions: {self.myelin_quantized} with quantized and {self.myelin_float} with "
+            f"Myelin regions and generated kernels: {self.myelin_quantized} with quantized and {self.myelin_float} with "
             "float inputs"
         )
 
@@ -90,27 +95,27 @@ def engine_precision(info: str | dict) -> EnginePrecisionCount:
         weights = entry.get("Weights")
         weight_type = _dtype(str(weights.get("Type", ""))) if isinstance(weights, dict) else ""
         parameter = str(entry.get("ParameterType", ""))
-        layer_type = str(entry.get("LayerType", ""))
-        name = str(entry.get("Name", ""))
+        layer = engine_layer(entry)
         if parameter == "Reformat" and inputs and outputs:
             if (inputs[0] in QUANTIZED_TYPES) != (outputs[0] in QUANTIZED_TYPES):
                 reformats += 1
         layers.append(
             EngineLayerPrecision(
-                name=name,
-                layer_type=layer_type,
+                name=layer.name,
+                layer_type=layer.layer_type,
                 parameter_type=parameter,
                 precision=inputs[0] if inputs else "",
                 weights=weight_type,
-                compute=parameter in _COMPUTE_TYPES,
-                onnx_nodes=tuple(p.strip() for p in _NAME_SPLIT.split(name) if p.strip()),
+                compute=parameter in _COMPUTE_TYPES or _myelin_gemm(layer),
+                onnx_nodes=layer.onnx_nodes,
+                kind=layer.kind,
             )
         )
     compute = [layer for layer in layers if layer.compute]
     myelin = [
         layer
         for layer in layers
-        if "myelin" in layer.layer_type.lower() or "ForeignNode" in layer.name
+        if layer.kind in _FUSED_KINDS and not layer.compute
     ]
     return EnginePrecisionCount(
         layers=tuple(layers),
@@ -121,6 +126,14 @@ def engine_precision(info: str | dict) -> EnginePrecisionCount:
         myelin_quantized=sum(1 for layer in myelin if layer.quantized),
         myelin_float=sum(1 for layer in myelin if not layer.quantized),
     )
+
+
+# Counted apart from conv/GEMM layers: what fuses several ops into one kernel or region.
+_FUSED_KINDS = (LayerKind.MYELIN_REGION, LayerKind.MYELIN_KERNEL, LayerKind.ATTENTION_KERNEL)
+
+
+def _myelin_gemm(layer: EngineLayer) -> bool:
+    return layer.kind is LayerKind.MYELIN_KERNEL and layer.layer_type.lower() == "gemm"
 
 
 def _dtype(text: str) -> str:

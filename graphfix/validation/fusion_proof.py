@@ -9,7 +9,7 @@ engines have no `Metadata`, and the node names are read from the layer name (`A 
 
 Layer kinds, by what TensorRT publishes:
 - a plugin layer: LayerType containing "Plugin";
-- an attention kernel: an MHA/FMHA kernel in the name, tactic or type, as a token
+- an attention kernel: an MHA/FMHA kernel in the tactic (else the name) or type, as a token
   (`_gemm_mha_v2…`, `fused_mha_v2…`, `fmha…`, `…_mha`), the tokens TensorRT's own perf-analysis
   tooling uses (.agents/skills/trt-perf-analysis in NVIDIA/TensorRT);
 - a Myelin region: LayerType "Myelin" or a `{ForeignNode[…]}` name (TensorRT < 9, or no detail);
@@ -69,7 +69,10 @@ class EngineLayer:
         layer_type = self.layer_type.lower()
         if "plugin" in layer_type:
             return LayerKind.PLUGIN
-        if _ATTENTION_TOKEN.search(f"{self.name} {self.tactic} {self.layer_type}".lower()):
+        # The kernel is named by its tactic where there is one: a layer name can be an ONNX
+        # module path ("/encoder/layers_8/mha/output/dense/MatMul_myl0_60" is a plain GEMM).
+        kernel = self.tactic or self.name
+        if _ATTENTION_TOKEN.search(f"{kernel} {self.layer_type}".lower()):
             return LayerKind.ATTENTION_KERNEL
         if layer_type in _SYNC_TYPES:
             return LayerKind.SYNC
@@ -97,25 +100,26 @@ def parse_engine_layers(info_json: str) -> tuple[EngineLayer, ...]:
         if isinstance(entry, str):  # ProfilingVerbosity.LAYER_NAMES_ONLY
             layers.append(EngineLayer(entry, "", "", _nodes_in_name(entry), False))
             continue
-        name = str(entry.get("Name", ""))
-        from_metadata = tuple(
-            n.strip() for n in _METADATA_NODE.findall(str(entry.get("Metadata", "")))
-        )
-        layer_type = str(entry.get("LayerType", ""))
-        # A reformat layer's name quotes the layer it feeds ("Reformatting CopyNode for Input
-        # Tensor 0 to A + B"), whose nodes it does not compute.
-        guessed = () if layer_type == "Reformat" else _nodes_in_name(name)
-        nodes = from_metadata or guessed
-        layers.append(
-            EngineLayer(
-                name=name,
-                layer_type=layer_type,
-                tactic=str(entry.get("TacticName") or ""),
-                onnx_nodes=tuple(dict.fromkeys(nodes)),
-                nodes_from_metadata=bool(from_metadata),
-            )
-        )
+        layers.append(engine_layer(entry))
     return tuple(layers)
+
+
+def engine_layer(entry: dict) -> EngineLayer:
+    """One DETAILED `Layers` entry: its name, type, tactic and the ONNX nodes it computes."""
+    name = str(entry.get("Name", ""))
+    from_metadata = tuple(n.strip() for n in _METADATA_NODE.findall(str(entry.get("Metadata", ""))))
+    layer_type = str(entry.get("LayerType", ""))
+    # A reformat layer's name quotes the layer it feeds ("Reformatting CopyNode for Input
+    # Tensor 0 to A + B"), whose nodes it does not compute.
+    guessed = () if layer_type == "Reformat" else _nodes_in_name(name)
+    nodes = from_metadata or guessed
+    return EngineLayer(
+        name=name,
+        layer_type=layer_type,
+        tactic=str(entry.get("TacticName") or ""),
+        onnx_nodes=tuple(dict.fromkeys(nodes)),
+        nodes_from_metadata=bool(from_metadata),
+    )
 
 
 def _nodes_in_name(name: str) -> tuple[str, ...]:

@@ -25,15 +25,14 @@ import onnx
 
 from graphfix.attention.matcher import find_attention
 from graphfix.errors import CheckFailed
+from graphfix.float_types import FloatType
 from graphfix.jsonable import plain
 from graphfix.model_io import LoadedModel, ModelArg, load_model
 from graphfix.plugins.spec import PLUGIN_DOMAIN
 from graphfix.progress import step
 from graphfix.validation.backends import BackendError, InputsRejected, Runner
 from graphfix.validation.backends.tensorrt_backend import (
-    PRECISIONS,
     EngineOptions,
-    Precision,
     TensorRTRunner,
     TensorRTStatus,
     default_plugin_libraries,
@@ -175,7 +174,7 @@ def _backend_plan(
     candidate: LoadedModel,
     *,
     backend: str | None,
-    precision: str | None,
+    precision: FloatType | None,
     plugins: Sequence[str | os.PathLike[str]] | None,
 ) -> BackendPlan:
     """TensorRT probed once; the precision checked once, against the backend that will run."""
@@ -184,17 +183,15 @@ def _backend_plan(
             f"backend {backend!r} is not one of {', '.join(BACKENDS)}; leave it unset to use "
             "TensorRT where it is installed"
         )
-    if precision is not None and precision not in PRECISIONS:
-        raise ValidationUsageError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
     status = tensorrt_status()
     chosen = Backend(backend or (Backend.TENSORRT if status.available else Backend.ONNXRUNTIME))
     if chosen is Backend.TENSORRT:
         require_tensorrt(status)
         engine = engine_options(precision, tensorrt_version=str(status.version))
         return BackendPlan(chosen, status, engine, _plugin_libraries(candidate, plugins, status))
-    if precision not in (None, Precision.FP32):
+    if precision not in (None, FloatType.FLOAT32):
         raise ValidationUsageError(
-            f"precision {precision!r} applies to the TensorRT backend only; with onnxruntime the "
+            f"precision {precision.short!r} applies to the TensorRT backend only; with onnxruntime the "
             "candidate runs in the precision its ONNX is written in"
         )
     note = (
@@ -261,12 +258,15 @@ def validate(
         [o.name for o in candidate.model.graph.output],
     )
 
-    runs_on = _backend_plan(candidate, backend=backend, precision=precision, plugins=plugins)
+    chosen = None if precision is None else FloatType.parse(precision, error=ValidationUsageError)
+    runs_on = _backend_plan(candidate, backend=backend, precision=chosen, plugins=plugins)
     if runs_on.note:
         notes.append(runs_on.note)
     data = make_inputs(reference.model, shapes=shapes, ranges=ranges, npz=inputs, seed=seed)
     lowest = _loosest(
-        _model_precision(candidate.model), _model_precision(reference.model), precision
+        _model_precision(candidate.model),
+        _model_precision(reference.model),
+        None if chosen is None else chosen.short,
     )
     tolerance, origin = _tolerance(atol, rtol, quantile, lowest)
     plan = ValidationPlan(

@@ -6,11 +6,16 @@
  * self-registering library asks of libnvinfer), a logger finder that records messages, and
  * constant dimension expressions. None of them is TensorRT: they let the harness drive the plugin
  * through TensorRT's interfaces the way TensorRT does, without libnvinfer.
+ *
+ * IPluginRegistry differs between the header sets graphfix builds against: TensorRT 10.10 added
+ * getAllCreatorsRecursive, TensorRT 11 removed the IPluginCreator (V2) overloads. The guards
+ * below follow NvInferVersion.h, so the doubles compile against TensorRT 10.0 through 11.x.
  */
 #ifndef GRAPHFIX_HARNESS_DOUBLES_H
 #define GRAPHFIX_HARNESS_DOUBLES_H
 
 #include "NvInferRuntime.h"
+#include "NvInferVersion.h"
 
 #include <cstdint>
 #include <memory>
@@ -43,6 +48,7 @@ public:
     }
 
     // Everything below is unused by a self-registering plugin library; it reports failure.
+#if NV_TENSORRT_MAJOR < 11
     bool registerCreator(nvinfer1::IPluginCreator& /*creator*/, char const* const /*ns*/) noexcept override
     {
         return false;
@@ -57,14 +63,15 @@ public:
     {
         return nullptr;
     }
+    bool deregisterCreator(nvinfer1::IPluginCreator const& /*creator*/) noexcept override
+    {
+        return false;
+    }
+#endif
     void setErrorRecorder(nvinfer1::IErrorRecorder* const /*recorder*/) noexcept override {}
     nvinfer1::IErrorRecorder* getErrorRecorder() const noexcept override
     {
         return nullptr;
-    }
-    bool deregisterCreator(nvinfer1::IPluginCreator const& /*creator*/) noexcept override
-    {
-        return false;
     }
     bool isParentSearchEnabled() const override
     {
@@ -99,11 +106,13 @@ public:
     {
         return -1;
     }
+#if NV_TENSORRT_MAJOR > 10 || (NV_TENSORRT_MAJOR == 10 && NV_TENSORRT_MINOR >= 10)
     nvinfer1::IPluginCreatorInterface* const* getAllCreatorsRecursive(int32_t* const numCreators) noexcept override
     {
         *numCreators = 0;
         return nullptr;
     }
+#endif
 };
 
 class RecordingLogger final : public nvinfer1::ILogger

@@ -1,7 +1,15 @@
-"""`graphfix.locate`: find where a candidate diverges from the float32 reference, and repair it."""
+"""`graphfix.locate`: find where a candidate diverges from the float32 reference, and repair it.
+
+One pipeline for every backend: `plan_locate` checks the options and makes every choice once
+(`plan.py`); the reference streams through onnxruntime in float32 and the candidate through a
+`CandidateRunner` (`runners.py`: onnxruntime, or TensorRT through polygraphy) chunk by chunk;
+the nodes that create the error are ranked; the remedy search runs its trials on the same runner.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -10,35 +18,41 @@ import numpy as np
 import onnx
 
 from graphfix.attention.matcher import find_attention
-from graphfix.errors import UsageError
+from graphfix.float_types import LOW_PRECISIONS, spellings
 from graphfix.graph.index import node_label
-from graphfix.model_io import LoadedModel, check_output_path, load_model
-from graphfix.plugins.reference import has_plugin_ops, with_reference_ops
-from graphfix.plugins.spec import PLUGIN_DOMAIN
-from graphfix.precision.locate.candidate import BASES, build_candidate
-from graphfix.precision.locate.emulate import emulate_low_precision
+from graphfix.precision import policy
+from graphfix.precision.locate.candidate import build_candidate
 from graphfix.precision.locate.localise import RANGE_MAX, measure, module_path, rank_suspects
+from graphfix.precision.locate.plan import (
+    DEFAULT_MAX_TRIALS,
+    DEFAULT_TOP,
+    LocatePlan,
+    ModelArg,
+    RemedyPlan,
+    candidate_of,
+    check_options,
+    default_tolerance,
+    load_reference,
+)
 from graphfix.precision.locate.reference import (
     DEFAULT_CHUNK_BYTES,
+    GraphPlan,
     TensorStreamer,
     chunk_tensors,
     plan_graph,
     stream_pairs,
 )
-from graphfix.precision.locate.remedies import TrialRunner
+from graphfix.precision.locate.remedies import TrialRunner, worst_error
 from graphfix.precision.locate.report import LocateReport, with_remedies
+from graphfix.precision.locate.runners import CandidateRunner, OnnxRuntimeCandidate
 from graphfix.progress import step
-from graphfix.validation.compare import DEFAULT_TOLERANCES, Tolerance, compare_output
-from graphfix.validation.inputs import ValueRange, check_same_inputs, input_specs, make_inputs
-from graphfix.validation.validate import _model_precision
+from graphfix.validation.backends.tensorrt_backend import require_tensorrt
+from graphfix.validation.compare import compare_output
+from graphfix.validation.inputs import ValueRange, make_inputs
+from graphfix.validation.validate import Backend
 
-PRECISIONS = ("float16", "bfloat16")
-DEFAULT_MAX_TRIALS = 32  # candidate runs the remedy search may make
-
-BACKENDS = ("onnxruntime", "tensorrt")
-_SHORT = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
-_LONG = {v: k for k, v in _SHORT.items()}
-ModelArg = onnx.ModelProto | LoadedModel | str | os.PathLike[str]
+PRECISIONS = spellings(LOW_PRECISIONS)  # --precision: float16, bfloat16, fp16, bf16
+BACKENDS = (Backend.ONNXRUNTIME.value, Backend.TENSORRT.value)
 
 
 def locate(
@@ -75,193 +89,188 @@ def locate(
     `remedy_base`: what the remedy trials convert with — "minimal" (default: only what a trial
     proves necessary stays float32) or "convert_precision" (its default islands plus remedies).
     """
-    if remedy_base not in (None, *BASES):
-        raise UsageError(f"remedy_base {remedy_base!r} is not one of {', '.join(BASES)}")
-    if backend not in (None, *BACKENDS):
-        raise UsageError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    if precision is not None and precision not in PRECISIONS:
-        raise UsageError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
-    if (candidate is None) == (precision is None):
-        raise UsageError(
-            "give either a CANDIDATE model or --precision float16|bfloat16 (the candidate is then "
-            "MODEL converted), not " + ("both" if candidate is not None else "neither")
-        )
-    if apply and precision is None:
-        raise UsageError("--apply repairs MODEL converted by --precision; pass --precision too")
-    if output is not None and not apply:
-        raise UsageError("-o/--output is where --apply writes the repaired model; pass --apply")
-    if apply and remedies is False:
-        raise UsageError(
-            "--apply writes the model the remedy search repaired; drop --no-remedies "
-            "(remedies=False)"
-        )
-    if max_trials is not None and (isinstance(max_trials, bool) or max_trials < 1):
-        raise UsageError(f"--max-trials (max_trials) must be an integer >= 1, got {max_trials!r}")
-    if chunk_bytes is not None and chunk_bytes <= 0:
-        raise UsageError(
-            f"--chunk-mb must be more than 0 (chunk_bytes {chunk_bytes!r}); the default is "
-            f"{DEFAULT_CHUNK_BYTES >> 20} MiB"
-        )
-    if backend == "tensorrt":
-        from graphfix.precision.locate.trt_candidate import locate_tensorrt
-
-        return locate_tensorrt(
-            model,
-            precision=precision,
-            shapes=shapes,
-            ranges=ranges,
-            inputs=inputs,
-            seed=seed,
-            chunk_bytes=chunk_bytes,
-            remedies=remedies,
-            apply=apply,
+    runs_on, converted_to = check_options(
+        candidate_given=candidate is not None,
+        precision=precision,
+        backend=backend,
+        apply=apply,
+        output=output,
+        remedies=remedies,
+        max_trials=max_trials,
+        chunk_bytes=chunk_bytes,
+        remedy_base=remedy_base,
+    )
+    tensorrt = require_tensorrt() if runs_on is Backend.TENSORRT else None
+    reference = load_reference(model, output=output, overwrite=overwrite)
+    data = make_inputs(reference.model, shapes=shapes, ranges=ranges, npz=inputs, seed=seed or 0)
+    cand = candidate_of(reference, candidate, converted_to=converted_to)
+    plan = LocatePlan(
+        reference=reference,
+        candidate=cand.model,
+        candidate_label=cand.label,
+        converted_to=converted_to,
+        computes_in=cand.computes_in,
+        backend=runs_on,
+        tensorrt=tensorrt,
+        tolerance=default_tolerance(cand.computes_in, atol, rtol, quantile),
+        feeds=data.feeds,
+        chunk_bytes=chunk_bytes or DEFAULT_CHUNK_BYTES,
+        top=top or DEFAULT_TOP,
+        remedies=RemedyPlan(
+            search=converted_to is not None and remedies is not False,
+            apply=bool(apply),
             output=output,
             overwrite=overwrite,
-            max_trials=max_trials,
-        )
-    reference = load_model(model, load_weights=True)
-    if has_plugin_ops(reference.model):
-        raise UsageError(
-            f"MODEL {_label(reference, 'model')} has {PLUGIN_DOMAIN} plugin nodes (a `graphfix fix` "
-            "output); locate runs MODEL as the float32 reference: pass the original export as "
-            "MODEL, and the fixed model as CANDIDATE"
-        )
-    if output is not None:
-        check_output_path(reference.model, output, source=reference.path, overwrite=overwrite)
-    data = make_inputs(reference.model, shapes=shapes, ranges=ranges, npz=inputs, seed=seed or 0)
-    notes = list(data.notes)
-    if candidate is not None:
-        cand = load_model(candidate, load_weights=True)
-        if has_plugin_ops(cand.model):  # as validate does without TensorRT
-            cand = LoadedModel(with_reference_ops(cand.model), cand.path, True)
-            notes.append(
-                "the candidate's plugin nodes run as graphfix's reference ops (standard ONNX), as "
-                "in validate's wiring check: their kernels are not what is compared"
-            )
-        notes += check_same_inputs(input_specs(reference.model), input_specs(cand.model))
-        _check_comparable(reference.model, cand.model)
-        computes_in = _LONG[_model_precision(cand.model)]
-        cand_label = _label(cand, "candidate")
-    else:
-        step(f"converting {_label(reference, 'model')} to {precision}")
-        built = build_candidate(reference.model, precision=precision)
-        cand = LoadedModel(built.model, None, True)
-        computes_in = precision
-        cand_label = f"{_label(reference, 'model')} converted to {precision} by {built.converter}"
-    default = DEFAULT_TOLERANCES[_SHORT[computes_in]]
-    tolerance = Tolerance(
-        atol=default.atol if atol is None else atol,
-        rtol=default.rtol if rtol is None else rtol,
-        quantile=quantile,
+            base=remedy_base,
+            max_trials=max_trials or DEFAULT_MAX_TRIALS[runs_on],
+        ),
+        notes=(*data.notes, *cand.notes),
     )
+    return run_plan(plan)
 
+
+def run_plan(plan: LocatePlan) -> LocateReport:
+    """Localise, then (after a divergence of a converted MODEL) search remedies, all on one
+    candidate runner."""
+    with contextlib.closing(_candidate_runner(plan)) as runner:
+        report, reference_outputs = _localise(plan, runner)
+        if not report.diverges or not plan.remedies.search or not report.suspects:
+            return report
+        assert plan.converted_to is not None  # remedies search converted models only
+        trials = TrialRunner(
+            plan.reference.model,
+            precision=plan.converted_to.value,
+            feeds=plan.feeds,
+            reference_outputs=reference_outputs,
+            tolerance=plan.tolerance,
+            base=plan.remedies.base,
+            run_trial=runner.run_trial,
+        )
+        return with_remedies(
+            report,
+            plan.reference.model,
+            report.suspects,
+            report.tensors,
+            trials,
+            max_trials=plan.remedies.max_trials,
+            apply=plan.remedies.apply,
+            output=plan.remedies.output,
+            overwrite=plan.remedies.overwrite,
+        )
+
+
+def _localise(
+    plan: LocatePlan, runner: CandidateRunner
+) -> tuple[LocateReport, dict[str, np.ndarray]]:
+    """Stream both sides chunk by chunk, measure every shared tensor, compare the outputs and
+    rank the suspects; also the reference's outputs, which the remedy trials are judged on."""
     start = time.perf_counter()
-    step(f"comparing every tensor of {cand_label} with the float32 original")
-    plan = plan_graph(reference.model, data.feeds)
-    cand_tensors = {o for n in cand.model.graph.node for o in n.output if o}
+    reference = plan.reference
+    step(f"comparing every tensor of {plan.candidate_label} with the float32 original")
+    graph = plan_graph(reference.model, plan.feeds)
+    cand_tensors = {o for n in plan.candidate.model.graph.node for o in n.output if o}
     outputs = [o.name for o in reference.model.graph.output]
-    names = [s.tensor for s in plan.sites if s.tensor in cand_tensors]
+    names = [s.tensor for s in graph.sites if s.tensor in cand_tensors]
     names += [o for o in outputs if o not in names and o in cand_tensors]
-    chunks = chunk_tensors(names, plan.nbytes, chunk_bytes or DEFAULT_CHUNK_BYTES)
-    sites = {s.tensor: s for s in plan.sites}
+    chunks = chunk_tensors(names, graph.nbytes, plan.chunk_bytes)
+    sites = {s.tensor: s for s in graph.sites}
     errors = []
     ref_out: dict[str, np.ndarray] = {}
     cand_out: dict[str, np.ndarray] = {}
-    emulated = emulate_low_precision(cand.model)
-    if len(emulated.graph.node) != len(cand.model.graph.node):  # it stores something low
-        cand = LoadedModel(emulated, cand.path, True)
-        notes.append(
-            f"{computes_in} rounding made explicit (a Cast pair after every {computes_in} "
-            f"tensor): onnxruntime's CPU otherwise runs most {computes_in} ops in float32"
-        )
-    with (
-        TensorStreamer(reference, label=_label(reference, "model")) as ref_stream,
-        TensorStreamer(cand, label=cand_label) as cand_stream,
-    ):
-        for name, r, c in stream_pairs(ref_stream, cand_stream, data.feeds, data.feeds, chunks):
+    with TensorStreamer(reference, label=plan.reference_label) as ref_stream:
+        for name, r, c in stream_pairs(ref_stream, runner, plan.feeds, plan.feeds, chunks):
             if name in outputs:
                 ref_out[name], cand_out[name] = r, c
             if name in sites:
-                measured = measure(sites[name], r, c, range_max=RANGE_MAX[computes_in])
+                measured = measure(sites[name], r, c, range_max=RANGE_MAX[plan.computes_in.value])
                 if measured is not None:
                     errors.append(measured)
-    comparisons = tuple(compare_output(n, ref_out[n], cand_out[n], tolerance) for n in ref_out)
+    comparisons = tuple(compare_output(n, ref_out[n], cand_out[n], plan.tolerance) for n in ref_out)
     diverges = not all(c.passed for c in comparisons)
+    notes = [*plan.notes, *runner.notes]
     suspects = ()
-    if diverges:
+    # Outputs alone cannot say where the error starts (an engine without debug tensors gives
+    # nothing else): then bisect by rebuilds instead of ranking.
+    intermediates = any(e.tensor not in outputs for e in errors)
+    if diverges and intermediates:
         suspects = rank_suspects(
             errors,
             sites,
-            precision=computes_in,
+            precision=plan.computes_in.value,
             attention_blocks=_attention_blocks(reference.model),
             modules={
                 node_label(n, i): m
                 for i, n in enumerate(reference.model.graph.node)
                 if (m := module_path(n))
             },
-            top=top or 10,
+            top=plan.top,
         )
-    seconds = time.perf_counter() - start
+    elif diverges and plan.converted_to is not None:
+        notes += _differential_rebuilds(plan, runner, graph, ref_out)
     report = LocateReport(
-        reference=f"onnxruntime (CPU, float32, graph optimisations off) on "
-        f"{_label(reference, 'model')}",
-        candidate=f"onnxruntime (CPU) on {cand_label}",
-        precision=computes_in,
-        tolerance=tolerance,
+        reference=f"onnxruntime (CPU, float32, graph optimisations off) on {plan.reference_label}",
+        candidate=runner.description,
+        precision=plan.computes_in.value,
+        tolerance=plan.tolerance,
         diverges=diverges,
         outputs=comparisons,
         suspects=suspects,
         tensors=tuple(errors),
         chunks=len(chunks),
-        seconds_localise=seconds,
+        seconds_localise=time.perf_counter() - start,
         notes=tuple(notes),
     )
-    if not diverges or precision is None or remedies is False:
-        return report
-    runner = TrialRunner(
-        reference.model,
-        precision=precision,
-        feeds=data.feeds,
-        reference_outputs=ref_out,
-        tolerance=tolerance,
-        base=remedy_base,
-    )
-    return with_remedies(
-        report,
-        reference.model,
-        suspects,
-        errors,
-        runner,
-        max_trials=max_trials or DEFAULT_MAX_TRIALS,
-        apply=apply,
-        output=output,
-        overwrite=overwrite,
+    return report, ref_out
+
+
+def _candidate_runner(plan: LocatePlan) -> CandidateRunner:
+    if plan.backend is Backend.TENSORRT:
+        from graphfix.precision.locate.trt_candidate import TensorRTCandidate
+
+        return TensorRTCandidate(
+            plan.candidate.model,
+            label=plan.candidate_label,
+            shapes={name: array.shape for name, array in plan.feeds.items()},
+            status=plan.tensorrt,
+        )
+    return OnnxRuntimeCandidate(
+        plan.candidate, label=plan.candidate_label, computes_in=plan.computes_in.value
     )
 
 
-def _label(model: LoadedModel, fallback: str) -> str:
-    return str(model.path) if model.path is not None else f"the {fallback} (in memory)"
+def _differential_rebuilds(
+    plan: LocatePlan,
+    runner: CandidateRunner,
+    graph: GraphPlan,
+    ref_out: Mapping[str, np.ndarray],
+) -> list[str]:
+    """Where no intermediate tensor could be compared (TensorRT without debug tensors): keep a
+    prefix of the compute nodes in float32, rerun, and bisect on where the error goes away —
+    ⌈log2(nodes)⌉ + 1 runs."""
+    from graphfix.precision.locate.trt_candidate import bisect_prefix
 
+    notes = ["no intermediate tensor could be compared: localised by differential rebuilds"]
+    compute = [s.node for s in graph.sites if policy.is_compute(s.op_type)]
 
-def _check_comparable(reference: onnx.ModelProto, candidate: onnx.ModelProto) -> None:
-    ref_out = [o.name for o in reference.graph.output]
-    cand_out = {o.name for o in candidate.graph.output}
-    if set(ref_out) != cand_out:
-        raise UsageError(
-            "MODEL and CANDIDATE produce different outputs: only MODEL has "
-            f"{sorted(set(ref_out) - cand_out) or 'none'}, only CANDIDATE has "
-            f"{sorted(cand_out - set(ref_out)) or 'none'}; locate compares a model with its own "
-            "conversion"
+    def passes(keep: Sequence[str]) -> bool:
+        assert plan.converted_to is not None  # rebuilds convert MODEL
+        built = build_candidate(
+            plan.reference.model, precision=plan.converted_to.value, keep=list(keep)
         )
-    ref_tensors = {o for n in reference.graph.node for o in n.output if o} - set(ref_out)
-    cand_tensors = {o for n in candidate.graph.node for o in n.output if o}
-    shared = ref_tensors & cand_tensors
-    if not shared:
-        raise UsageError(
-            f"CANDIDATE shares no intermediate tensor name with MODEL ({len(ref_tensors)} in MODEL,"
-            f" {len(cand_tensors)} in CANDIDATE), so nothing can be compared tensor by tensor; "
-            "export both from the same graph, or pass --precision to convert MODEL instead"
+        out, _ = runner.run_trial(built.model, plan.feeds)
+        cmp = [compare_output(n, r, out[n], plan.tolerance) for n, r in ref_out.items()]
+        notes.append(
+            f"rebuild keeping {len(keep)} node(s) in float32: error {worst_error(cmp):.3g}"
         )
+        return all(c.passed for c in cmp)
+
+    k = bisect_prefix(compute, passes)
+    if k:
+        notes.append(
+            f"differential rebuilds ({math.ceil(math.log2(max(len(compute), 2))) + 1} at most): "
+            f"the error goes away once {compute[k - 1]} is float32"
+        )
+    return notes
 
 
 def _attention_blocks(model: onnx.ModelProto) -> dict[str, int]:

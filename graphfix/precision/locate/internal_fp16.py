@@ -7,6 +7,17 @@ with a Cast wherever a tensor crosses between the two; initializers read only by
 are stored converted (finite values beyond the type's range saturate); graph inputs and outputs
 stay float32.  No norm fusion, no range analysis: the search's trials decide what stays float32.
 It is also the fallback candidate where `convert_precision` is absent.
+
+Why a second float16 converter (issue 20's design review kept it, on purpose): the remedy search
+reports "these nodes must stay float32" and then bisects that set down, so each trial must start
+from a conversion in which nothing is float32 except what the trial asks for.
+`convert_precision` judges at four places — the policy's always-float32 ops, constants beyond the
+type's range, attention blocks kept whole (and mask fills lowered), norms fused or islanded — and
+its plan is built around those decisions; a "no judgement" switch would have to turn off each
+planner and still keep its Cast placement, weight streaming and report consistent.  Until the
+planner takes its policy as an object that can be empty, the two stay apart: `convert_precision`
+for what users write (`locate`'s candidate, `--remedy-base convert_precision`), this one for the
+trials' baseline.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import onnx
@@ -287,9 +288,17 @@ class TensorStreamer:
         return pruned
 
 
+class TensorStream(Protocol):
+    """What streams a model's tensors chunk by chunk: a TensorStreamer, a candidate runner."""
+
+    def stream(
+        self, chunks: Sequence[Sequence[str]], feeds: Mapping[str, np.ndarray]
+    ) -> Iterator[dict[str, np.ndarray]]: ...
+
+
 def stream_pairs(
-    reference: TensorStreamer,
-    candidate: TensorStreamer,
+    reference: TensorStream,
+    candidate: TensorStream,
     feeds_reference: Mapping[str, np.ndarray],
     feeds_candidate: Mapping[str, np.ndarray],
     chunks: Sequence[Sequence[str]],

@@ -99,6 +99,23 @@ def float32_compute_nodes(model: onnx.ModelProto) -> tuple[str, ...]:
     return tuple(found)
 
 
+TrialRun = Callable[
+    [onnx.ModelProto, Mapping[str, np.ndarray]], tuple[dict[str, np.ndarray], float | None]
+]
+
+
+def run_trial_on_onnxruntime(
+    model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]
+) -> tuple[dict[str, np.ndarray], float | None]:
+    """`model`'s outputs on `feeds` by onnxruntime, float16 rounding made explicit; no latency."""
+    from graphfix.validation.backends.onnxruntime_backend import OnnxRuntimeRunner
+
+    runner = OnnxRuntimeRunner(
+        LoadedModel(emulate_low_precision(model), None, True), label="the candidate with remedies"
+    )
+    return runner.infer(feeds), None
+
+
 class TrialRunner:
     """Builds and runs candidates with remedies against the reference outputs."""
 
@@ -111,7 +128,11 @@ class TrialRunner:
         reference_outputs: Mapping[str, np.ndarray],
         tolerance: Tolerance,
         base: str | None = None,
+        run_trial: TrialRun | None = None,
     ) -> None:
+        """`run_trial`: what runs each trial's model (a candidate runner's `run_trial`; None:
+        onnxruntime with float16/bfloat16 rounding made explicit)."""
+        self.run_trial = run_trial_on_onnxruntime if run_trial is None else run_trial
         self.base = "minimal" if base is None else base
         self._fusion = None  # fuse_norms' result, made on first use
         self.model = model
@@ -153,15 +174,9 @@ class TrialRunner:
         return self._fusion
 
     def run_candidate(self, model: onnx.ModelProto) -> tuple[dict[str, np.ndarray], float | None]:
-        """The candidate's outputs on the feeds (onnxruntime, float16 rounding made explicit),
-        and its latency where it means something (None here; TensorRT runners measure it)."""
-        from graphfix.validation.backends.onnxruntime_backend import OnnxRuntimeRunner
-
-        runner = OnnxRuntimeRunner(
-            LoadedModel(emulate_low_precision(model), None, True),
-            label="the candidate with remedies",
-        )
-        return runner.infer(self.feeds), None
+        """The candidate's outputs on the feeds, and its latency in ms where the runner measures
+        one (TensorRT does; onnxruntime's CPU timing would mean nothing)."""
+        return self.run_trial(model, self.feeds)
 
     def trial(self, step: str, remedies: Sequence[Remedy]) -> tuple[Trial, BuiltCandidate]:
         start = time.perf_counter()

@@ -1,115 +1,116 @@
 """The TensorRT candidate of `locate` (`--backend tensorrt`), through polygraphy.
 
-NOT RUN HERE: this machine has no TensorRT; the code follows polygraphy 0.53's sources
-(`backend/trt/loader.py` NetworkFromOnnxPath / CreateConfig / EngineFromNetwork, `runner.py`
-TrtRunner and its IDebugListener) and TensorRT 10.14's NvInfer.h, and its tests are marked `trt`.
+NOT RUN HERE: this machine has no TensorRT; the code follows polygraphy 0.49.26 and 0.53.6's
+sources (`backend/trt/loader.py` NetworkFromOnnxPath / CreateConfig / EngineFromNetwork,
+`runner.py` TrtRunner and its IDebugListener) and TensorRT 10.14's and 11's NvInfer.h; what
+needs TensorRT is tested in tests marked `trt`, the rest on its own.
+
+It shares `validate`'s TensorRT plumbing (`graphfix.validation.backends.tensorrt_backend`): the
+polygraphy requirement, polygraphy's log on stderr (so `--json` prints one document), one error
+wrapping, and an optimization profile fixed to the feeds' shapes for dynamic inputs.
 
 Outputs are never marked (marking changes what TensorRT fuses, TensorRT issues #4351/#4400).
-Where the network has `markUnfusedTensorsAsDebugTensors` (TensorRT ≥ 10.x: polygraphy's
-`mark_unfused_tensors_as_debug_tensors`), the engine is built once with it — it does not prevent
-fusion — and each chunk of tensor names is read through a debug listener that keeps only that
-chunk, so memory stays bounded as for onnxruntime.  TensorRT may report internal names for such
-tensors (NvInfer.h's warning); tensors whose names do not match an ONNX tensor are skipped and
-counted in the report's notes.  Without debug tensors, the suspect is found by differential
-rebuilds: keep a prefix of the compute nodes in float32, rebuild, and bisect on where the error
-goes away — ⌈log2(nodes)⌉ + 1 engine builds.  The remedy search then runs as with onnxruntime,
-each trial an engine build whose inference latency is reported with its error.
+Where the network has `markUnfusedTensorsAsDebugTensors` (TensorRT >= 10.12) and polygraphy's
+TrtRunner takes a `debug_listener` (not 0.49.x), the engine is built once with it — it does not
+prevent fusion — and each chunk of tensor names is read through a listener that copies only that
+chunk to the host, so memory stays bounded as for onnxruntime.  TensorRT may give such tensors
+internal names (NvInfer.h); those absent from the ONNX graph are counted in the report's notes.
+Otherwise `locate` finds the suspect by differential rebuilds (`bisect_prefix`).
 """
 
 from __future__ import annotations
 
-import math
+import ctypes
+import inspect
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
 
-from graphfix.errors import EnvironmentProblem, UsageError
-from graphfix.model_io import load_model
-from graphfix.precision import policy
-from graphfix.precision.locate.candidate import build_candidate
-from graphfix.precision.locate.localise import RANGE_MAX, measure, rank_suspects
-from graphfix.precision.locate.reference import (
-    DEFAULT_CHUNK_BYTES,
-    TensorStreamer,
-    chunk_tensors,
-    plan_graph,
+from graphfix.model_io import save_model
+from graphfix.validation.backends.tensorrt_backend import (
+    TensorRTStatus,
+    optimization_profiles,
+    polygraphy_errors,
+    polygraphy_logs_on_stderr,
+    refuse_bfloat16_io,
+    require_tensorrt,
 )
-from graphfix.precision.locate.remedies import TrialRunner, worst_error
-from graphfix.precision.locate.report import LocateReport, with_remedies
-from graphfix.validation.compare import DEFAULT_TOLERANCES, compare_output
-from graphfix.validation.inputs import make_inputs
+from graphfix.validation.inputs import input_specs
+
+DEBUG_TENSORS_SINCE = (10, 12)  # INetworkDefinition::markUnfusedTensorsAsDebugTensors
 
 
-def require_polygraphy_trt():
-    """polygraphy's TensorRT backend and tensorrt itself, or EnvironmentProblem (exit 3)."""
-    try:
-        import tensorrt  # noqa: F401
-        from polygraphy.backend import trt as poly_trt
-    except ImportError as exc:
-        raise EnvironmentProblem(
-            f"--backend tensorrt needs TensorRT and polygraphy ({exc}); install TensorRT, or use "
-            "--backend onnxruntime"
-        ) from exc
-    return poly_trt
+def debug_tensor_problem(status: TensorRTStatus, runner_class: type | None = None) -> str | None:
+    """Why this TensorRT and polygraphy cannot hand unfused tensors to a listener, or None.
 
-
-class TensorRTCandidate:
-    """An engine of an ONNX file built by polygraphy; `fetch(names)` reads debug tensors."""
-
-    def __init__(self, onnx_path: Path, *, debug_tensors: bool) -> None:
-        trt_mod = require_polygraphy_trt()
-        self.debug_tensors = debug_tensors
-        network = trt_mod.NetworkFromOnnxPath(
-            str(onnx_path),
-            strongly_typed=True,  # the precision is in the ONNX (TensorRT 11 has no --fp16)
-            mark_unfused_tensors_as_debug_tensors=debug_tensors or None,
+    `runner_class`: polygraphy's TrtRunner (None: imported), whose `debug_listener` parameter
+    0.49.x lacks."""
+    version = tuple(int(p) for p in str(status.version).split(".")[:2])
+    if version < DEBUG_TENSORS_SINCE:
+        return (
+            f"TensorRT {status.version} has no markUnfusedTensorsAsDebugTensors (TensorRT "
+            f"{'.'.join(map(str, DEBUG_TENSORS_SINCE))} added it)"
         )
-        start = time.perf_counter()
-        self.engine = trt_mod.EngineFromNetwork(network, config=trt_mod.CreateConfig())()
-        self.build_seconds = time.perf_counter() - start
-        self._trt_mod = trt_mod
-        self.unmatched = 0
-
-    def run(self, feeds: Mapping[str, np.ndarray], keep: set[str] | None = None):
-        listener = _chunk_listener(keep) if keep is not None else None
-        with self._trt_mod.TrtRunner(self.engine, debug_listener=listener) as runner:
-            start = time.perf_counter()
-            outputs = dict(runner.infer(feeds))
-            latency = time.perf_counter() - start
-        if listener is not None:
-            outputs.update(listener.tensors)
-            self.unmatched += listener.unmatched
-        return outputs, latency
+    if runner_class is None:
+        from polygraphy.backend.trt import TrtRunner as runner_class
+    if "debug_listener" not in inspect.signature(runner_class.__init__).parameters:
+        return f"polygraphy {status.polygraphy}'s TrtRunner takes no debug_listener"
+    return None
 
 
-def _chunk_listener_class():
-    import tensorrt as trt
+class DebugTensorFilter:
+    """Which debug tensors a chunk keeps, and which names TensorRT made up.
+
+    A name in the chunk is kept; a name of the ONNX graph outside it is another chunk's business;
+    any other name is TensorRT-internal, counted once however many chunks see it."""
+
+    def __init__(self, onnx_names: set[str]) -> None:
+        self.onnx_names = onnx_names
+        self.internal: set[str] = set()
+        self.unreadable: set[str] = set()  # of a type NumPy cannot hold (fp8, int4, fp4)
+        self.chunk: set[str] = set()
+
+    def wants(self, name: str) -> bool:
+        if name in self.chunk:
+            return True
+        if name not in self.onnx_names:
+            self.internal.add(name)
+        return False
+
+
+def widen_bfloat16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 values copied as their uint16 bit patterns, as float32 (exact: bfloat16 is the
+    upper half of a float32).  NumPy has no bfloat16, and `trt.nptype(trt.bfloat16)` raises."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _listener(trt, filter_: DebugTensorFilter):
+    """A trt.IDebugListener copying to the host the tensors `filter_` wants (polygraphy's own
+    listener keeps every one, which runs out of memory on big models, TensorRT #4443, and drops
+    bfloat16 ones)."""
     from polygraphy import cuda
 
     class ChunkListener(trt.IDebugListener):
-        """Copies to the host only the debug tensors of the current chunk (polygraphy's own
-        listener keeps every one, which is what runs out of memory on big models, #4443)."""
-
-        def __init__(self, keep: set[str]) -> None:
+        def __init__(self) -> None:
             trt.IDebugListener.__init__(self)
-            self.keep = keep
             self.tensors: dict[str, np.ndarray] = {}
-            self.unmatched = 0
 
         def process_debug_tensor(self, addr, location, type, shape, name, stream):
-            if name not in self.keep:
-                self.unmatched += 1
+            if not filter_.wants(name):
                 return
-            dtype = trt.nptype(type)
+            bfloat16 = type == trt.bfloat16
+            try:  # trt.nptype (tensorrt/__init__.py) maps float32/16, int8/32/64, bool, uint8
+                dtype = np.uint16 if bfloat16 else trt.nptype(type)
+            except TypeError:  # fp8, int4, fp4: nothing in NumPy holds them
+                filter_.unreadable.add(name)
+                return
             host = np.empty(tuple(shape), dtype=dtype)
             cuda.wrapper().stream_synchronize(stream)
             if location == trt.TensorLocation.HOST:
-                import ctypes
-
                 ctypes.memmove(host.ctypes.data, addr, host.nbytes)
             else:
                 cuda.wrapper().memcpy(
@@ -120,13 +121,120 @@ def _chunk_listener_class():
                     stream_ptr=stream,
                 )
                 cuda.wrapper().stream_synchronize(stream)
-            self.tensors[name] = host
+            self.tensors[name] = widen_bfloat16(host) if bfloat16 else host
 
-    return ChunkListener
+    return ChunkListener()
 
 
-def _chunk_listener(keep: set[str]):  # tensorrt is imported on use only
-    return _chunk_listener_class()(keep)
+class TensorRTCandidate:
+    """A candidate runner (`graphfix.precision.locate.runners.CandidateRunner`): `model` built
+    into a strongly typed TensorRT engine by polygraphy, its unfused tensors read chunk by chunk."""
+
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        *,
+        label: str,
+        shapes: Mapping[str, Sequence[int]],
+        status: TensorRTStatus | None = None,
+    ) -> None:
+        self.status = require_tensorrt(status)
+        self.shapes = dict(shapes)
+        self.label = label
+        problem = debug_tensor_problem(self.status)
+        self._notes = [] if problem is None else [f"no debug tensors: {problem}"]
+        self._filter = DebugTensorFilter(
+            {o for n in model.graph.node for o in n.output if o}
+            | {i.name for i in model.graph.input}
+        )
+        self._folder = tempfile.TemporaryDirectory(prefix="graphfix-locate-trt-")
+        self._builds = 0
+        self.engine, self.build_seconds = self._build(model, debug_tensors=problem is None)
+        self.debug_tensors = problem is None
+        self.description = (
+            f"TensorRT {self.status.version} (polygraphy {self.status.polygraphy}, strongly "
+            f"typed) on {label}"
+        )
+
+    @property
+    def notes(self) -> list[str]:
+        notes = list(self._notes)
+        if self._filter.internal:
+            notes.append(
+                f"{len(self._filter.internal)} debug tensor(s) carried TensorRT-internal names "
+                "(absent from the ONNX graph) and were not compared"
+            )
+        if self._filter.unreadable:
+            notes.append(
+                f"{len(self._filter.unreadable)} debug tensor(s) of fp8/int4/fp4 type were not "
+                f"compared: {', '.join(sorted(self._filter.unreadable)[:5])}"
+            )
+        return notes
+
+    def close(self) -> None:
+        self._folder.cleanup()
+
+    def stream(
+        self, chunks: Sequence[Sequence[str]], feeds: Mapping[str, np.ndarray]
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """Each chunk's tensors the engine exposes (its outputs, and its debug tensors)."""
+        outputs: dict[str, np.ndarray] | None = None
+        for chunk in chunks:
+            if self.debug_tensors or outputs is None:
+                outputs, _ = self._run(self.engine, feeds, chunk if self.debug_tensors else None)
+            yield {name: outputs[name] for name in chunk if name in outputs}
+
+    def run_trial(
+        self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], float | None]:
+        """A remedy trial: `model` built (no debug tensors) and run once; latency in ms."""
+        engine, _ = self._build(model, debug_tensors=False)
+        outputs, seconds = self._run(engine, feeds, None)
+        return outputs, seconds * 1e3
+
+    def _build(self, model: onnx.ModelProto, *, debug_tensors: bool):
+        from polygraphy.backend import trt as poly_trt
+
+        refuse_bfloat16_io(model, self.label)
+        self._builds += 1  # one file per build (a model over 2 GB spills to <name>.data)
+        path = Path(self._folder.name) / f"build-{self._builds}.onnx"
+        save_model(model, path)  # unlike onnx.save's external data, leaves `model` untouched
+        with (
+            polygraphy_logs_on_stderr(),
+            polygraphy_errors(f"build an engine of {self.label}", status=self.status),
+        ):
+            network = poly_trt.NetworkFromOnnxPath(
+                str(path),
+                strongly_typed=True,  # the precision is in the ONNX (TensorRT 11 has no --fp16)
+                mark_unfused_tensors_as_debug_tensors=debug_tensors or None,
+            )
+            config = poly_trt.CreateConfig(
+                profiles=optimization_profiles(input_specs(model), self.shapes)
+            )
+            start = time.perf_counter()
+            engine = poly_trt.EngineFromNetwork(network, config=config)()
+        return engine, time.perf_counter() - start
+
+    def _run(self, engine, feeds: Mapping[str, np.ndarray], chunk: Sequence[str] | None):
+        import tensorrt as trt
+        from polygraphy.backend.trt import TrtRunner
+
+        listener = None
+        if chunk is not None:
+            self._filter.chunk = set(chunk)
+            listener = _listener(trt, self._filter)
+        with (
+            polygraphy_logs_on_stderr(),
+            polygraphy_errors(f"run the engine of {self.label}", status=self.status),
+        ):
+            extra = {} if listener is None else {"debug_listener": listener}
+            with TrtRunner(engine, **extra) as runner:
+                start = time.perf_counter()
+                outputs = {n: np.array(v) for n, v in runner.infer(feeds).items()}
+                seconds = time.perf_counter() - start
+        if listener is not None:
+            outputs.update(listener.tensors)
+        return outputs, seconds
 
 
 def bisect_prefix(nodes: Sequence[str], passes: Callable[[Sequence[str]], bool]) -> int | None:
@@ -142,128 +250,3 @@ def bisect_prefix(nodes: Sequence[str], passes: Callable[[Sequence[str]], bool])
         else:
             low = middle + 1
     return low
-
-
-class TensorRTTrialRunner(TrialRunner):
-    """Remedy trials as engine builds: each trial's model is built by polygraphy (no debug
-    tensors, no marked outputs) and run once; its latency is the trial's `latency_ms`."""
-
-    def run_candidate(self, model: onnx.ModelProto) -> tuple[dict[str, np.ndarray], float | None]:
-        with tempfile.TemporaryDirectory(prefix="graphfix-locate-trial-") as folder:
-            path = Path(folder) / "trial.onnx"
-            onnx.save(model, path, save_as_external_data=True, location="trial.data")
-            outputs, seconds = TensorRTCandidate(path, debug_tensors=False).run(self.feeds)
-        return outputs, seconds * 1e3
-
-
-def locate_tensorrt(
-    model,
-    *,
-    precision: str | None,
-    shapes=None,
-    ranges=None,
-    inputs=None,
-    seed: int | None = None,
-    chunk_bytes: int | None = None,
-    remedies: bool | None = None,
-    apply: bool | None = None,
-    output=None,
-    overwrite: bool | None = None,
-    max_trials: int | None = None,
-) -> LocateReport:
-    """`locate` with the candidate a TensorRT engine of `model` converted to `precision`; the
-    remedy search (unless `remedies=False`) builds one engine per trial."""
-    require_polygraphy_trt()
-    if precision is None:
-        raise UsageError("--backend tensorrt locates MODEL converted by --precision; pass it")
-    reference = load_model(model, load_weights=True)
-    data = make_inputs(reference.model, shapes=shapes, ranges=ranges, npz=inputs, seed=seed or 0)
-    built = build_candidate(reference.model, precision=precision)
-    folder = tempfile.TemporaryDirectory(prefix="graphfix-locate-trt-")
-    path = Path(folder.name) / "candidate.onnx"
-    onnx.save(built.model, path, save_as_external_data=True, location="candidate.data")
-    short = {"float16": "fp16", "bfloat16": "bf16"}[precision]
-    tolerance = DEFAULT_TOLERANCES[short]
-    outputs = [o.name for o in reference.model.graph.output]
-    start = time.perf_counter()
-    plan = plan_graph(reference.model, data.feeds)
-    sites = {s.tensor: s for s in plan.sites}
-    notes = [f"TensorRT candidate built by polygraphy from MODEL converted by {built.converter}"]
-    engine = TensorRTCandidate(path, debug_tensors=True)
-    errors = []
-    with TensorStreamer(reference, label=str(reference.path or "the model")) as ref_stream:
-        ref_out = ref_stream.fetch(outputs, data.feeds)
-        cand_out, _ = engine.run(data.feeds, keep=set())
-        names = [s.tensor for s in plan.sites if s.tensor not in outputs]
-        for chunk in chunk_tensors(names, plan.nbytes, chunk_bytes or DEFAULT_CHUNK_BYTES):
-            ref = ref_stream.fetch(chunk, data.feeds)
-            cand, _ = engine.run(data.feeds, keep=set(chunk))
-            for name in chunk:
-                if name in ref and name in cand:
-                    e = measure(sites[name], ref[name], cand[name], range_max=RANGE_MAX[precision])
-                    if e is not None:
-                        errors.append(e)
-    comparisons = tuple(
-        compare_output(n, ref_out[n], cand_out[n], tolerance) for n in outputs if n in cand_out
-    )
-    diverges = not all(c.passed for c in comparisons)
-    suspects = rank_suspects(errors, sites, precision=precision) if diverges and errors else ()
-    if diverges and not errors:
-        notes.append(
-            "no debug tensor matched an ONNX tensor name: localised by differential "
-            "rebuilds instead"
-        )
-        compute = [s.node for s in plan.sites if policy.is_compute(s.op_type)]
-
-        def passes(keep: Sequence[str]) -> bool:
-            candidate = build_candidate(reference.model, precision=precision, keep=list(keep))
-            onnx.save(candidate.model, path, save_as_external_data=True, location="candidate.data")
-            out, _ = TensorRTCandidate(path, debug_tensors=False).run(data.feeds)
-            cmp = [compare_output(n, ref_out[n], out[n], tolerance) for n in outputs]
-            notes.append(
-                f"rebuild keeping {len(keep)} node(s) in float32: error {worst_error(cmp):.3g}"
-            )
-            return all(c.passed for c in cmp)
-
-        k = bisect_prefix(compute, passes)
-        if k:
-            notes.append(
-                f"differential rebuilds ({math.ceil(math.log2(max(len(compute), 2))) + 1}"
-                f" at most): the error goes away once {compute[k - 1]} is float32"
-            )
-    if engine.unmatched:
-        notes.append(f"{engine.unmatched} debug tensor(s) carried TensorRT-internal names")
-    folder.cleanup()
-    report = LocateReport(
-        reference=f"onnxruntime (CPU, float32) on {reference.path}",
-        candidate=f"TensorRT (polygraphy) on MODEL converted to {precision}",
-        precision=precision,
-        tolerance=tolerance,
-        diverges=diverges,
-        outputs=comparisons,
-        suspects=suspects,
-        tensors=tuple(errors),
-        chunks=1,
-        seconds_localise=time.perf_counter() - start,
-        notes=tuple(notes),
-    )
-    if not diverges or remedies is False or not suspects:
-        return report
-    runner = TensorRTTrialRunner(
-        reference.model,
-        precision=precision,
-        feeds=data.feeds,
-        reference_outputs=ref_out,
-        tolerance=tolerance,
-    )
-    return with_remedies(
-        report,
-        reference.model,
-        suspects,
-        errors,
-        runner,
-        max_trials=max_trials or 16,
-        apply=apply,
-        output=output,
-        overwrite=overwrite,
-    )

@@ -9,7 +9,9 @@ CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER).
 from __future__ import annotations
 
 import ctypes
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from graphfix.validation.backends import BackendError
 
@@ -60,9 +62,44 @@ def current_gpu() -> GpuIdentity:
 def _runtime_device() -> int:
     from polygraphy import cuda
 
+    try:
+        wrapper = cuda.wrapper()
+    except OSError as exc:  # polygraphy found no libcudart and the loader has none either
+        raise BackendError(cuda_runtime_problem(exc)) from exc
     device = ctypes.c_int()
-    cuda.wrapper().check(cuda.wrapper().handle.cudaGetDevice(ctypes.byref(device)))
+    wrapper.check(wrapper.handle.cudaGetDevice(ctypes.byref(device)))
     return device.value
+
+
+def cuda_runtime_problem(error: OSError) -> str:
+    """One line for polygraphy failing to load the CUDA runtime, naming the folder to add.
+
+    pip's CUDA 13 wheels (TensorRT 11's default) put libcudart.so.13 in site-packages'
+    nvidia/cu13/lib, which neither the loader nor polygraphy (nvidia/cuda_runtime/lib) searches.
+    """
+    detail = " ".join(str(error).split())
+    folders = [str(lib.parent) for lib in installed_cuda_runtimes()]
+    if folders:
+        add = ":".join(dict.fromkeys(folders))
+        return (
+            f"polygraphy cannot load the CUDA runtime ({detail}); it is installed in {add}: "
+            f'`export LD_LIBRARY_PATH={add}:"$LD_LIBRARY_PATH"` and run again'
+        )
+    return (
+        f"polygraphy cannot load the CUDA runtime ({detail}); install it (`pip install "
+        "nvidia-cuda-runtime` for CUDA 13, or the CUDA toolkit) and add the folder holding "
+        "libcudart.so to LD_LIBRARY_PATH"
+    )
+
+
+def installed_cuda_runtimes() -> list[Path]:
+    """libcudart.so.N files of installed NVIDIA wheels (nvidia/cu13/lib, nvidia/cuda_runtime/lib)."""
+    found: list[Path] = []
+    for entry in sys.path:
+        nvidia = Path(entry or ".") / "nvidia"
+        if nvidia.is_dir():
+            found += sorted(nvidia.glob("*/lib/libcudart.so.*"))
+    return list(dict.fromkeys(found))
 
 
 def _check(status: int, call: str) -> None:

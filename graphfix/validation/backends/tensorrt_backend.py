@@ -1,10 +1,14 @@
 """TensorRT through polygraphy's backend API: build or reuse an engine, run it, read its layers.
 
 TensorRT and polygraphy are imported only when a runner is made, so this module imports anywhere.
-polygraphy must be at least 0.53.4 (`pip install 'graphfix[tensorrt]'`): 0.49.21 and older read
-the `IBuilderConfig.int8_calibrator` that TensorRT 11 removed on every build, and up to 0.50.3 the
-engine file reader subclasses `trt.IStreamReader`, which TensorRT 11 renamed, so every engine-cache
-hit fails.
+With TensorRT 11, polygraphy must be at least 0.53.4 (`pip install 'graphfix[tensorrt]'`):
+0.49.21 and older read the `IBuilderConfig.int8_calibrator` that TensorRT 11 removed on every build,
+and up to 0.50.3 the engine file reader subclasses `trt.IStreamReader`, which TensorRT 11 renamed,
+so every engine-cache hit fails.  TensorRT 10 works with the polygraphy its NGC images ship (0.49.x).
+
+`locate --backend tensorrt` shares this module's requirement check (`require_tensorrt`), log
+routing (`polygraphy_logs_on_stderr`), error wrapping (`polygraphy_errors`) and optimization
+profiles (`optimization_profiles`) with `validate`.
 
 Engines are cached under `~/.cache/graphfix/engines/<sha256>.engine`, keyed by the ONNX bytes
 (external data included), the build options, the TensorRT version, the GPU (name and compute
@@ -29,30 +33,22 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from graphfix.errors import PluginBuildError
-from graphfix.model_io import LoadedModel, external_data_files, fits_protobuf
+from graphfix.float_types import FloatType, spellings
+from graphfix.model_io import LoadedModel, external_data_files, save_model
 from graphfix.plugins.spec import PLUGIN_DOMAIN
 from graphfix.progress import step
 from graphfix.validation.backends import BackendError
 from graphfix.validation.backends.gpu import GpuIdentity, current_gpu
 from graphfix.validation.fusion_proof import EngineLayer, parse_engine_layers
-from graphfix.validation.inputs import ValidationUsageError, cast_feeds, input_specs
+from graphfix.validation.inputs import InputSpec, ValidationUsageError, cast_feeds, input_specs
 
-
-class Precision(str, Enum):
-    """A TensorRT build precision (the JSON and the CLI spell the values)."""
-
-    FP32 = "fp32"
-    FP16 = "fp16"
-    BF16 = "bf16"
-
-
-PRECISIONS = tuple(p.value for p in Precision)
+PRECISIONS = spellings(FloatType)  # validate --precision: fp32/float32, fp16/float16, …
 POLYGRAPHY_MINIMUM = "0.53.4"
 POLYGRAPHY_INSTALL = f"pip install 'graphfix[tensorrt]' (polygraphy>={POLYGRAPHY_MINIMUM})"
 
@@ -93,7 +89,7 @@ def polygraphy_problem(polygraphy: str | None, tensorrt_version: str) -> str | N
         return (
             f"TensorRT {tensorrt_version} is installed but polygraphy is not: {POLYGRAPHY_INSTALL}"
         )
-    if _release(polygraphy) < _release(POLYGRAPHY_MINIMUM):
+    if _release(tensorrt_version)[0] >= 11 and _release(polygraphy) < _release(POLYGRAPHY_MINIMUM):
         return (
             f"TensorRT {tensorrt_version} is installed with polygraphy {polygraphy}, which fails "
             f"on TensorRT 11: {POLYGRAPHY_INSTALL}"
@@ -178,24 +174,28 @@ class EngineOptions:
         }[self.precision]
 
 
-def engine_options(precision: str | None, *, tensorrt_version: str) -> EngineOptions:
+def engine_options(precision: FloatType | str | None, *, tensorrt_version: str) -> EngineOptions:
     """fp16/bf16 builder flags on TensorRT 10; strongly typed networks on TensorRT 11+."""
-    if precision is not None and precision not in PRECISIONS:
-        raise ValidationUsageError(
-            f"precision {precision!r} is not one of {', '.join(PRECISIONS)}; leave it unset for "
-            "the model's own precision"
-        )
+    chosen = (
+        FloatType.FLOAT32
+        if precision is None
+        else FloatType.parse(precision, error=ValidationUsageError)
+    )
     major = int(tensorrt_version.split(".")[0])
     if major >= 11:
-        if precision in ("fp16", "bf16"):
+        if chosen is not FloatType.FLOAT32:
             raise ValidationUsageError(
                 f"TensorRT {tensorrt_version} builds strongly typed networks and has no "
-                f"{precision} builder flag: the precision must be in the ONNX itself (convert it, "
-                "with Casts where float32 must stay) and validated without --precision"
+                f"{chosen.short} builder flag: the precision must be in the ONNX itself (convert "
+                "it, with Casts where float32 must stay) and validated without --precision"
             )
-        return EngineOptions(precision or "fp32", fp16=False, bf16=False, strongly_typed=True)
-    chosen = precision or "fp32"
-    return EngineOptions(chosen, fp16=chosen == "fp16", bf16=chosen == "bf16", strongly_typed=False)
+        return EngineOptions(chosen.short, fp16=False, bf16=False, strongly_typed=True)
+    return EngineOptions(
+        chosen.short,
+        fp16=chosen is FloatType.FLOAT16,
+        bf16=chosen is FloatType.BFLOAT16,
+        strongly_typed=False,
+    )
 
 
 def default_engine_cache() -> Path:
@@ -233,11 +233,62 @@ def plugin_load_problem(library: Path, error: OSError, *, tensorrt_version: str)
     return f"cannot load plugin library {library} into TensorRT {tensorrt_version}: {detail}; {rebuild}"
 
 
-def _polygraphy_mismatch(error: AttributeError, polygraphy: str | None, version: str) -> str:
-    return (
-        f"polygraphy {polygraphy} does not work with TensorRT {version} "
-        f"({' '.join(str(error).split())}); {POLYGRAPHY_INSTALL}"
-    )
+@contextmanager
+def polygraphy_errors(
+    doing: str, *, status: TensorRTStatus, plugin_nodes: bool | None = None
+) -> Iterator[None]:
+    """What polygraphy and TensorRT raise while `doing` (e.g. "build an engine of model.onnx") as
+    one-line BackendErrors.  An AttributeError is blamed on a polygraphy/TensorRT mismatch only
+    when polygraphy's code raised it or a TensorRT object lacks the attribute; any other one (a
+    bug in graphfix) propagates unchanged."""
+    from polygraphy.exception import PolygraphyException
+
+    try:
+        yield
+    except AttributeError as exc:
+        problem = version_mismatch(exc, status)
+        if problem is None:
+            raise
+        raise BackendError(problem) from exc
+    except (PolygraphyException, RuntimeError, TypeError) as exc:
+        hint = (
+            "; if it names a graphfix plugin, the plugin library did not register its "
+            "creator: check --plugins and rebuild the library for this TensorRT"
+            if plugin_nodes
+            else ""
+        )
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        raise BackendError(f"TensorRT could not {doing}: {message}{hint}") from exc
+
+
+def version_mismatch(error: AttributeError, status: TensorRTStatus) -> str | None:
+    """One line when `error` comes from polygraphy calling what this TensorRT lacks (raised in
+    polygraphy's code, or on a TensorRT object), else None."""
+    import polygraphy
+
+    detail = " ".join(str(error).split())
+    owner = type(getattr(error, "obj", None)).__module__
+    if _raised_under(error, Path(polygraphy.__file__).parent):
+        return (
+            f"polygraphy {status.polygraphy} does not work with TensorRT {status.version} "
+            f"({detail}); {POLYGRAPHY_INSTALL}"
+        )
+    if owner.split(".")[0] == "tensorrt":
+        return (
+            f"TensorRT {status.version} lacks what graphfix calls ({detail}); graphfix supports "
+            "TensorRT 10 and 11: install one of them"
+        )
+    return None
+
+
+def _raised_under(error: BaseException, folder: Path) -> bool:
+    """Whether the innermost Python frame of `error`'s traceback runs a file under `folder`."""
+    frame = error.__traceback__
+    if frame is None:
+        return False
+    while frame.tb_next is not None:
+        frame = frame.tb_next
+    return Path(frame.tb_frame.f_code.co_filename).resolve().is_relative_to(folder.resolve())
 
 
 # --- building and running -----------------------------------------------------------------------
@@ -266,6 +317,7 @@ class TensorRTRunner:
         self.lowered_nodes = 0  # the plugins themselves run
         self.options = options
         self.specs = input_specs(model.model)
+        refuse_bfloat16_io(model.model, label)
         self.plugin_libraries = tuple(Path(p) for p in plugin_libraries)
         for library in self.plugin_libraries:
             if not library.is_file():
@@ -304,25 +356,10 @@ class TensorRTRunner:
             + f"; engine {'reused from' if self.from_cache else 'cached at'} {self.engine_path}"
         )
 
-    @contextmanager
-    def _polygraphy_errors(self, doing: str) -> Iterator[None]:
-        from polygraphy.exception import PolygraphyException
-
-        try:
-            yield
-        except AttributeError as exc:  # a polygraphy that calls what this TensorRT lacks
-            raise BackendError(
-                _polygraphy_mismatch(exc, self.status.polygraphy, self.tensorrt_version)
-            ) from exc
-        except (PolygraphyException, RuntimeError, TypeError) as exc:
-            hint = (
-                "; if it names a graphfix plugin, the plugin library did not register its "
-                "creator: check --plugins and rebuild the library for this TensorRT"
-                if self.has_plugin_nodes
-                else ""
-            )
-            message = " ".join(str(exc).split()) or type(exc).__name__
-            raise BackendError(f"TensorRT could not {doing} {self.label}: {message}{hint}") from exc
+    def _polygraphy_errors(self, doing: str):
+        return polygraphy_errors(
+            f"{doing} {self.label}", status=self.status, plugin_nodes=self.has_plugin_nodes
+        )
 
     def _load_plugins(self) -> None:
         """Load the libraries and check that the registry finds every graphfix creator.
@@ -334,10 +371,15 @@ class TensorRTRunner:
             return
         from polygraphy.backend.trt import load_plugins
 
-        from graphfix.plugins.build import DYNAMIC_LIBRARY_NAME, require_creators
+        from graphfix.plugins.build import (
+            DYNAMIC_LIBRARY_NAME,
+            check_library_tensorrt,
+            require_creators,
+        )
 
         registry = self._trt.get_plugin_registry()
         for library in self.plugin_libraries:
+            check_library_tensorrt(library, tensorrt_version=self.tensorrt_version)
             if library.name == DYNAMIC_LIBRARY_NAME:
                 if registry.load_library(str(library)) is None:
                     raise BackendError(
@@ -366,7 +408,6 @@ class TensorRTRunner:
             EngineFromNetwork,
             EngineFromPath,
             NetworkFromOnnxPath,
-            Profile,
             SaveEngine,
         )
         from polygraphy.exception import PolygraphyException
@@ -376,23 +417,13 @@ class TensorRTRunner:
                 return EngineFromPath(str(self.engine_path), runtime=self._runtime)(), True
             except PolygraphyException:
                 self.engine_path.unlink()  # built elsewhere or corrupt: rebuild below
-        dynamic = [
-            s for s in self.specs if s.shape is None or not all(isinstance(d, int) for d in s.shape)
-        ]
-        profiles = None
-        if dynamic:
-            profile = Profile()
-            for spec in dynamic:
-                shape = tuple(shapes[spec.name])
-                profile.add(spec.name, min=shape, opt=shape, max=shape)
-            profiles = [profile]
         network = NetworkFromOnnxPath(
             str(onnx_path), strongly_typed=self.options.strongly_typed or None
         )
         config = CreateConfig(
             fp16=self.options.fp16 or None,
             bf16=self.options.bf16 or None,
-            profiles=profiles,
+            profiles=optimization_profiles(self.specs, shapes),
             profiling_verbosity=self._trt.ProfilingVerbosity.DETAILED,
         )
         step(f"building a TensorRT engine of {self.label} (minutes for a large model)")
@@ -418,18 +449,47 @@ class TensorRTRunner:
         return parse_engine_layers(info)
 
 
+def optimization_profiles(specs: Sequence[InputSpec], shapes: Mapping[str, Sequence[int]]):
+    """One polygraphy Profile fixing every input with a symbolic or unknown dim to its feed's
+    shape (min = opt = max), or None when every input is static (TensorRT needs no profile)."""
+    from polygraphy.backend.trt import Profile
+
+    dynamic = [s for s in specs if s.shape is None or not all(isinstance(d, int) for d in s.shape)]
+    if not dynamic:
+        return None
+    profile = Profile()
+    for spec in dynamic:
+        shape = tuple(int(d) for d in shapes[spec.name])
+        profile.add(spec.name, min=shape, opt=shape, max=shape)
+    return [profile]
+
+
+def refuse_bfloat16_io(model: onnx.ModelProto, label: str) -> None:
+    """polygraphy feeds and returns NumPy arrays, which have no bfloat16: a model whose inputs or
+    outputs are bfloat16 is refused with the fix instead of failing inside polygraphy."""
+    graph = model.graph
+    edges = [
+        v.name
+        for v in (*graph.input, *graph.output)
+        if v.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16
+    ]
+    if edges:
+        raise BackendError(
+            f"{label} has bfloat16 inputs or outputs ({', '.join(edges)}), which polygraphy cannot "
+            "feed or return (NumPy has no bfloat16); keep the model's inputs and outputs float32 "
+            "with Casts at the edges (graphfix precision does so by default)"
+        )
+
+
 @contextmanager
 def _onnx_file(model: LoadedModel) -> Iterator[Path]:
     """The model as a file on disk: its own path, or a temporary copy for an in-memory model."""
     if model.path is not None:
         yield model.path
         return
-    import onnx
-
     with tempfile.TemporaryDirectory(prefix="graphfix-trt-") as folder:
         path = Path(folder) / "model.onnx"
-        large = not fits_protobuf(model.model)
-        onnx.save(model.model, path, save_as_external_data=large, location="model.onnx.data")
+        save_model(model.model, path)  # over 2 GB: model.onnx.data, the caller's proto untouched
         yield path
 
 
@@ -441,8 +501,6 @@ def _cache_key(
     plugins: Sequence[Path],
     gpu: GpuIdentity,
 ) -> str:
-    import onnx
-
     digest = hashlib.sha256()
     files = [onnx_path]
     proto = onnx.load(str(onnx_path), load_external_data=False)
