@@ -20,6 +20,7 @@ from graphs import Variant, attention_model
 from qdq_graphs import residual_block
 
 from graphfix.attention.rewrite import fix_attention
+from graphfix.cli.main import build_parser
 from graphfix.model_io import remove_stale_temporaries, temporary_name
 from graphfix.precision.locate import locate
 from graphfix.progress import reporting, step
@@ -217,3 +218,16 @@ def test_qdq_fix_says_which_pass_runs() -> None:
 def test_without_a_reporter_nothing_is_printed(capsys: pytest.CaptureFixture[str]) -> None:
     step("a step nobody asked to see")
     assert capsys.readouterr() == ("", "")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["inspect", "m.onnx"], ["fix", "m.onnx", "-o", "o.onnx"], ["demo"],
+     ["precision", "m.onnx", "-o", "o.onnx"], ["validate", "m.onnx", "o.onnx"],
+     ["locate", "m.onnx", "--precision", "float16"], ["plugins", "build"], ["plugins", "path"],
+     ["qdq", "inspect", "m.onnx"], ["qdq", "fix", "m.onnx", "-o", "o.onnx"]],
+)  # fmt: skip
+def test_every_command_takes_quiet(argv: list[str]) -> None:
+    parser = build_parser()
+    assert parser.parse_args([*argv, "--quiet"]).quiet
+    assert not parser.parse_args(argv).quiet
