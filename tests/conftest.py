@@ -6,8 +6,9 @@ by transformers, timm, open_clip and diffusers) load next to a CPU-only torch; r
 importing any of them.
 
 Every module runs under `_leaves_the_source_tree_alone`: a file it adds to the checkout (seen by
-`git status --ignored`) fails it.  Tests marked `compile` or `corpus` skip with the reason once
-their marker's time budget is spent (tests/budgets.py).
+`git status --ignored`) fails it.  Tests marked `compile` or `corpus` are left out of a run
+without `-m` unless their file is named, and skip with the reason once their marker's time budget
+is spent (tests/budgets.py).
 """
 
 from __future__ import annotations
@@ -70,6 +71,24 @@ def _leaves_the_source_tree_alone():
             f"new in the source tree while this module ran: {', '.join(added[:10])}; "
             "tests write under tmp_path or cache_dirs.root()"
         )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without `-m`, leave the heavy checks (tests/budgets.py's markers) out, except in the test
+    files named on the command line: `pytest` skips them, `pytest tests/test_real_models.py` runs
+    that file whole, `pytest -m corpus` runs them all (`.ci/run` runs each marker)."""
+    if config.option.markexpr:
+        return
+    named = {Path(arg.split("::", 1)[0]).resolve() for arg in config.args}
+    heavy = [
+        item
+        for item in items
+        if item.path not in named and any(item.get_closest_marker(m) for m in budgets.BUDGETS)
+    ]
+    if heavy:
+        config.hook.pytest_deselected(items=heavy)
+        left_out = set(map(id, heavy))
+        items[:] = [item for item in items if id(item) not in left_out]
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
