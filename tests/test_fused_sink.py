@@ -220,6 +220,8 @@ TOLERANCE = {F32: 1e-5, F16: 2e-3}
         Sink(opset=17, mask="add"),
         Sink(dtype=F16, mask="add"),
         Sink(softcap_after=2.0, sink_scale=4.0),
+        Sink(softcap_before=5.0, mask="causal", sink_scale=1.0),
+        Sink(softcap_before=5.0, sink="expand", sink_scale=1.0),
         Sink(dtype=F16, float32_scores=True, sink_scale=40.0),
     ],
     ids=lambda c: (
@@ -334,12 +336,17 @@ def test_bfloat16_sink_in_three_terms() -> None:
 @pytest.mark.parametrize(
     ("case", "words"),
     [
-        (Sink(softcap_before=5.0), "soft-cap the sink logit"),
+        (Sink(softcap_before=1.0, sink_scale=4.0), "within 10% of the softcap"),
         (Sink(mul_after_concat=True), "would apply to the sink logit as well"),
         (Sink(reduce_axis=1), "not the row max over the key axis"),
         (Sink(sink_scale=np.inf), "not finite"),
     ],
-    ids=["softcap", "scale_after_concat", "max_over_heads", "infinite_sink"],
+    ids=[
+        "sink_near_the_cap",
+        "scale_after_concat",
+        "max_over_heads",
+        "infinite_sink",
+    ],
 )
 def test_not_exact_falls_back_with_the_reason(case: Sink, words: str) -> None:
     model = sink_model(case)

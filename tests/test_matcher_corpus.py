@@ -4,7 +4,8 @@ For each export: the matcher finds the expected blocks and describes the feature
 about (sink, Q/DQ pairs, window view, Einsum layout, masks); `plugin` and `fused_plugin` rewrite
 it and the result computes what the original did (graphfix's reference ops in onnxruntime);
 `fused_plugin` falls back exactly where the node contract cannot express the chain, with the
-reason.  Then one count over both corpora: blocks fused by `fused_plugin` vs fallen back.
+reason.  Then one count over the three corpora (with tests/fusion_corpus.py): blocks fused by
+`fused_plugin` vs fallen back.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import fusion_corpus
 import matcher_corpus
 import model_corpus
 import numpy as np
@@ -33,15 +35,26 @@ pytestmark = pytest.mark.corpus  # the model-corpus sweep, run by `pytest -m cor
 
 # Entry → (blocks expected to fall back from fused_plugin, words of the reason)
 FALLBACKS: dict[str, tuple[int, str]] = {
-    "padding_min_fill_and_causal_bias-legacy17": (1, "finite fill"),
-    "padding_min_fill_and_causal_bias-dynamo18": (1, "finite fill"),
     "sdpa_mask-dynamo18/ort_qdq": (1, "scores are quantized"),
     "bert_eager-legacy17/ort_qdq": (2, "scores are quantized"),
 }
-# Fallbacks the node contract (plugins/spec.py ATTENTION, version 1) forces: no Q/DQ inside.
-# The count below reports them apart from the rest.  (GPT-OSS's attention sinks fuse as one
-# more key: fused/sink.py.)
-CONTRACT_WORDS = ("scores are quantized", "probabilities are quantized")
+# The same for tests/fusion_corpus.py's exports (see test_fusion_corpus.py)
+FUSION_FALLBACKS: dict[str, int] = {
+    "returns_probabilities-legacy17": 1,
+    "returns_probabilities-dynamo18": 1,
+    "cait-legacy17": 2,
+    "cait-dynamo18": 2,
+}
+# Fallbacks the node contract (plugins/spec.py ATTENTION, version 1) forces: no Q/DQ inside,
+# one output (returned probabilities stay with GraphfixSoftmax), heads kept apart (talking
+# heads).  The count below reports them apart from the rest.  (GPT-OSS's attention sinks fuse
+# as one more key: fused/sink.py.)
+CONTRACT_WORDS = (
+    "scores are quantized",
+    "probabilities are quantized",
+    "are also a graph output (returned attention weights)",
+    "a head-mixing projection (talking heads",
+)
 
 
 def _cases() -> list:
@@ -145,6 +158,11 @@ def _all_blocks(corpus_dir: Path) -> list[tuple[str, str]]:
         if e.export_error is None
     ]
     paths += [(name, _path(case, corpus_dir)) for name, case in (p.values for p in _cases())]
+    paths += [
+        (e.name, fusion_corpus.model_path(e, cache_dir=corpus_dir))
+        for e in fusion_corpus.ENTRIES
+        if e.export_error is None
+    ]
     blocks = []
     for name, path in paths:
         report = graphfix.fix_attention(path, strategy="fused_plugin").report
@@ -162,14 +180,15 @@ def test_fused_plugin_expresses_97_percent_of_real_chains(corpus_dir: Path) -> N
     print(
         f"fused_plugin: {fused} of {len(blocks)} blocks fused ({fused / len(blocks):.1%}); "
         f"{fused} of the {expressible} the node contract can express ({fused / expressible:.1%}); "
-        f"{len(by_contract)} fall back by contract (Q/DQ inside the chain)"
+        f"{len(by_contract)} fall back by contract (Q/DQ inside the chain, returned "
+        "probabilities, talking heads)"
     )
     assert fused / expressible >= 0.97, fell_back
     # Only the expected blocks fall back (the FALLBACKS table), for the reasons it gives.
     assert Counter(n for n, _ in fell_back) == Counter(
-        {name: count for name, (count, _) in FALLBACKS.items()}
+        {name: count for name, (count, _) in FALLBACKS.items()} | FUSION_FALLBACKS
     )
-    assert len(by_contract) == 3
+    assert len(by_contract) == 9
 
 
 def test_decomposed_onnx_attention_op_fuses(corpus_dir: Path) -> None:

@@ -15,6 +15,7 @@ from graphfix.attention.match_types import (
     BiasStep,
     CastStep,
     ChainStep,
+    HeadMixStep,
     MaskKind,
     MaskStep,
     NanGuardStep,
@@ -205,8 +206,29 @@ def chain_steps(
             out = dequantize.output[0]
         elif op == "Concat":
             sink_concat = node
+        elif op == "Transpose":
+            step, position = _head_mix_step(index, nodes, position - 1)
+            steps.append(step)
+            out = step.output
         main = out
     return _merge_softcaps(index, steps), sink_concat
+
+
+def _head_mix_step(
+    index: GraphIndex, nodes: list[onnx.NodeProto], first: int
+) -> tuple[HeadMixStep, int]:
+    """The talking-heads nodes starting at nodes[first] (the matcher checked their form); the
+    step and the position after it."""
+    end = first + (4 if nodes[first + 2].op_type == "Add" else 3)
+    mix = nodes[first:end]
+    return (
+        HeadMixStep(
+            nodes=tuple(display(n, index.position(n)) for n in mix),
+            weight=mix[1].input[1],
+            output=mix[-1].output[0],
+        ),
+        end,
+    )
 
 
 def _reshape_target(index: GraphIndex, node: onnx.NodeProto) -> tuple[int, ...] | None:
@@ -287,6 +309,9 @@ def after_steps(
             position += 1
         elif op == "DequantizeLinear":
             raise NoMatch(f"DequantizeLinear '{node.name}' after the softmax has no QuantizeLinear")
+        elif op == "Transpose":
+            step, position = _head_mix_step(index, nodes, position - 1)
+            steps.append(step)
         elif op == "Slice":
             if sink_slice is not None:
                 raise NoMatch("two Slices between the softmax and P·V")

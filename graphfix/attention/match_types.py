@@ -14,6 +14,9 @@ from enum import Enum
 
 class AttentionKind(str, Enum):
     SELF = "self"
+    # keys and values from a strided conv or pooling of the query's own tokens (PVT v2,
+    # SegFormer's spatial-reduction attention): self-attention over fewer keys, not cross
+    SELF_REDUCED_KEYS = "self (reduced keys)"
     CROSS = "cross"
     CAUSAL = "causal"
     UNKNOWN = "unknown"
@@ -184,6 +187,17 @@ class ShiftStep:
     step: str = field(default="shift", init=False)  # names the step in JSON
 
 
+@dataclass(frozen=True)
+class HeadMixStep:
+    """Talking heads (CaiT): Transpose → MatMul by a constant [H, H] weight (→ Add a constant
+    bias) → Transpose back, a linear map across the heads of the scores or probabilities."""
+
+    nodes: tuple[str, ...]  # the Transpose, MatMul, Add (if any) and Transpose
+    weight: str
+    output: str
+    step: str = field(default="head_mix", init=False)  # names the step in JSON
+
+
 ChainStep = (
     ScaleStep
     | MaskStep
@@ -196,6 +210,7 @@ ChainStep = (
     | SinkStep
     | NanGuardStep
     | ShiftStep
+    | HeadMixStep
 )
 
 

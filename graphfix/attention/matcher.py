@@ -7,10 +7,12 @@ Accepted layouts (what exporters emit; see notes/attention_patterns.md):
              Kᵀ comes from a Transpose of K, or K is already laid out transposed
     scores → any of: Mul/Div by a scale, Add(mask or bias), Where(mask, scores, -inf),
              Cast/CastLike, Reshape/Squeeze/Unsqueeze (heads folded into batch), Tanh softcap,
-             QuantizeLinear → DequantizeLinear, Concat(scores, sink) on the key axis
+             QuantizeLinear → DequantizeLinear, Concat(scores, sink) on the key axis,
+             Transpose → MatMul(constant) [→ Add] → Transpose back (talking heads)
            → Softmax over the last (key) axis
            → any of: Cast, Where(IsNaN(p), 0, p), Dropout, Identity, Reshape,
-             QuantizeLinear → DequantizeLinear, Slice (the sink column off, after a sink Concat)
+             QuantizeLinear → DequantizeLinear, Slice (the sink column off, after a sink Concat),
+             talking heads
            → MatMul(P, V) | Einsum(P, V)
 
 The chain is described once, as typed steps (match_types.ChainStep), which every consumer reads.
@@ -210,14 +212,18 @@ def _match_softmax(
     softcap = next((s.cap for s in steps if isinstance(s, SoftcapStep)), None)
     mask_nodes = tuple(sorted(chain.mask_nodes, key=index.position))
     mask_inputs = tuple(dict.fromkeys(chain.mask_inputs))
-    causal = _is_causal(index, mask_inputs)
-    same_source = _projection_source(index, q) == _projection_source(index, k)
+    shape = index.shape(scores) or ()
+    causal = _is_causal(index, mask_inputs, index.shape(qk.output[0]) or ())
+    q_source, k_source = _projection_source(index, q), _projection_source(index, k)
     if causal:
         kind = AttentionKind.CAUSAL
+    elif q_source == k_source:
+        kind = AttentionKind.SELF
+    elif _reduced_from(index, k_source, q_source):
+        kind = AttentionKind.SELF_REDUCED_KEYS
     else:
-        kind = AttentionKind.SELF if same_source else AttentionKind.CROSS
+        kind = AttentionKind.CROSS
 
-    shape = index.shape(scores) or ()
     heads = shape[1] if len(shape) == 4 else None
     q_len = shape[-2] if len(shape) >= 3 else None
     kv_len = shape[-1] if len(shape) >= 3 else None
@@ -329,6 +335,13 @@ def _trace_probabilities(
                     return consumer, v, path[tensor], nan_guard
                 if op == "IsNaN":
                     continue
+                if op == "Transpose":
+                    mix = _head_mix_down(index, consumer)
+                    if mix is not None:
+                        out = mix[-1].output[0]
+                        path[out] = [*path[tensor], *mix]
+                        next_frontier.append(out)
+                    continue
                 if op == "Where" and _is_nan_guard(index, consumer, tensor):
                     nan_guard = consumer
                 elif op not in _PASS_THROUGH_DOWN:
@@ -392,6 +405,9 @@ def _trace_scores(index: GraphIndex, tensor: str, chain: _ScoreChain, depth: int
         return _trace_scores(index, quantize.input[0], chain, depth + 1)
     if op == "Concat" and len(node.input) == 2 and chain.sink_concat is None:
         return _trace_sink_concat(index, node, chain, depth)
+    if op == "Transpose" and (mix := _head_mix_up(index, node)) is not None:
+        chain.nodes.extend(reversed(mix))
+        return _trace_scores(index, mix[0].input[0], chain, depth + 1)
     if op == "Tanh":
         chain.nodes.append(node)
         chain.tanh = node
@@ -473,6 +489,61 @@ def _merge(chain: _ScoreChain, trial: _ScoreChain) -> None:
     chain.sink_concat = chain.sink_concat or trial.sink_concat
 
 
+# --- talking heads: Transpose → MatMul(constant [H, H]) [→ Add(constant)] → Transpose back ---------
+def _head_mix_down(index: GraphIndex, first: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+    """The talking-heads nodes from their first Transpose, or None."""
+    nodes = [first]
+    while len(nodes) < 4:
+        consumers = index.consumers_of(nodes[-1].output[0])
+        if len(consumers) != 1:
+            return None
+        nodes.append(consumers[0])
+        if nodes[-1].op_type == "Transpose":
+            break
+    return nodes if _is_head_mix(index, nodes) else None
+
+
+def _head_mix_up(index: GraphIndex, last: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+    """The talking-heads nodes ending at the Transpose `last`, in graph order, or None."""
+    nodes = [last]
+    while len(nodes) < 4:
+        producer = index.producer_of(_data_input(index, nodes[0]))
+        if producer is None:
+            return None
+        nodes.insert(0, producer)
+        if producer.op_type == "Transpose":
+            break
+    return nodes if _is_head_mix(index, nodes) else None
+
+
+def _data_input(index: GraphIndex, node: onnx.NodeProto) -> str:
+    return next((i for i in node.input if i and not index.is_constant(i)), node.input[0])
+
+
+def _is_head_mix(index: GraphIndex, nodes: list[onnx.NodeProto]) -> bool:
+    ops = [n.op_type for n in nodes]
+    if ops not in (
+        ["Transpose", "MatMul", "Transpose"],
+        ["Transpose", "MatMul", "Add", "Transpose"],
+    ):
+        return False
+    matmul = nodes[1]
+    if matmul.input[0] != nodes[0].output[0] or not index.is_constant(matmul.input[1]):
+        return False
+    if ops[2] == "Add" and not any(index.is_constant(i) for i in nodes[2].input):
+        return False
+    perms = [next((list(a.ints) for a in n.attribute if a.name == "perm"), None) for n in nodes]
+    there, back = perms[0], perms[-1]
+    # the heads axis (1) moved last, where the MatMul mixes it, then moved back
+    return (
+        there is not None
+        and back is not None
+        and len(there) == len(back)
+        and there[-1] == 1
+        and [there[p] for p in back] == list(range(len(there)))
+    )
+
+
 def _require_max_subtract(index: GraphIndex, sub: onnx.NodeProto) -> None:
     reduce = index.producer_of(sub.input[1])
     if reduce is None or reduce.op_type != "ReduceMax":
@@ -545,9 +616,11 @@ def _untranspose_k(
     return k_t, KTransposedBy.LAYOUT, None
 
 
-def _is_causal(index: GraphIndex, mask_inputs: tuple[str, ...]) -> bool:
+def _is_causal(index: GraphIndex, mask_inputs: tuple[str, ...], scores: tuple) -> bool:
     """A causal mask: built by Trilu, by Range + comparison, by comparing constant position
-    indices, or a constant whose strict upper triangle is blocked (banded windows included)."""
+    indices, or a constant whose strict upper triangle is blocked (banded windows included).
+    Only constants shaped like a mask of the `scores` shape decide (a weight in the mask's
+    slice, such as Swin v2's position MLP, is not a mask)."""
     ops: set[str] = set()
     constants: list[str] = []
     comparisons: list[onnx.NodeProto] = []
@@ -575,11 +648,26 @@ def _is_causal(index: GraphIndex, mask_inputs: tuple[str, ...]) -> bool:
         return True
     for node in comparisons:  # transformers' masking_utils: kv_idx <= q_idx on constant aranges
         if all(index.constant_value(i) is not None for i in node.input):
-            if _is_causal_pattern(index.constant_value(node.output[0]), either_polarity=True):
+            value = index.constant_value(node.output[0])
+            if _is_mask_shaped(value, scores) and _is_causal_pattern(value, either_polarity=True):
                 return True
+    values = (index.constant_value(name) for name in constants)
     return any(
-        _is_causal_pattern(index.constant_value(name), either_polarity=True) for name in constants
+        _is_mask_shaped(v, scores) and _is_causal_pattern(v, either_polarity=True) for v in values
     )
+
+
+def _is_mask_shaped(value: np.ndarray | None, scores: tuple) -> bool:
+    """Its two trailing dims are the scores' S and T (a square buffer of at least S rows where
+    the lengths are not static: the causal buffer sliced to them).  `scores` is Q·Kᵀ's shape,
+    () when shape inference could not tell it."""
+    if value is None or value.ndim < 2:
+        return False
+    s, t = scores[-2:] if len(scores) >= 2 else (None, None)
+    rows, columns = value.shape[-2:]
+    if isinstance(s, int) and isinstance(t, int):
+        return (rows, columns) == (s, t)
+    return rows == columns and all(not isinstance(n, int) or rows >= n for n in (s, t))
 
 
 def _is_causal_pattern(value: np.ndarray | None, *, either_polarity: bool) -> bool:
@@ -628,6 +716,28 @@ def _projection_source(index: GraphIndex, tensor: str) -> str:
             return f"<const {current}>"
         current = data[0]
     return current
+
+
+_REDUCTIONS = {"Conv", "AveragePool", "MaxPool", "GlobalAveragePool", "GlobalMaxPool"}
+
+
+def _reduced_from(index: GraphIndex, k_source: str, q_source: str) -> bool:
+    """K's activation is a strided conv or pooling of Q's activation (spatial reduction)."""
+    current, reduced = k_source, False
+    for _ in range(_MAX_SOURCE_HOPS):
+        if current == q_source:
+            return reduced
+        node = index.producer_of(current)
+        if node is None:
+            return False
+        if node.op_type in _REDUCTIONS:
+            strides = next((list(a.ints) for a in node.attribute if a.name == "strides"), [])
+            reduced = reduced or node.op_type != "Conv" or any(s > 1 for s in strides)
+        data = [i for i in node.input if i and not index.is_constant(i)]
+        if not data:
+            return False
+        current = data[0]
+    return False
 
 
 def _strip_layout(index: GraphIndex, tensor: str) -> str:

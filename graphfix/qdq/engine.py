@@ -112,11 +112,7 @@ def engine_precision(info: str | dict) -> EnginePrecisionCount:
             )
         )
     compute = [layer for layer in layers if layer.compute]
-    myelin = [
-        layer
-        for layer in layers
-        if layer.kind in _FUSED_KINDS and not layer.compute
-    ]
+    myelin = [layer for layer in layers if layer.kind in _FUSED_KINDS and not layer.compute]
     return EnginePrecisionCount(
         layers=tuple(layers),
         compute_quantized=sum(1 for layer in compute if layer.quantized),

@@ -3,14 +3,17 @@
 Myelin cannot see inside a plugin, so the fusion is broken as surely as with the softmax plugin,
 but the plugin is itself a fused kernel: no unfused MatMul→Softmax→MatMul chain at run time.
 The node is built from the match's typed steps (match_types.ChainStep), read in order; a chain
-with a step the node cannot express (a Reshape of the scores, Q/DQ on the scores or
-probabilities, a scale computed at run time on the scores, probabilities used elsewhere, ...)
-falls back to the GraphfixSoftmax plugin, and the report says why.
+with a step the node cannot express (a reshape of the scores other than Swin's windows or a view
+of batch·heads, Q/DQ on the scores or probabilities, talking heads, probabilities used
+elsewhere, ...) falls back to the GraphfixSoftmax plugin, and the report says why.
 
 Masks and biases combine outside the node into its one mask input, with standard ONNX ops, where
 that is exact: several biases are summed; several boolean masks with one fill are And-ed;
-boolean masks with fill -inf and biases become Where(keep, Σ bias, -inf) (a finite fill would
-change rows whose every key is blocked, so that falls back).
+boolean masks with fill -inf and biases become Where(keep, Σ bias, -inf), with a finite fill
+one float32 mask (fused/finite_fill.py); a bias before a scale is scaled by it.  Around the
+node: views of batch·heads (fused/regroup.py), 5-D windows merged (fused/fold5.py), a run-time
+scale moved onto Q (fused/runtime_scale.py), Shape readers of the scores recomputed
+(fused/shape_readers.py).
 
 An attention sink (GPT-OSS) becomes one more key with a zero value row, its logit carried by 8
 extra head-dimension columns of Q and K (fused/sink.py): exact, at the cost of copying Q, K and V.
@@ -27,6 +30,7 @@ from graphfix.attention.match_types import (
     AttentionMatch,
     BiasStep,
     CastStep,
+    HeadMixStep,
     MaskStep,
     NanGuardStep,
     PassStep,
@@ -39,8 +43,11 @@ from graphfix.attention.match_types import (
     SoftcapStep,
 )
 from graphfix.attention.strategies.base import Outcome
+from graphfix.attention.strategies.fused.fold5 import fold_leading, unfold
 from graphfix.attention.strategies.fused.mask import MaskPlan, plan_mask
 from graphfix.attention.strategies.fused.operands import Operands, plan_operands
+from graphfix.attention.strategies.fused.regroup import find_regroup, regroup_operands, view_back
+from graphfix.attention.strategies.fused.shape_readers import recompute_shapes, shape_readers
 from graphfix.attention.strategies.fused.sink import add_sink_key, check_sink_steps
 from graphfix.attention.strategies.fused.unsupported import Unsupported, node_of
 from graphfix.attention.strategies.plugin import PluginStrategy
@@ -67,14 +74,26 @@ class FusedPluginStrategy:
         base = match.softmax or f"graphfix_attention_{match.index}"
         try:
             softcap = _read_steps(match)
-            if match.sink is not None:
-                check_sink_steps(edit, match, softcap)
+            uncap = match.sink is not None and check_sink_steps(edit, match, softcap)
             operands = plan_operands(edit, match, base)
+            regroup = find_regroup(match)
+            if regroup is not None:
+                operands = regroup_operands(edit, base, regroup, operands)
+            if index.rank(operands.q) == 5:
+                operands = fold_leading(edit, match, base, operands)
             # the causal flag is top-left aligned for S == T: with the sink key T grows by one
-            mask = plan_mask(edit, match, base, operands.q, allow_causal=match.sink is None)
+            mask = plan_mask(
+                edit, match, base, operands.q, allow_causal=match.sink is None, regroup=regroup
+            )
             if match.sink is not None:
-                operands, mask = add_sink_key(edit, match, base, operands, mask)
-            removed = _removed_positions(index, match, operands, mask)
+                operands, mask = add_sink_key(
+                    edit, match, base, operands, mask, uncap=softcap if uncap else 0.0
+                )
+            readers = shape_readers(index, match)
+            removed = _removed_positions(index, match, operands, mask, set(readers))
+            # a reader that fed only the chain (a Reshape's shape) goes with it
+            outside = {p: t for p, t in readers.items() if p not in removed}
+            shapes = recompute_shapes(edit, base, operands, outside)
         except Unsupported as reason:
             fallback = PluginStrategy().apply(edit, match)
             return Outcome(fallback.rewritten, f"fell back to {fallback.detail}: {reason}")
@@ -87,7 +106,13 @@ class FusedPluginStrategy:
             inputs.append(mask.tensor)
         output = pv.output[0]
         node_output = output
-        if operands.cast_output_to is not None or operands.output_perm is not None:
+        view_back_output = regroup is not None and regroup.probs is not None
+        if (
+            operands.cast_output_to is not None
+            or operands.output_perm is not None
+            or view_back_output
+            or operands.unfold_like is not None
+        ):
             node_output = edit.unique(f"{base}/out")
         if operands.output_perm is not None:
             transposed = output if operands.cast_output_to is None else edit.unique(f"{base}/out_t")
@@ -104,6 +129,14 @@ class FusedPluginStrategy:
                 name=edit.unique(f"{base}/GraphfixAttention"),
             )
         )
+        if view_back_output:  # (no output_perm: regroup_operands refuses Einsum layouts)
+            folded = output if operands.cast_output_to is None else edit.unique(f"{base}/out_f")
+            nodes += view_back(edit, base, node_output, folded)
+            node_output = folded
+        if operands.unfold_like is not None:  # (no output_perm either: fold_leading refuses)
+            split = output if operands.cast_output_to is None else edit.unique(f"{base}/out_5d")
+            nodes += unfold(edit, base, node_output, operands.unfold_like, split)
+            node_output = split
         if operands.output_perm is not None:
             nodes.append(
                 onnx.helper.make_node(
@@ -127,6 +160,8 @@ class FusedPluginStrategy:
             )
         for position in removed:
             edit.replace(position, nodes if position == match.chain_positions[-1] else [])
+        for position, recomputed in shapes.items():
+            edit.replace(position, recomputed)
         edit.drop_if_unused({i for p in removed for i in edit.node_at(p).input})
         edit.annotate(output)
         ensure_plugin_opset(edit.model)
@@ -134,7 +169,7 @@ class FusedPluginStrategy:
         if mask.describe:
             features.append(mask.describe)
         features += [f for f, on in (("causal", mask.causal), ("softcap", softcap)) if on]
-        if operands.cast_output_to is not None:
+        if operands.cast_output_to is not None and not operands.v_widened:
             features.append("float16 V read before the exporter's float32 promotion")
         if operands.describe:
             features.append(operands.describe)
@@ -152,23 +187,32 @@ _STAGE = {ScaleStep: 0, SoftcapStep: 1, MaskStep: 2, BiasStep: 2}
 
 
 def _read_steps(match: AttentionMatch) -> float:
-    """Check that the steps fit the node's order and features; return the softcap (0: none)."""
+    """Check that the steps fit the node's order and features; return the softcap (0: none).
+    A scale after additive biases only (Falcon's (s + alibi)·c) is the node's scale, the biases
+    scaled by it (plan_mask)."""
     stage, softcap = 0, 0.0
+    only_biases = True  # every score step before this one is a bias (or a layout step)
     for step in match.steps:
+        if isinstance(step, (MaskStep, SoftcapStep)):
+            only_biases = False
         if isinstance(step, ScaleStep) and step.side is not ScaleSide.SCORES:
             continue  # on Q or K: read by plan_operands
         if isinstance(step, (CastStep, PassStep, ShiftStep)):
             continue
         if isinstance(step, ReshapeStep):
-            continue  # only Swin's window view is expressible; plan_mask reads it
+            continue  # Swin's window view (plan_mask) and batch·heads views (find_regroup)
         if isinstance(step, QdqStep):
             raise Unsupported(
                 f"the scores are quantized ({step.quantize} → {step.dequantize}); the node has "
                 "no Q/DQ inside"
             )
+        if isinstance(step, HeadMixStep):
+            raise _head_mix(step, "Q·Kᵀ and the Softmax")
         if isinstance(step, SinkStep):  # not a score step today (match.sink); kept for safety
             raise Unsupported("an attention sink among the score steps")
         order = _STAGE[type(step)]
+        if isinstance(step, ScaleStep) and only_biases and step.factor is not None:
+            continue
         if order < stage:
             what = "scales" if order == 0 else "soft-caps"
             raise Unsupported(f"'{node_of(step)}' {what} the scores after the mask")
@@ -180,8 +224,10 @@ def _read_steps(match: AttentionMatch) -> float:
                 raise Unsupported("two softcaps")
             softcap = step.cap
     for step in match.after:
-        if isinstance(step, (CastStep, PassStep, NanGuardStep)):
-            continue
+        if isinstance(step, (CastStep, PassStep, NanGuardStep, ReshapeStep)):
+            continue  # a reshape: find_regroup reads it
+        if isinstance(step, HeadMixStep):
+            raise _head_mix(step, "the Softmax and P·V")
         if isinstance(step, QdqStep):
             raise Unsupported(
                 f"the probabilities are quantized ({step.quantize} → {step.dequantize}) before "
@@ -191,17 +237,26 @@ def _read_steps(match: AttentionMatch) -> float:
     return softcap
 
 
+def _head_mix(step: HeadMixStep, where: str) -> Unsupported:
+    return Unsupported(
+        f"a head-mixing projection (talking heads, '{step.weight}') between {where}: the node "
+        "keeps heads apart; GraphfixSoftmax covers it under `plugin`"
+    )
+
+
 def _removed_positions(
-    index: GraphIndex, match: AttentionMatch, operands: Operands, mask: MaskPlan
+    index: GraphIndex, match: AttentionMatch, operands: Operands, mask: MaskPlan, readers: set[int]
 ) -> list[int]:
     """The chain, its NaN guard's IsNaN, and what fed only the chain; nothing else may read
-    a tensor inside the chain."""
+    a tensor inside the chain but the Shape `readers` (recomputed from Q and K)."""
     chain = [index.graph.node[p] for p in match.chain_positions]
     pv = chain[-1]
     removed = set(match.chain_positions)
     removed |= _guard_positions(index, match, chain)
     removed |= _shift_positions(index, match)
-    _check_nothing_escapes(index, match, removed, pv)
+    positions = match.chain_positions
+    probabilities = set(positions[positions.index(match.softmax_position) :])
+    _check_nothing_escapes(index, removed, readers, probabilities, pv)
     sources = (s.source for s in match.steps if isinstance(s, (MaskStep, BiasStep)))
     added = (i for n in (*operands.nodes, *mask.nodes) for i in n.input)
     keep = {operands.q, operands.k, operands.v, mask.tensor, *sources, *added}
@@ -260,17 +315,26 @@ def _reduces_key_axis(index: GraphIndex, reduce: onnx.NodeProto) -> bool:
 
 
 def _check_nothing_escapes(
-    index: GraphIndex, match: AttentionMatch, removed: set[int], pv: onnx.NodeProto
+    index: GraphIndex,
+    removed: set[int],
+    readers: set[int],
+    probabilities: set[int],
+    pv: onnx.NodeProto,
 ) -> None:
     for position in removed:
         node = index.graph.node[position]
         if node is pv:
             continue
         for out in node.output:
+            if out in index.graph_outputs and position in probabilities:
+                raise Unsupported(
+                    f"the probabilities '{out}' are also a graph output (returned attention "
+                    "weights), which the node does not produce; GraphfixSoftmax keeps them"
+                )
             if out in index.graph_outputs:
                 raise Unsupported(f"'{out}' inside the chain is a graph output")
             for consumer in index.consumers_of(out):
-                if index.position(consumer) not in removed:
+                if index.position(consumer) not in removed | readers:
                     raise Unsupported(
                         f"'{out}' inside the chain is also used by {consumer.op_type} "
                         f"'{consumer.name}' (e.g. returned attention probabilities)"

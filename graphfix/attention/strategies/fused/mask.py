@@ -18,7 +18,11 @@ from graphfix.attention.match_types import (
     MaskStep,
     PassStep,
     ReshapeStep,
+    ScaleSide,
+    ScaleStep,
 )
+from graphfix.attention.strategies.fused.finite_fill import finite_fill_mask
+from graphfix.attention.strategies.fused.regroup import Regroup, folds_heads, is_identity, view_bias
 from graphfix.attention.strategies.fused.unsupported import Unsupported, node_of, shape_text
 from graphfix.graph.edit import GraphEdit
 from graphfix.graph.index import GraphIndex
@@ -37,10 +41,17 @@ class MaskPlan:
 
 
 def plan_mask(
-    edit: GraphEdit, match: AttentionMatch, base: str, q: str, *, allow_causal: bool = True
+    edit: GraphEdit,
+    match: AttentionMatch,
+    base: str,
+    q: str,
+    *,
+    allow_causal: bool = True,
+    regroup: Regroup | None = None,
 ) -> MaskPlan:
     """The node's one mask input from the chain's Where masks and additive biases; a pure
-    causal mask becomes the node's `causal` flag when `allow_causal`."""
+    causal mask becomes the node's `causal` flag when `allow_causal`.  A bias before a scale of
+    the scores is scaled by it; one added before a batch·heads view (`regroup`) is viewed too."""
     index = edit.index
     wheres = [s for s in match.steps if isinstance(s, MaskStep)]
     windows = _windowed_biases(match)
@@ -64,25 +75,47 @@ def plan_mask(
         inits.append(numpy_helper.from_array(np.array(value, dtype=np.int64), name))
         return name
 
+    def _scaled(source: str, factor: float, elem: int) -> str:
+        name = edit.unique(f"{base}/bias_scale")
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+        inits.append(numpy_helper.from_array(np.array(factor, dtype=dtype), name))
+        return add("Mul", [source, name])
+
     def unwindow(source: str, windows_per_image: int) -> str:
-        """bias [1|B, nW, h, n, m] as the node sees it: [B·nW, h, n, m] (B from Q's batch)."""
+        """bias [1|B, nW, h, n, m] as the node sees it: [B·nW, h, n, m] (B from Q's batch;
+        nW read from the bias at run time when the view does not say it)."""
         shape = index.shape(source)
         if shape is None or len(shape) != 5 or not all(isinstance(d, int) for d in shape[2:]):
             raise Unsupported(f"the windowed mask '{source}' has no static 5-D shape")
-        images = add(
-            "Div",
-            [add("Gather", [add("Shape", [q]), const([0])], axis=0), const([windows_per_image])],
-        )
-        target = add("Concat", [images, const([windows_per_image, 1, 1, 1])], axis=0)
+        if windows_per_image == FROM_MASK:
+            windows = add("Shape", [source], start=1, end=2)
+        else:
+            windows = const([windows_per_image])
+        images = add("Div", [add("Gather", [add("Shape", [q]), const([0])], axis=0), windows])
+        target = add("Concat", [images, windows, const([1, 1, 1])], axis=0)
         return add("Reshape", [add("Expand", [source, target]), const([-1, *shape[2:]])])
 
     bias = None
+    bias_elem = None  # the biases' one element type (the tensors built from them have it too)
     if biases:
         types = {index.elem_type(b.source) for b in biases}
         if len(types) != 1 or None in types:
             raise Unsupported("the additive masks/biases have different or unknown element types")
+        (bias_elem,) = types
         sources = [
             unwindow(b.source, windows[id(b)]) if id(b) in windows else b.source for b in biases
+        ]
+        if regroup is not None:
+            sources = [
+                view_bias(edit, base, regroup, t, match.q, nodes, inits)
+                if id(b) in regroup.before
+                else t
+                for b, t in zip(biases, sources, strict=True)
+            ]
+        factors = _later_scales(match)
+        sources = [
+            _scaled(t, factors[id(b)], bias_elem) if id(b) in factors else t
+            for b, t in zip(biases, sources, strict=True)
         ]
         bias = sources[0]
         for extra in sources[1:]:  # (s + m1) + m2 as s + (m1 + m2): same to rounding
@@ -109,17 +142,16 @@ def plan_mask(
     elif bias is None:
         plan = MaskPlan(keep, fill, tuple(nodes), tuple(inits), describe="boolean mask")
     else:
-        if fill != -math.inf and not _keeps_a_key_per_row(index, wheres, fill):
-            raise Unsupported(
-                f"a Where mask with the finite fill {fill:g} combined with an additive bias: "
-                "folding them into one mask would change rows whose every key is blocked"
-            )
-        elem = index.elem_type(bias)
-        blocked = edit.unique(f"{base}/blocked_fill")
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
-        inits.append(numpy_helper.from_array(np.array(fill, dtype=dtype), blocked))
-        mask = add("Where", [keep, bias, blocked])
-        plan = MaskPlan(mask, None, tuple(nodes), tuple(inits), describe="boolean mask with bias")
+        if fill == -math.inf:
+            blocked = edit.unique(f"{base}/blocked_fill")
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(bias_elem)
+            inits.append(numpy_helper.from_array(np.array(fill, dtype=dtype), blocked))
+            mask = add("Where", [keep, bias, blocked])
+            describe = "boolean mask with bias"
+        else:
+            mask = finite_fill_mask(edit, match, base, keep, bias, bias_elem, fill, nodes, inits)
+            describe = f"boolean mask (fill {fill:g}) with bias"
+        plan = MaskPlan(mask, None, tuple(nodes), tuple(inits), describe=describe)
     single = wheres[0] if len(wheres) == 1 and not biases else None
     source = (
         single.source if single else (biases[0].source if len(biases) == 1 and not wheres else None)
@@ -137,23 +169,17 @@ def plan_mask(
     return plan
 
 
-def _keeps_a_key_per_row(index: GraphIndex, wheres: list[MaskStep], fill: float) -> bool:
-    """Constant Where masks that leave every row a kept key, with a fill that is -inf in effect.
-
-    Then where(keep, s, fill) + b and s + where(keep, b, fill) give the same probabilities: a
-    blocked score is fill (+ a bias that rounds away) on both sides, exp(fill - row max)
-    underflows to 0 because the row max is a kept, finite score, and no row is all blocked.
-    """
-    if fill > -1e4:
-        return False
-    keep = None
-    for where in wheres:
-        value = index.constant_value(where.source)
-        if value is None or value.dtype != bool:
-            return False
-        this = ~value if where.kind is MaskKind.BLOCKED else value
-        keep = this if keep is None else keep & this
-    return keep is not None and keep.ndim >= 1 and bool(keep.any(axis=-1).all())
+def _later_scales(match: AttentionMatch) -> dict[int, float]:
+    """id(BiasStep) → the product of the score scales that follow it: (s + b)·c is c·s + c·b,
+    the node's scale on s and a scaled bias (fused_plugin lets a scale follow biases only)."""
+    factors: dict[int, float] = {}
+    after = 1.0
+    for step in reversed(match.steps):
+        if isinstance(step, ScaleStep) and step.side is ScaleSide.SCORES and step.factor:
+            after *= step.factor
+        elif isinstance(step, BiasStep) and after != 1.0:
+            factors[id(step)] = after
+    return factors
 
 
 def _windowed_biases(match: AttentionMatch) -> dict[int, int]:
@@ -164,13 +190,16 @@ def _windowed_biases(match: AttentionMatch) -> dict[int, int]:
     windows: int | None = None
     outer: tuple[int, ...] | None = None
     for step in match.steps:
+        if isinstance(step, ReshapeStep) and (is_identity(step) or folds_heads(step)):
+            continue  # identity or batch·heads views: find_regroup reads them
         if isinstance(step, ReshapeStep):
             target = step.target
-            if windows is None and target is not None and len(target) == 5 and target[1] > 0:
-                inner = step.input_shape
-                if inner is None or len(inner) != 4 or not _agrees(inner[1:], target[2:]):
-                    raise _reshape_unsupported(step)
-                windows, outer = target[1], target[2:]
+            view = target if target is not None else step.output_shape
+            if windows is None and view is not None and len(view) == 5:
+                outer = _window_dims(step, view)
+                # the view's window count; where the exporter computes it at run time, the
+                # windowed mask's (the original's Add broadcasts only with that many windows)
+                windows = view[1] if isinstance(view[1], int) and view[1] > 0 else FROM_MASK
                 continue
             if windows is not None and target is not None and len(target) == 4:
                 if target[0] != -1 or tuple(target[1:]) != tuple(outer):
@@ -188,8 +217,22 @@ def _windowed_biases(match: AttentionMatch) -> dict[int, int]:
     return windowed
 
 
-def _agrees(dims: tuple, target: tuple[int, ...]) -> bool:
-    return all(not isinstance(d, int) or d == t for d, t in zip(dims, target, strict=True))
+FROM_MASK = 0  # _windowed_biases: the window count is the windowed mask's dim 1
+
+
+def _window_dims(step: ReshapeStep, view: tuple) -> tuple[int, ...]:
+    """H, N, N of a [B·nW, H, N, N] → [B, nW, H, N, N] view: static, and the same on both
+    sides where both say them."""
+    inner = step.input_shape
+    if inner is None or len(inner) != 4:
+        raise _reshape_unsupported(step)
+    dims = []
+    for a, b in zip(inner[1:], view[2:], strict=True):
+        known = {d for d in (a, b) if isinstance(d, int) and d > 0}
+        if len(known) != 1:
+            raise _reshape_unsupported(step)
+        dims.append(known.pop())
+    return tuple(dims)
 
 
 def _reshape_unsupported(step: ReshapeStep) -> Unsupported:

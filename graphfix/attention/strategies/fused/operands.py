@@ -3,6 +3,7 @@ scale steps (Einsum layouts, run-time √scale on Q and Kᵀ, float16 V promoted
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ from graphfix.attention.match_types import (
     ScaleSide,
     ScaleStep,
 )
+from graphfix.attention.strategies.fused.runtime_scale import scale_q_at_run_time
 from graphfix.attention.strategies.fused.unsupported import Unsupported
 from graphfix.graph.edit import GraphEdit
 from graphfix.graph.index import GraphIndex
@@ -35,6 +37,28 @@ class Operands:
     initializers: tuple[onnx.TensorProto, ...] = ()
     output_perm: tuple[int, ...] | None = None  # Transpose the node's output into the graph's
     describe: str = ""
+    v_widened: bool = False  # V (float16/bfloat16) Cast to Q's float32 by the rewrite
+    unfold_like: str | None = None  # 5-D Q whose two leading axes the output is split back to
+
+    def read_through(
+        self,
+        q: str,
+        k: str,
+        v: str,
+        nodes: list[onnx.NodeProto],
+        initializers: list[onnx.TensorProto],
+        note: str,
+    ) -> Operands:
+        """These operands as the node reads them after `nodes` (appended), `note` said."""
+        return dataclasses.replace(
+            self,
+            q=q,
+            k=k,
+            v=v,
+            nodes=(*self.nodes, *nodes),
+            initializers=(*self.initializers, *initializers),
+            describe=", ".join(filter(None, [self.describe, note])),
+        )
 
 
 def plan_operands(edit: GraphEdit, match: AttentionMatch, base: str) -> Operands:
@@ -48,11 +72,8 @@ def plan_operands(edit: GraphEdit, match: AttentionMatch, base: str) -> Operands
     operand_factors = [
         s for s in match.steps if isinstance(s, ScaleStep) and s.side in (ScaleSide.Q, ScaleSide.K)
     ]
-    if any(s.factor is None for s in scores_factors):
-        raise Unsupported(
-            "the scale on the scores is computed at run time (`graphfix inspect` shows how)"
-        )
-    scale = math.prod(s.factor for s in scores_factors)
+    at_run_time = [s for s in scores_factors if s.factor is None]
+    scale = math.prod(s.factor for s in scores_factors if s.factor is not None)
     if any(s.factor is None for s in operand_factors):
         # √scale computed at run time on Q and Kᵀ (the legacy SDPA decomposition): keep those
         # Muls outside the node and read the operands as the product reads them.
@@ -63,12 +84,22 @@ def plan_operands(edit: GraphEdit, match: AttentionMatch, base: str) -> Operands
         q, k_operand = match.q, match.k_t
         k_at_product = False
     ranks = {index.rank(q), index.rank(match.v)}
-    if not ranks <= {3, 4}:
-        raise Unsupported(f"Q/V ranks {sorted(r for r in ranks if r)} (the node takes 3-D or 4-D)")
+    if not (ranks <= {3, 4} or (ranks == {5} and layout.qk_op == "MatMul")):
+        raise Unsupported(
+            f"Q/V ranks {sorted(r for r in ranks if r)} (the node takes 3-D or 4-D, 5-D windows "
+            "of MatMuls merged)"
+        )
     if layout.qk_op == "Einsum":
+        if at_run_time:
+            raise Unsupported(
+                "the scale on the scores is computed at run time in an Einsum layout "
+                "(`graphfix inspect` shows how)"
+            )
         if layout.pv_op != "Einsum":
             raise Unsupported("a MatMul P·V after an Einsum Q·Kᵀ")
         q, k, v, cast_to = _types(index, match, q, k_operand)
+        if index.elem_type(v) != index.elem_type(q):
+            raise Unsupported("Q and K float32 with V float16 in an Einsum layout")
         return _einsum_operands(edit, base, layout, q, k, v, scale, cast_to)
     elif layout.pv_op == "Einsum":
         raise Unsupported("an Einsum P·V after a MatMul Q·Kᵀ")
@@ -79,18 +110,37 @@ def plan_operands(edit: GraphEdit, match: AttentionMatch, base: str) -> Operands
     ):
         k, k_transposed = match.k, False
     else:
-        if index.rank(k_operand) not in (3, 4):
-            raise Unsupported("Kᵀ is not 3-D or 4-D")
+        if index.rank(k_operand) not in (3, 4, 5):
+            raise Unsupported("Kᵀ is not 3-D, 4-D or 5-D")
         k, k_transposed = k_operand, True
     q, k, v, cast_to = _types(index, match, q, k)
-    return Operands(q, k, v, k_transposed, scale, cast_to)
+    nodes: tuple[onnx.NodeProto, ...] = ()
+    notes = []
+    widened = index.elem_type(v) != index.elem_type(q)
+    if widened:
+        wide = edit.unique(f"{base}/v_float32")
+        cast = onnx.helper.make_node(
+            "Cast", [v], [wide], name=edit.unique(f"{base}/widen_v"), to=onnx.TensorProto.FLOAT
+        )
+        v, nodes = wide, (cast,)
+        notes.append("Q and K float32, V widened to float32 and the output Cast back")
+    if at_run_time:
+        q, scaled = scale_q_at_run_time(edit, base, q, at_run_time)
+        nodes += scaled
+        notes.append("a scale computed at run time, moved onto Q")
+    return Operands(
+        q, k, v, k_transposed, scale, cast_to, nodes, describe=", ".join(notes), v_widened=widened
+    )
 
 
 def _types(
     index: GraphIndex, match: AttentionMatch, q: str, k: str
 ) -> tuple[str, str, str, int | None]:
     """Q, K and V of one element type; a float16 V the legacy exporter Cast to float32 (with
-    everything after it) is read before the Cast, and the node's output is Cast to float32."""
+    everything after it) is read before the Cast, and the node's output is Cast to float32.
+    Q and K in float32 with V in float16/bfloat16 (P Cast down for P·V): V is returned as it is
+    with cast_to its type; the caller widens it to float32 (exact) and the node's output is Cast
+    back to P·V's type, so the node's P keeps float32 where the original rounded it."""
     v = match.v
     pv = index.graph.node[match.chain_positions[-1]]
     types = {name: index.elem_type(name) for name in (q, k, v)}
@@ -106,11 +156,13 @@ def _types(
             and len(index.consumers_of(v)) == 1
         ):
             cast_to, v = types[v], producer.input[0]
-            types[v] = types[q]
-    if len({types[q], types[k], types[v]}) != 1 or types[q] not in PLUGIN_ELEMENT_TYPES:
+        elif types[q] == onnx.TensorProto.FLOAT and types[v] in _NARROW:
+            cast_to = types[v]  # V is widened by the caller
+    v_type = types[q] if cast_to is not None else types[v]
+    if len({types[q], types[k], v_type}) != 1 or types[q] not in PLUGIN_ELEMENT_TYPES:
         raise Unsupported(
             "Q, K and V must share one of float32/float16/bfloat16, got "
-            + ", ".join(onnx.TensorProto.DataType.Name(types[t]) for t in (q, k, v))
+            + ", ".join(onnx.TensorProto.DataType.Name(index.elem_type(t)) for t in (q, k, v))
         )
     out = index.elem_type(pv.output[0])
     if out is not None and out != (cast_to or types[q]):
@@ -118,9 +170,12 @@ def _types(
     return q, k, v, cast_to
 
 
+_NARROW = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+
+
 def _swaps_last_two(perm: tuple[int, ...] | None, rank: int | None) -> bool:
     """The Transpose between K and Q·Kᵀ swaps only the last two axes."""
-    if perm is None or len(perm) not in (3, 4) or (rank is not None and rank != len(perm)):
+    if perm is None or len(perm) not in (3, 4, 5) or (rank is not None and rank != len(perm)):
         return False
     n = len(perm)
     return list(perm) == [*range(n - 2), n - 1, n - 2]

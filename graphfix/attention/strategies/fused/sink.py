@@ -26,11 +26,13 @@ The mask input gets one neutral column (0 or True) for the sink key; the node's 
 (top-left aligned, S == T only) is not used: the graph's causal mask stays a mask input.
 
 Cost: Q', K', V' are copies (Pad/Concat) of Q, K and V per layer, and the head dim grows by 8.
-Not exact, so left to the GraphfixSoftmax fallback: a softcap before the Concat (the node would
-soft-cap the sink logit, the original does not; a softcap after it caps the sink as the node
-does); a scale or mask after the Concat (it would apply to the sink logit too); a Reshape of
-the scores; a constant sink that is not finite or overflows Q's type once divided by the scale;
-a mask broadcast over the keys; opsets below 13.  A sink computed at run time must be finite (a
+A softcap before the Concat (the original does not cap the sink logit, the node caps every
+score) is undone on a constant sink: its key carries cap·atanh(sink / cap) (|sink| ≤ 0.9·cap),
+which the node's softcap turns back into the sink logit; a softcap after the Concat caps the
+sink as the node does.  Not exact, so left to the GraphfixSoftmax fallback: a scale or mask
+after the Concat (it would apply to the sink logit too); a Reshape of the scores; a constant
+sink that is not finite or overflows Q's type once divided by the scale; a mask broadcast over
+the keys; opsets below 13.  A sink computed at run time must be finite (a
 -inf sink, "no sink", would give 0·inf = NaN on the real keys).
 """
 
@@ -55,6 +57,7 @@ from graphfix.attention.match_types import (
     SoftcapStep,
 )
 from graphfix.attention.strategies.fused.mask import MaskPlan
+from graphfix.attention.strategies.fused.nodes import node_adder
 from graphfix.attention.strategies.fused.operands import Operands
 from graphfix.attention.strategies.fused.unsupported import Unsupported, node_of
 from graphfix.graph.edit import GraphEdit
@@ -65,24 +68,10 @@ _TERMS = {onnx.TensorProto.FLOAT: 1, onnx.TensorProto.FLOAT16: 2, onnx.TensorPro
 _MAX = {onnx.TensorProto.FLOAT: 3.4e38, onnx.TensorProto.FLOAT16: 65504.0}
 
 
-def _node_adder(edit: GraphEdit, base: str, nodes: list[onnx.NodeProto]):
-    """add(op, inputs, what, **attrs): appends a node named under `base` to `nodes` and returns
-    its one output, a fresh name ending in `what`."""
-
-    def add(op: str, inputs: list[str], what: str, **attrs) -> str:
-        out = edit.unique(f"{base}/{what}")
-        nodes.append(
-            onnx.helper.make_node(op, inputs, [out], name=edit.unique(f"{base}/{op}"), **attrs)
-        )
-        return out
-
-    return add
-
-
-def check_sink_steps(edit: GraphEdit, match: AttentionMatch, softcap: float) -> None:
-    """The sink column is treated as the node would treat it: only a max shift, casts and
-    identities come after the Concat, and no softcap comes before it (the node soft-caps every
-    score; the original leaves the sink logit alone)."""
+def check_sink_steps(edit: GraphEdit, match: AttentionMatch, softcap: float) -> bool:
+    """The sink column is treated as the node would treat it: only a max shift, casts, identities
+    and a softcap come after the Concat.  True when a softcap comes before it: the node soft-caps
+    every score, the original leaves the sink logit alone, so add_sink_key must pre-compensate."""
     assert match.sink is not None
     index = edit.index
     concat = next(
@@ -117,17 +106,21 @@ def check_sink_steps(edit: GraphEdit, match: AttentionMatch, softcap: float) -> 
                 f"'{node_of(step)}' comes after the sink Concat '{match.sink.concat}' and would "
                 "apply to the sink logit as well"
             )
-    if softcap and not any(isinstance(s, SoftcapStep) for s in after):
-        raise Unsupported(
-            "a softcap before the sink Concat: the node would soft-cap the sink logit, the "
-            "original does not"
-        )
+    return bool(softcap) and not any(isinstance(s, SoftcapStep) for s in after)
 
 
 def add_sink_key(
-    edit: GraphEdit, match: AttentionMatch, base: str, operands: Operands, mask: MaskPlan
+    edit: GraphEdit,
+    match: AttentionMatch,
+    base: str,
+    operands: Operands,
+    mask: MaskPlan,
+    *,
+    uncap: float = 0.0,
 ) -> tuple[Operands, MaskPlan]:
-    """Q', K', V' and the mask with the sink as one more key (see the module docstring)."""
+    """Q', K', V' and the mask with the sink as one more key (see the module docstring).  With
+    `uncap` (the chain's softcap, applied before the sink Concat), the sink key carries
+    uncap·atanh(sink / uncap), which the node's softcap turns back into the sink logit."""
     assert match.sink is not None
     index = edit.index
     opset = next((o.version for o in edit.model.opset_import if o.domain in ("", "ai.onnx")), 0)
@@ -153,6 +146,11 @@ def add_sink_key(
                 f"the sink logits {list(sink_shape)} do not line up with Q {list(q_shape)}"
             )
     value = index.constant_value(sink)
+    nodes: list[onnx.NodeProto] = []
+    inits: list[onnx.TensorProto] = []
+    if uncap:
+        value, sink = _uncapped(edit, base, value, uncap, inits)
+        sink_elem = onnx.TensorProto.FLOAT
     if value is not None:
         scaled = np.asarray(value, np.float64) / operands.scale
         if not np.isfinite(scaled).all() or np.abs(scaled).max(initial=0) > _MAX.get(elem, 3.3e38):
@@ -160,10 +158,7 @@ def add_sink_key(
                 "a sink logit that is not finite or overflows Q's type over the scale"
             )
 
-    nodes: list[onnx.NodeProto] = []
-    inits: list[onnx.TensorProto] = []
-
-    add = _node_adder(edit, base, nodes)
+    add = node_adder(edit, base, nodes)
 
     def const(array: np.ndarray, what: str) -> str:
         name = edit.unique(f"{base}/{what}")
@@ -236,24 +231,36 @@ def add_sink_key(
     # V' = V with one zero row.
     v = add("Pad", [operands.v, pads(v_rank, {-2: 1}), zero], "v_sink")
 
-    operands = dataclasses.replace(
-        operands,
-        q=q,
-        k=k,
-        v=v,
-        nodes=(*operands.nodes, *nodes),
-        initializers=(*operands.initializers, *inits),
-        describe=", ".join(
-            filter(
-                None,
-                [
-                    operands.describe,
-                    f"attention sink as one more key (head dim +{PAD}: Q, K, V copied per layer)",
-                ],
-            )
-        ),
-    )
+    note = f"attention sink as one more key (head dim +{PAD}: Q, K, V copied per layer)"
+    operands = operands.read_through(q, k, v, nodes, inits, note)
     return operands, _pad_mask(edit, match, base, mask)
+
+
+def _uncapped(
+    edit: GraphEdit,
+    base: str,
+    value: np.ndarray | None,
+    cap: float,
+    inits: list[onnx.TensorProto],
+) -> tuple[np.ndarray, str]:
+    """cap·atanh(sink / cap) as a float32 constant (its value and name): the logit whose
+    softcap is the sink logit.  Only for a constant sink well inside (-cap, cap)."""
+    if value is None:
+        raise Unsupported(
+            "a sink logit computed at run time after a softcap: the node soft-caps the sink, and "
+            "undoing that (cap·atanh(sink / cap)) is exact only for |sink| < cap, which the graph "
+            "does not say"
+        )
+    ratio = np.asarray(value, np.float64) / cap
+    if not np.isfinite(ratio).all() or np.abs(ratio).max(initial=0) > 0.9:
+        raise Unsupported(
+            f"a sink logit within 10% of the softcap {cap:g} (or beyond): the node soft-caps the "
+            "sink, and undoing that (cap·atanh(sink / cap)) would lose precision"
+        )
+    uncapped = (cap * np.arctanh(ratio)).astype(np.float32)
+    name = edit.unique(f"{base}/sink_uncapped")
+    inits.append(numpy_helper.from_array(uncapped, name))
+    return uncapped, name
 
 
 def _shapes(edit: GraphEdit, operands: Operands):
@@ -301,7 +308,7 @@ def _pad_mask(edit: GraphEdit, match: AttentionMatch, base: str, mask: MaskPlan)
     nodes: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
 
-    add = _node_adder(edit, base, nodes)
+    add = node_adder(edit, base, nodes)
 
     pads = edit.unique(f"{base}/mask_sink_pads")
     inits.append(numpy_helper.from_array(np.array([0] * (2 * rank - 1) + [1], np.int64), pads))
