@@ -32,6 +32,7 @@ _LAZY = {
     "break_attention_fusion": "graphfix.attention.rewrite",
     "fix_attention": "graphfix.attention.rewrite",
     "STRATEGIES": "graphfix.attention.strategies",
+    "FallbackKind": "graphfix.attention.strategies.base",
     "GraphfixError": "graphfix.errors",
     "ModelLoadError": "graphfix.errors",
     "OutputPathError": "graphfix.errors",
@@ -89,6 +90,7 @@ if TYPE_CHECKING:  # static analysis sees the names; at run time they load lazil
     from graphfix.attention.report import BlockOutcome, FixReport, FixResult
     from graphfix.attention.rewrite import break_attention_fusion, fix_attention
     from graphfix.attention.strategies import STRATEGIES
+    from graphfix.attention.strategies.base import FallbackKind
     from graphfix.errors import (
         GraphfixError,
         ModelLoadError,
@@ -131,6 +133,7 @@ __all__ = [
     "AttentionOpNode",
     "AttentionScan",
     "BlockOutcome",
+    "FallbackKind",
     "FixReport",
     "FixResult",
     "GraphfixError",

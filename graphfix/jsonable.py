@@ -6,10 +6,17 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
+from graphfix.graph.index import BoundNode
+
 
 def plain(value):
-    """Dataclasses as dicts of their fields, tuples and lists as lists, mappings with text keys,
-    str enums as their values, inf/NaN as text (JSON has no such numbers); anything else as is."""
+    """Dataclasses as dicts of their fields (a record with its own `to_dict`: what that returns),
+    a bound graph node as its name, tuples and lists as lists, mappings with text keys, str enums
+    as their values, inf/NaN as text (JSON has no such numbers); anything else as is."""
+    if isinstance(value, BoundNode):
+        return value.name
+    if hasattr(value, "to_dict") and not isinstance(value, type):
+        return value.to_dict()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, (tuple, list)):

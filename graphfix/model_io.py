@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import math
 import os
 import re
 import shutil
@@ -27,6 +28,7 @@ from typing import BinaryIO, Literal
 import onnx
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import EncodeError, Message
+from onnx.helper import tensor_dtype_to_np_dtype
 
 from graphfix import progress
 from graphfix.embedded_weights import (
@@ -35,7 +37,12 @@ from graphfix.embedded_weights import (
     references_to,
     write_model,
 )
-from graphfix.errors import GraphfixError, ModelLoadError, OutputPathError
+from graphfix.errors import (
+    GraphfixError,
+    ModelLoadError,
+    OutputPathError,
+    UnsupportedModelError,
+)
 
 # What public functions accept as a model: the proto itself, or the path of an .onnx file.
 ModelArg = onnx.ModelProto | str | os.PathLike[str]
@@ -183,6 +190,7 @@ def load_model(
             "the file may be truncated or not ONNX — re-export it"
         )
     _check_external_data(proto, path)
+    check_well_formed(proto, path)
     if load_weights and external_data_files(proto):
         try:
             onnx.load_external_data_for_model(proto, str(path.parent))
@@ -199,6 +207,153 @@ def load_model(
     return LoadedModel(model=proto, path=path, weights_loaded=load_weights)
 
 
+def check_well_formed(proto: onnx.ModelProto, path: Path | str) -> None:
+    """Raise ModelLoadError unless `proto` obeys ONNX's structural rules: onnx.checker without
+    shape inference (names defined before use, no cycles, attributes of their declared types,
+    known element types, opsets, tensor data as long as its shape says).
+
+    The checker runs on a copy holding the graph but not the weights (each initializer stands
+    in as an empty tensor of its type), so it costs no memory however big the model; the bytes
+    of each initializer held in memory are checked one tensor at a time, and those in external
+    data files by `_check_external_data`.
+    """
+    check_opset(next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0))
+    context = onnx.checker.C.CheckerContext()
+    context.ir_version = proto.ir_version
+    context.opset_imports = {o.domain: o.version for o in proto.opset_import}
+    try:
+        for tensor in _all_tensors(proto):
+            if tensor.data_location != onnx.TensorProto.EXTERNAL:
+                onnx.checker.check_tensor(tensor, context)
+            _check_data_length(tensor)
+        onnx.checker.check_model(_without_weights(proto))
+        _check_element_types(proto.graph)
+    except (onnx.checker.ValidationError, ValueError) as exc:
+        raise ModelLoadError(
+            f"{path} is not a valid ONNX model: {str(exc).strip().splitlines()[0]}; "
+            "re-export it, or repair it and check with onnx.checker.check_model"
+        ) from exc
+
+
+_PACKED_4BIT = {
+    onnx.TensorProto.INT4,
+    onnx.TensorProto.UINT4,
+    getattr(onnx.TensorProto, "FLOAT4E2M1", -1),
+}
+_COMPLEX = {onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128}
+
+
+def _check_data_length(tensor: onnx.TensorProto) -> None:
+    """The tensor holds exactly as many values as its shape and type say: in memory (the checker
+    accepts data longer than the shape, which numpy then cannot reshape) or, where the reference
+    gives a length, on disk."""
+    kind = tensor.data_type
+    if kind not in onnx.TensorProto.DataType.values():
+        raise onnx.checker.ValidationError(
+            f"tensor {tensor.name!r} has element type {kind}, which ONNX does not define"
+        )
+    if kind in (onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING):
+        return
+    count = math.prod(tensor.dims)
+    packed = kind in _PACKED_4BIT
+    nbytes = (count + 1) // 2 if packed else count * tensor_dtype_to_np_dtype(kind).itemsize
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        info = _external_info(tensor)
+        if "length" not in info:
+            return  # the rest of the file from its offset: the runtime checks it
+        unit, held, expected = "bytes", int(info["length"]), nbytes
+    elif tensor.raw_data:
+        unit, held, expected = "bytes", len(tensor.raw_data), nbytes
+    else:
+        values = (count + 1) // 2 if packed else count * (1 + (kind in _COMPLEX))
+        field = onnx.helper.tensor_dtype_to_field(kind)
+        unit, held, expected = "values", len(getattr(tensor, field)), values
+    if held != expected:
+        raise onnx.checker.ValidationError(
+            f"tensor {tensor.name!r} holds {held} {unit} of data where its type "
+            f"{onnx.helper.tensor_dtype_to_string(kind)} and shape {list(tensor.dims)} need "
+            f"{expected}"
+        )
+
+
+# Attributes of ai.onnx ops holding an element type (the checker sees only an INT there).
+_TYPE_ATTRIBUTES = {"to", "dtype", "output_dtype"}
+
+
+def _check_element_types(graph: onnx.GraphProto) -> None:
+    """Every declared tensor type and every type-valued attribute names an ONNX element type
+    (the checker leaves both unchecked), in `graph` and the bodies inside it."""
+    defined = onnx.TensorProto.DataType.values()
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type not in defined:
+            raise onnx.checker.ValidationError(
+                f"tensor {value.name!r} is declared of element type "
+                f"{value.type.tensor_type.elem_type}, which ONNX does not define"
+            )
+    for value in graph.input:  # what a runtime is fed must say its type
+        if value.type.HasField("tensor_type") and not value.type.tensor_type.elem_type:
+            raise onnx.checker.ValidationError(
+                f"graph input {value.name!r} has no element type (UNDEFINED)"
+            )
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                _check_element_types(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for body in attr.graphs:
+                    _check_element_types(body)
+            elif (
+                attr.name in _TYPE_ATTRIBUTES
+                and node.domain in ("", "ai.onnx")
+                and attr.type == onnx.AttributeProto.INT
+                and attr.i not in defined
+            ):
+                raise onnx.checker.ValidationError(
+                    f"node {node.name!r} ({node.op_type}) has {attr.name}={attr.i}, which is "
+                    "not an ONNX element type"
+                )
+
+
+MIN_OPSET = 7
+
+
+def check_opset(version: int) -> None:
+    """Raise UnsupportedModelError unless graphfix understands ai.onnx opset `version`."""
+    newest = onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= version <= newest:
+        raise UnsupportedModelError(
+            f"the model imports ai.onnx opset {version}; graphfix understands opsets "
+            f"{MIN_OPSET}..{newest} (onnx {onnx.__version__}); convert it with "
+            "onnx.version_converter.convert_version(model, 17) or upgrade onnx"
+        )
+
+
+def _without_weights(proto: onnx.ModelProto) -> onnx.ModelProto:
+    g = proto.graph
+    stubs = [
+        onnx.TensorProto(name=t.name, data_type=t.data_type, dims=[0]) for t in g.initializer
+    ]
+    graph = onnx.GraphProto(
+        name=g.name,
+        node=g.node,
+        input=g.input,
+        output=g.output,
+        value_info=g.value_info,
+        sparse_initializer=g.sparse_initializer,
+        initializer=stubs,
+    )
+    shell = onnx.ModelProto(
+        ir_version=proto.ir_version,
+        opset_import=proto.opset_import,
+        functions=proto.functions,
+        graph=graph,
+    )
+    for tensor in _all_tensors(shell):  # in If/Loop/Scan bodies: stubs too, where on disk
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            tensor.CopyFrom(onnx.TensorProto(name=tensor.name, data_type=tensor.data_type, dims=[0]))
+    return shell
+
+
 def _check_external_data(proto: onnx.ModelProto, path: Path) -> None:
     """Every referenced data file exists and is long enough for the ranges read from it."""
     ends: dict[str, tuple[int, str]] = {}
@@ -208,7 +363,10 @@ def _check_external_data(proto: onnx.ModelProto, path: Path) -> None:
         info = _external_info(tensor)
         location = info.get("location", "")
         try:
-            end = int(info.get("offset", 0)) + int(info.get("length", 0))
+            offset, length = int(info.get("offset", 0)), int(info.get("length", 0))
+            if offset < 0 or length < 0:
+                raise ValueError("a negative offset or length")
+            end = offset + length
         except ValueError as exc:
             raise ModelLoadError(
                 f"{path}: tensor {tensor.name!r} has a malformed external_data entry {info}; "

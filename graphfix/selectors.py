@@ -13,6 +13,10 @@
 
 An attention block selects every node of its chain (Q·Kᵀ through P·V).  An empty selector, an
 invalid regex or a selector that matches nothing is a `SelectionError` that lists what exists.
+
+The blocks are the caller's: `select_nodes` takes them (`graphfix.find_attention(model)`, or the
+matches a command already has) and reads only what `Block` names, so this module sits below the
+attention package and never imports it.
 """
 
 from __future__ import annotations
@@ -23,15 +27,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Protocol
 
 import onnx
 
-from graphfix.attention.match_types import AttentionMatch
 from graphfix.errors import SelectionError
+from graphfix.graph.index import BoundNode
 from graphfix.model_io import LoadedModel
 
 _SHOWN = 8
-# graphfix.graph.index.unnamed_label's text, or its short form `#12`.
+# How graphfix.graph.index.node_label shows an unnamed node, or its short form `#12`.
 _POSITION = re.compile(r"<(?P<op>[A-Za-z_][\w.]*) #(?P<at>\d+)>|#(?P<short>\d+)")
 
 
@@ -42,6 +47,22 @@ class SelectorKind(str, Enum):
     REGEX = "regex"  # a regex searched in node names ("re:x", or plain text that names no node)
     TEXT = "text"  # plain text: an exact name if one node has it, else a regex
     POSITION = "position"  # a node by its position in graph.node ("#12" or "<MatMul #12>")
+
+
+class Block(Protocol):
+    """What a selector reads of an attention block (an `AttentionMatch` is one)."""
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def location(self) -> str: ...  # "" for the top-level graph
+
+    @property
+    def softmax_node(self) -> BoundNode: ...
+
+    @property
+    def path(self) -> tuple[BoundNode, ...]: ...  # Q·Kᵀ through P·V
 
 
 @dataclass(frozen=True)
@@ -132,22 +153,16 @@ def select_nodes(
     model_or_graph: onnx.ModelProto | onnx.GraphProto | LoadedModel | str | os.PathLike[str],
     selectors: Sequence[Selector | str],
     *,
-    matches: Sequence[AttentionMatch] | None = None,
+    blocks: Sequence[Block] | None = None,
 ) -> Selection:
     """The nodes (top-level graph) each selector picks; a selector picking nothing is an error.
 
-    `matches` are the attention blocks as `scan_attention` found them (pass them when you have
-    them); when None, the model is scanned here.
+    `blocks` are the model's attention blocks, e.g. `graphfix.find_attention(model)`; None: the
+    model has none to pick (a block selector is then an error saying to pass them).
     """
-    graph, model = _graph_of(model_or_graph)
+    graph = _graph_of(model_or_graph)
     parsed = tuple(s if isinstance(s, Selector) else parse_selector(s) for s in selectors)
-    if matches is None:
-        from graphfix.attention.matcher import scan_attention
-
-        if model is None:
-            model = onnx.helper.make_model(graph)
-        matches = scan_attention(model).matches
-    blocks_by_index = {m.index: m for m in matches or ()}
+    blocks_by_index = {b.index: b for b in blocks} if blocks is not None else None
     positions_by_name: dict[str, list[int]] = {}
     for position, node in enumerate(graph.node):
         positions_by_name.setdefault(node.name, []).append(position)
@@ -155,7 +170,11 @@ def select_nodes(
     positions = sorted({p for hit in hits for p in hit.positions})
     chosen_blocks = {b for hit in hits for b in hit.blocks}
     selected = set(positions)
-    chosen_blocks |= {m.index for m in blocks_by_index.values() if m.softmax_position in selected}
+    chosen_blocks |= {
+        b.index
+        for b in (blocks_by_index or {}).values()
+        if not b.location and b.softmax_node.position in selected
+    }
     return Selection(
         hits=hits,
         nodes=tuple(dict.fromkeys(graph.node[p].name for p in positions if graph.node[p].name)),
@@ -166,18 +185,17 @@ def select_nodes(
 
 def _graph_of(
     model_or_graph: onnx.ModelProto | onnx.GraphProto | LoadedModel | str | os.PathLike[str],
-) -> tuple[onnx.GraphProto, onnx.ModelProto | None]:
+) -> onnx.GraphProto:
     if isinstance(model_or_graph, onnx.GraphProto):
-        return model_or_graph, None
+        return model_or_graph
     if isinstance(model_or_graph, onnx.ModelProto):
-        return model_or_graph.graph, model_or_graph
+        return model_or_graph.graph
     if isinstance(model_or_graph, LoadedModel):
-        return model_or_graph.model.graph, model_or_graph.model
+        return model_or_graph.model.graph
     if isinstance(model_or_graph, (str, os.PathLike, Path)):
         from graphfix.model_io import load_model
 
-        model = load_model(model_or_graph, load_weights=False).model
-        return model.graph, model
+        return load_model(model_or_graph, load_weights=False).model.graph
     raise SelectionError(
         f"cannot select nodes in a {type(model_or_graph).__name__}; pass a ModelProto, "
         "GraphProto or a path to an .onnx file"
@@ -187,21 +205,30 @@ def _graph_of(
 def _resolve(
     graph: onnx.GraphProto,
     selector: Selector,
-    blocks: dict[int, AttentionMatch],
+    blocks: dict[int, Block] | None,
     positions_by_name: dict[str, list[int]],
 ) -> SelectorHit:
     kind, value = selector.kind, selector.value
     if kind is SelectorKind.BLOCK:
-        match = blocks.get(int(value))
-        if match is None:
+        if blocks is None:
+            raise SelectionError(
+                f"selector {selector.text!r} names an attention block, but no blocks were given "
+                "to select from; pass blocks=graphfix.find_attention(model)"
+            )
+        block = blocks.get(int(value))
+        if block is None:
             raise SelectionError(
                 f"selector {selector.text!r} names attention block {value}, but "
                 + _blocks_text(blocks)
                 + " (see `graphfix inspect`)"
             )
-        positions = tuple(sorted(match.chain_positions))
+        # a block inside an If/Loop body has no nodes in the top-level graph: picked by index
+        path = () if block.location else block.path
         return SelectorHit(
-            selector, tuple(n for n in match.chain_nodes if n), positions, (match.index,)
+            selector,
+            tuple(dict.fromkeys(n.node.name for n in path if n.node.name)),
+            tuple(n.position for n in path),
+            (block.index,),
         )
     if kind is SelectorKind.POSITION:
         return _hit(graph, selector, (_position(graph, selector),))
@@ -276,7 +303,7 @@ def _names(graph: onnx.GraphProto) -> list[str]:
     return [n.name for n in graph.node if n.name]
 
 
-def _blocks_text(blocks: dict[int, AttentionMatch]) -> str:
+def _blocks_text(blocks: dict[int, Block]) -> str:
     if not blocks:
         return "the model has no attention block"
     ordered = sorted(blocks)

@@ -166,11 +166,14 @@ def test_attention_op_needs_decompose_flag(tmp_path, capsys):
     ("mutate", "message"),
     [
         (lambda m: m.opset_import[0].__setattr__("version", 99), "opset 99"),
-        (
-            lambda m: m.graph.node.append(
-                onnx.helper.make_node(
-                    "MultiHeadAttention", ["x"], ["y2"], name="mha", domain="com.microsoft"
-                )
+        (  # as onnxruntime's transformer optimizer leaves a model: the domain imported
+            lambda m: (
+                m.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1)),
+                m.graph.node.append(
+                    onnx.helper.make_node(
+                        "MultiHeadAttention", ["pixels"], ["y2"], name="mha", domain="com.microsoft"
+                    )
+                ),
             ),
             "com.microsoft::MultiHeadAttention",
         ),

@@ -18,6 +18,7 @@ import test_real_models as real_models
 from onnx import TensorProto, helper, numpy_helper
 
 import graphfix
+from graphfix.attention.strategies.base import FallbackKind
 from graphfix.attention.strategies.fused.sink import PAD
 from graphfix.graph.index import GraphIndex
 from graphfix.plugins.spec import ATTENTION, SOFTMAX
@@ -192,7 +193,7 @@ def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:
 def _fused(model: onnx.ModelProto) -> tuple[onnx.ModelProto, onnx.NodeProto, str]:
     result = graphfix.fix_attention(model, strategy="fused_plugin")
     (block,) = result.report.blocks
-    assert block.rewritten and not block.detail.startswith("fell back"), block.detail
+    assert block.rewritten and block.fallback is None, block.detail
     (node,) = [n for n in result.model.graph.node if n.op_type == ATTENTION.op_type]
     onnx.checker.check_model(result.model)
     return result.model, node, block.detail
@@ -334,12 +335,12 @@ def test_bfloat16_sink_in_three_terms() -> None:
 
 
 @pytest.mark.parametrize(
-    ("case", "words"),
+    ("case", "kind", "words"),
     [
-        (Sink(softcap_before=1.0, sink_scale=4.0), "within 10% of the softcap"),
-        (Sink(mul_after_concat=True), "would apply to the sink logit as well"),
-        (Sink(reduce_axis=1), "not the row max over the key axis"),
-        (Sink(sink_scale=np.inf), "not finite"),
+        (Sink(softcap_before=1.0, sink_scale=4.0), FallbackKind.SINK, "within 10% of the softcap"),
+        (Sink(mul_after_concat=True), FallbackKind.SINK, "would apply to the sink logit as well"),
+        (Sink(reduce_axis=1), FallbackKind.SHIFT, "not the row max over the key axis"),
+        (Sink(sink_scale=np.inf), FallbackKind.SINK, "not finite"),
     ],
     ids=[
         "sink_near_the_cap",
@@ -348,12 +349,15 @@ def test_bfloat16_sink_in_three_terms() -> None:
         "infinite_sink",
     ],
 )
-def test_not_exact_falls_back_with_the_reason(case: Sink, words: str) -> None:
+def test_not_exact_falls_back_with_the_reason(case: Sink, kind: FallbackKind, words: str) -> None:
     model = sink_model(case)
     result = graphfix.fix_attention(model, strategy="fused_plugin")
     (block,) = result.report.blocks
-    assert block.rewritten and block.detail.startswith("fell back"), block.detail
-    assert words in block.detail, block.detail
+    assert block.rewritten and block.fallback is not None, block.detail
+    assert block.fallback.kind is kind and words in block.fallback.reason, block.fallback
+    assert block.detail.startswith(
+        f"fell back to Softmax → GraphfixSoftmax (axis -1) ({kind.value})"
+    )
     assert not [n for n in result.model.graph.node if n.op_type == ATTENTION.op_type]
 
 

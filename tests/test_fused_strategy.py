@@ -12,6 +12,7 @@ from graphs import D, Variant, attention_model, feeds_for
 from onnx import helper
 
 import graphfix
+from graphfix.attention.strategies.base import FallbackKind
 from graphfix.plugins.spec import ATTENTION, PLUGIN_DOMAIN
 
 
@@ -87,8 +88,9 @@ def test_probabilities_used_elsewhere_fall_back_with_the_reason():
     model.graph.output.append(helper.make_tensor_value_info("probs", onnx.TensorProto.FLOAT, None))
     result = graphfix.fix_attention(model, strategy="fused_plugin")
     (block,) = result.report.blocks
-    assert block.rewritten and block.detail.startswith("fell back to")
-    assert "graph output" in block.detail
+    assert block.rewritten and block.fallback.kind is FallbackKind.RETURNS_PROBABILITIES
+    assert "graph output" in block.fallback.reason and block.fallback.reason in block.detail
+    assert result.report.to_dict()["blocks"][0]["fallback"]["kind"] == "returns_probabilities"
     assert [n.op_type for n in result.model.graph.node].count("GraphfixSoftmax") == 1
 
 

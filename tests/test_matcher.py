@@ -10,7 +10,7 @@ import pytest
 from graphs import B, D, S, T, Variant, attention_model, non_attention_models
 
 import graphfix
-from graphfix import AttentionKind
+from graphfix import AttentionKind, FallbackKind
 from graphfix.attention.match_types import (
     KTransposedBy,
     MaskKind,
@@ -72,7 +72,7 @@ def test_cross_attention():
 @pytest.mark.parametrize("mask", ["add", "where"])
 def test_padding_masks_are_not_causal(mask):
     (match,) = graphfix.find_attention(attention_model(Variant(mask=mask)))
-    assert match.mask_nodes == (f"mask_{mask}",)
+    assert [n.name for n in match.mask_nodes] == [f"mask_{mask}"]
     assert "mask" in match.mask_inputs
     assert match.kind is AttentionKind.SELF and not match.causal
 
@@ -89,7 +89,7 @@ def test_fp16_cast_island_and_nan_guard():
     )
     (match,) = graphfix.find_attention(model)
     assert match.cast_island and match.dtype == "float32"
-    assert match.nan_guard == "nan_guard"
+    assert match.nan_guard.node.name == "nan_guard" and match.nan_guard.is_nan.op_type == "IsNaN"
     assert match.chain_nodes[-3:] == ("nan_guard", "from_f32", "pv")
 
 
@@ -187,10 +187,10 @@ def test_a_sink_is_described_and_fused_plugin_fuses_it():
     _insert_after(model, "probs", "Slice", ["starts", "ends", "axes"], "drop_sink")
     (match,) = graphfix.find_attention(model)
     assert match.sink is not None and match.sink.sink == "sink" and match.sink.scores_first
-    assert (match.sink.concat, match.sink.slice) == ("with_sink", "drop_sink")
+    assert (match.sink.concat.name, match.sink.slice.name) == ("with_sink", "drop_sink")
     result = graphfix.fix_attention(model, strategy="fused_plugin")
     (block,) = result.report.blocks
-    assert not block.detail.startswith("fell back") and "attention sink" in block.detail
+    assert block.fallback is None and "attention sink" in block.detail
 
 
 def test_a_tanh_whose_cap_disagrees_has_an_unknown_cap():
@@ -204,7 +204,8 @@ def test_a_tanh_whose_cap_disagrees_has_an_unknown_cap():
     (softcap,) = [s for s in match.steps if isinstance(s, SoftcapStep)]
     assert softcap.cap is None and match.softcap is None
     (block,) = graphfix.fix_attention(model, strategy="fused_plugin").report.blocks
-    assert "softcap value is not a constant" in block.detail
+    assert block.fallback.kind is FallbackKind.SOFTCAP
+    assert "softcap value is not a constant" in block.fallback.reason
 
 
 def test_steps_are_ordered_and_typed():

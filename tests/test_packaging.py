@@ -23,6 +23,7 @@ _USED_AS = {
     "onnxscript": r"\"onnxscript\"|import onnxscript",
     "polygraphy": r"from polygraphy|import polygraphy",
     "onnx-graphsurgeon": r"import onnx_graphsurgeon",
+    "hypothesis": r"^from hypothesis import",
 }
 
 

@@ -7,7 +7,7 @@ import onnx
 import pytest
 from graphs import Variant, attention_model
 
-from graphfix.attention.rewrite import fix_attention
+import graphfix
 from graphfix.errors import SelectionError
 from graphfix.graph.index import node_label
 from graphfix.selectors import (
@@ -22,6 +22,11 @@ from graphfix.selectors import (
 @pytest.fixture(scope="module")
 def model():
     return attention_model(Variant(scale="div_after"))
+
+
+@pytest.fixture(scope="module")
+def blocks(model):
+    return graphfix.find_attention(model)
 
 
 def test_forms_parse_to_their_kind():
@@ -39,16 +44,22 @@ def test_malformed_selectors_are_errors(text):
         parse_selectors([text])
 
 
-def test_block_selects_the_whole_chain(model):
-    selection = select_nodes(model, parse_selectors(["0"]))
+def test_block_selects_the_whole_chain(model, blocks):
+    selection = select_nodes(model, parse_selectors(["0"]), blocks=blocks)
     assert selection.blocks == (0,)
-    ops = {model.graph.node[p].op_type for p in selection.positions}
-    assert {"MatMul", "Softmax"} <= ops
+    picked = [model.graph.node[p] for p in selection.positions]
+    assert [n.name for n in picked] == ["qk", "scale_div", "softmax", "pv"]
     assert "q_proj" not in selection  # projections are outside the chain
-    assert select_nodes(model, ["attention:0"]).positions == selection.positions
+    assert select_nodes(model, ["attention:0"], blocks=blocks).positions == selection.positions
 
 
-def test_op_name_and_regex(model):
+def test_a_block_selector_without_blocks_says_to_pass_them(model):
+    with pytest.raises(SelectionError, match="find_attention"):
+        select_nodes(model, ["0"])
+    assert select_nodes(model, ["op:Softmax"]).blocks == ()  # no blocks given: none picked
+
+
+def test_op_name_and_regex(model, blocks):
     assert select_nodes(model, ["op:Softmax"]).nodes == ("softmax",)
     exact = select_nodes(model, ["q_proj"])
     assert exact.nodes == ("q_proj",) and exact.blocks == ()
@@ -57,16 +68,16 @@ def test_op_name_and_regex(model):
     # plain text naming no node is a regex
     assert set(select_nodes(model, ["[qk]_proj"]).nodes) == {"q_proj", "k_proj"}
     # selecting the Softmax selects its block
-    assert select_nodes(model, ["op:Softmax"]).blocks == (0,)
+    assert select_nodes(model, ["op:Softmax"], blocks=blocks).blocks == (0,)
 
 
 @pytest.mark.parametrize(
     ("text", "listed"),
     [("7", "numbered 0..0"), ("op:Conv", "MatMul"), ("name:nope", "q_proj"), ("re:^zzz", "q_proj")],
 )
-def test_unmatched_selector_lists_what_exists(model, text, listed):
+def test_unmatched_selector_lists_what_exists(model, blocks, text, listed):
     with pytest.raises(SelectionError, match=listed):
-        select_nodes(model, [text])
+        select_nodes(model, [text], blocks=blocks)
 
 
 def test_position_forms_parse():
@@ -86,10 +97,11 @@ def test_what_graphfix_prints_for_an_unnamed_node_selects_that_node(model):
         assert select_nodes(unnamed, [label]).positions == (position,)
         assert select_nodes(unnamed, [f"#{position}"]).positions == (position,)
     # `fix`'s report names the unnamed Softmax that way; given back, it selects its block.
-    (block,) = fix_attention(unnamed, strategy="plugin").report.blocks
+    (block,) = graphfix.fix_attention(unnamed, strategy="plugin").report.blocks
     softmax = next(p for p, n in enumerate(unnamed.graph.node) if n.op_type == "Softmax")
     assert block.softmax == f"<Softmax #{softmax}>"
-    assert select_nodes(unnamed, [block.softmax]).blocks == (0,)
+    blocks = graphfix.find_attention(unnamed)
+    assert select_nodes(unnamed, [block.softmax], blocks=blocks).blocks == (0,)
 
 
 @pytest.mark.parametrize(

@@ -160,12 +160,25 @@ def test_mismatched_models_exit_2(models, dynamic, capsys):
 
 
 def test_model_onnxruntime_cannot_run_exits_3(dynamic, tmp_path, capsys):
+    # Valid ONNX (a custom domain, imported) that onnxruntime has no kernel for.
     odd = onnx.load(dynamic)
     odd.graph.node[0].op_type = "NoSuchOp"
+    odd.graph.node[0].domain = "com.example"
+    odd.opset_import.append(onnx.helper.make_opsetid("com.example", 1))
     onnx.save(odd, tmp_path / "odd.onnx")
     code, _, err = _run(capsys, dynamic, tmp_path / "odd.onnx", "--shape", "tokens:1x2x8")
     assert code == 3
     assert "onnxruntime cannot load" in err and "NoSuchOp" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_model_with_an_op_onnx_does_not_define_exits_2(dynamic, tmp_path, capsys):
+    odd = onnx.load(dynamic)
+    odd.graph.node[0].op_type = "NoSuchOp"  # in the ai.onnx domain: not a valid ONNX model
+    onnx.save(odd, tmp_path / "odd.onnx")
+    code, _, err = _run(capsys, dynamic, tmp_path / "odd.onnx", "--shape", "tokens:1x2x8")
+    assert code == 2
+    assert "is not a valid ONNX model" in err and "NoSuchOp" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 

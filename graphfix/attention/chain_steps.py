@@ -1,7 +1,7 @@
 """The typed description of a matched chain: ScaleStep, MaskStep, BiasStep, SoftcapStep,
 CastStep, ReshapeStep, QdqStep, SinkStep, NanGuardStep, ShiftStep (match_types), built once by
-the matcher from the nodes its walk found, in chain order.  Consumers read these records and
-never walk the graph again."""
+the matcher from the nodes its walk found, in chain order, each bound to its nodes.  Consumers
+read these records and never walk the graph again."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from graphfix.attention.match_types import (
     QdqSite,
     QdqStep,
     ReshapeStep,
-    Scale,
     ScaleOp,
     ScaleSide,
     ScaleStep,
@@ -31,8 +30,7 @@ from graphfix.attention.match_types import (
     SinkStep,
     SoftcapStep,
 )
-from graphfix.graph.index import GraphIndex, dtype_name
-from graphfix.graph.index import node_label as display
+from graphfix.graph.index import BoundNode, GraphIndex, dtype_name
 
 
 class NoMatch(Exception):
@@ -82,8 +80,9 @@ def _scale_step(index: GraphIndex, factor: Factor, side: ScaleSide) -> ScaleStep
         op=ScaleOp(factor.op.lower()),
         side=side,
         scalar=factor.scalar,
-        node=display(factor.node, index.position(factor.node)),
+        node=index.bind(factor.node),
         output=factor.node.output[0],
+        computed_by=() if value is not None else backward_slice(index, factor.scalar, limit=24),
     )
 
 
@@ -120,8 +119,8 @@ def _qdq_step(
         quant = index.elem_type(zero_point)
     return QdqStep(
         site=site,
-        quantize=display(quantize, index.position(quantize)),
-        dequantize=display(dequantize, index.position(dequantize)),
+        quantize=index.bind(quantize),
+        dequantize=index.bind(dequantize),
         scale=quantize.input[1],
         zero_point=zero_point,
         input=quantize.input[0],
@@ -160,7 +159,7 @@ def chain_steps(
     while position < len(nodes):
         node = nodes[position]
         position += 1
-        op, name, out = node.op_type, display(node, index.position(node)), node.output[0]
+        op, bound, out = node.op_type, index.bind(node), node.output[0]
         if op in ("Mul", "Div"):
             steps.append(
                 _scale_step(index, Factor(_other_input(node, main), op, node), ScaleSide.SCORES)
@@ -168,7 +167,7 @@ def chain_steps(
         elif op == "Tanh":
             steps.append(node)
         elif op == "Add":
-            steps.append(BiasStep(source=_other_input(node, main), node=name, output=out))
+            steps.append(BiasStep(source=_other_input(node, main), node=bound, output=out))
         elif op == "Where":
             kind = MaskKind.KEEP if node.input[1] == main else MaskKind.BLOCKED
             fill = node.input[2] if kind is MaskKind.KEEP else node.input[1]
@@ -178,21 +177,22 @@ def chain_steps(
                     source=node.input[0],
                     fill=uniform_value(index, fill),
                     fill_tensor=fill,
-                    node=name,
+                    node=bound,
                     output=out,
                 )
             )
         elif op == "Sub":
-            steps.append(ShiftStep(node=name, output=out))
+            reduce_max = index.bind(index.producer_of(node.input[1]))  # the matcher checked it
+            steps.append(ShiftStep(node=bound, reduce_max=reduce_max, output=out))
         elif op in ("Cast", "CastLike"):
-            steps.append(CastStep(to=_cast_target(index, node), node=name, output=out))
+            steps.append(CastStep(to=_cast_target(index, node), node=bound, output=out))
         elif op == "Identity":
-            steps.append(PassStep(op=op, node=name, output=out))
+            steps.append(PassStep(op=op, node=bound, output=out))
         elif op in ("Reshape", "Squeeze", "Unsqueeze"):
             steps.append(
                 ReshapeStep(
                     op=op,
-                    node=name,
+                    node=bound,
                     output=out,
                     input_shape=index.shape(node.input[0]),
                     output_shape=index.shape(out),
@@ -223,7 +223,7 @@ def _head_mix_step(
     mix = nodes[first:end]
     return (
         HeadMixStep(
-            nodes=tuple(display(n, index.position(n)) for n in mix),
+            nodes=tuple(index.bind(n) for n in mix),
             weight=mix[1].input[1],
             output=mix[-1].output[0],
         ),
@@ -249,14 +249,13 @@ def _merge_softcaps(index: GraphIndex, steps: list[ChainStep | onnx.NodeProto]) 
         if not isinstance(step, onnx.NodeProto):
             merged.append(step)
             continue
-        tanh_name = display(step, index.position(step))
         after = steps[position] if position < len(steps) else None
         cap: float | None = None
-        names = [tanh_name]
+        nodes = [index.bind(step)]
         output = step.output[0]
         if _is_scores_scale(after) and after.op is ScaleOp.MUL:
             cap, output = after.factor, after.output
-            names.append(after.node)
+            nodes.append(after.node)
             position += 1
         before = merged[-1] if merged else None
         if (
@@ -265,11 +264,11 @@ def _merge_softcaps(index: GraphIndex, steps: list[ChainStep | onnx.NodeProto]) 
             and before.factor is not None
             and math.isclose(before.factor * cap, 1.0, rel_tol=1e-3)
         ):
-            names.insert(0, before.node)
+            nodes.insert(0, before.node)
             merged.pop()
         else:
             cap = None
-        merged.append(SoftcapStep(cap=cap, nodes=tuple(names), output=output))
+        merged.append(SoftcapStep(cap=cap, nodes=tuple(nodes), output=output))
     return merged
 
 
@@ -287,18 +286,16 @@ def after_steps(
     while position < len(nodes):
         node = nodes[position]
         position += 1
-        op, name, out = node.op_type, display(node, index.position(node)), node.output[0]
+        op, bound, out = node.op_type, index.bind(node), node.output[0]
         if op == "Cast":
-            steps.append(CastStep(to=_cast_target(index, node), node=name, output=out))
+            steps.append(CastStep(to=_cast_target(index, node), node=bound, output=out))
         elif op in ("Identity", "Dropout"):
-            steps.append(PassStep(op=op, node=name, output=out))
+            steps.append(PassStep(op=op, node=bound, output=out))
         elif op in ("Reshape", "Squeeze", "Unsqueeze"):
-            steps.append(ReshapeStep(op, name, out, index.shape(node.input[0]), index.shape(out)))
-        elif op == "Where":
-            is_nan = index.producer_of(node.input[0])
-            steps.append(
-                NanGuardStep(node=name, is_nan=display(is_nan, index.position(is_nan)), output=out)
-            )
+            steps.append(ReshapeStep(op, bound, out, index.shape(node.input[0]), index.shape(out)))
+        elif op == "Where":  # the matcher checked it is Where(IsNaN(p), 0, p)
+            is_nan = index.bind(index.producer_of(node.input[0]))
+            steps.append(NanGuardStep(node=bound, is_nan=is_nan, output=out))
         elif op == "QuantizeLinear":
             if position >= len(nodes) or nodes[position].op_type != "DequantizeLinear":
                 raise NoMatch(
@@ -340,57 +337,19 @@ def sink_step(
     sink = concat.input[1] if scores_first else concat.input[0]
     return SinkStep(
         sink=sink,
-        concat=display(concat, index.position(concat)),
-        slice=display(slice_node, index.position(slice_node)),
+        concat=index.bind(concat),
+        slice=index.bind(slice_node),
         scores_first=scores_first,
         output=slice_node.output[0],
     )
 
 
-def scale_summary(index: GraphIndex, steps: tuple[ChainStep, ...], q: str) -> Scale:
-    """The factors of `steps` folded into one summary (the table's and the JSON's view)."""
-    factors = [s for s in steps if isinstance(s, ScaleStep)]
-    sides = {s.side for s in factors}
-    forms = [s.op.value for s in factors if s.side is ScaleSide.SCORES]
-    q_side = sides & {ScaleSide.Q, ScaleSide.Q_BAKED}
-    k_side = sides & {ScaleSide.K, ScaleSide.K_BAKED}
-    if q_side and k_side:
-        forms.insert(0, "sqrt_qk")
-    elif q_side or k_side:
-        forms.insert(0, "q_scale" if q_side else "k_scale")
-    baked_sides = (ScaleSide.Q_BAKED, ScaleSide.K_BAKED)
-    in_chain = _product(f for f in factors if f.side not in baked_sides)
-    baked = _product(f for f in factors if f.side in baked_sides)
-    value = None if in_chain is None or baked is None else in_chain * baked
-    computed: list[str] = []
-    for f in factors:
-        if f.factor is None:
-            computed.extend(backward_slice(index, f.scalar, limit=24))
-    if index.is_constant(q):  # a learned probe query with its scale folded in (SigLIP MAP head)
-        value = None
-        forms.append("folded_into_constant_q")
-    return Scale(
-        value=value,
-        form="+".join(dict.fromkeys(forms)) or "none",
-        nodes=tuple(dict.fromkeys(computed)),
-        in_chain=in_chain,
-    )
-
-
-def _product(factors) -> float | None:
-    value = 1.0
-    for f in factors:
-        if f.factor is None:
-            return None
-        value *= f.factor
-    return value
-
-
-def backward_slice(index: GraphIndex, tensor: str, *, limit: int) -> list[str]:
-    names: list[str] = []
+def backward_slice(index: GraphIndex, tensor: str, *, limit: int) -> tuple[BoundNode, ...]:
+    """The nodes computing `tensor` (up to `limit`), back to where it reads a shape."""
+    nodes: list[BoundNode] = []
     stack = [tensor]
     seen: set[str] = set()
-    while stack and len(names) < limit:
+    while stack and len(nodes) < limit:
         name = stack.pop()
         if name in seen:
             continue
@@ -398,7 +357,7 @@ def backward_slice(index: GraphIndex, tensor: str, *, limit: int) -> list[str]:
         node = index.producer_of(name)
         if node is None:
             continue
-        names.append(display(node, index.position(node)))
+        nodes.append(index.bind(node))
         if node.op_type not in ("Shape", "Size"):  # the slice ends where it reads a shape
             stack.extend(i for i in node.input if i)
-    return names
+    return tuple(nodes)

@@ -25,7 +25,7 @@ import onnx
 from graphfix.attention.match_types import AttentionMatch, BiasStep, KTransposedBy, MaskStep
 from graphfix.attention.matcher import scan_attention
 from graphfix.errors import GraphfixError, SelectionError, UnsupportedModelError
-from graphfix.graph.index import GraphIndex, unnamed_label
+from graphfix.graph.index import GraphIndex, node_label
 from graphfix.model_io import ModelArg, load_model
 from graphfix.plugins.reference import with_reference_ops
 from graphfix.plugins.spec import PLUGIN_DOMAIN
@@ -205,9 +205,8 @@ def _find_block(
             f"0..{len(matches) - 1} and their Softmax nodes are {listed}"
             f"{', …' if len(matches) > 6 else ''}{hint}"
         )
-    nodes = model.graph.node
-    chain = [nodes[p] for p in chosen.chain_positions]
-    qk, pv = chain[0], chain[-1]
+    chain = [n.node for n in chosen.path]
+    qk, pv = chosen.qk.node, chosen.pv.node
     labels = {s.source: "mask" for s in chosen.steps if isinstance(s, (MaskStep, BiasStep))}
     if chosen.sink is not None:
         labels[chosen.sink.sink] = "sink"
@@ -226,7 +225,7 @@ def _find_block(
         chain_tensors=frozenset(t for node in chain for t in node.output if t),
         known_tensors=frozenset(_all_tensors(model)),
         labels=labels,
-        node_names=frozenset(n.name for n in nodes if n.name),
+        node_names=frozenset(n.name for n in model.graph.node if n.name),
     )
 
 
@@ -238,12 +237,10 @@ def _softmax_names(
     producer = GraphIndex(drawn).producer
     names = {}
     for match in matches:
-        out = model.graph.node[match.softmax_position].output[0]
+        out = match.softmax_node.node.output[0]
         candidates = [out, *_cast_outputs(model, out)]
         node = next((producer[t] for t in candidates if t in producer), None)
-        names[match.index] = (node.name if node is not None else "") or (
-            match.softmax or unnamed_label("Softmax", match.softmax_position)
-        )
+        names[match.index] = (node.name if node is not None else "") or match.softmax_node.name
     return names
 
 
@@ -323,7 +320,10 @@ def _block_graph(
 
     drawn = sorted(core | context)
     boxes = [
-        _Box(f"n{p}", nodes[p].op_type, _short(nodes[p].name) or unnamed_label(nodes[p].op_type, p), role(p), p) for p in drawn
+        _Box(
+            f"n{p}", nodes[p].op_type, _short(nodes[p].name) or node_label(nodes[p], p), role(p), p
+        )
+        for p in drawn
     ]
     edges: list[_Edge] = []
     first = min(drawn) - 0.5

@@ -38,10 +38,8 @@ from graphfix.attention.chain_steps import (
     OperandScale,
     after_steps,
     chain_steps,
-    display,
     operand_qdq,
     operand_steps,
-    scale_summary,
     sink_step,
 )
 from graphfix.attention.match_types import (
@@ -52,13 +50,11 @@ from graphfix.attention.match_types import (
     KTransposedBy,
     Layout,
     QdqSite,
-    QdqStep,
     SkippedSoftmax,
-    SoftcapStep,
 )
 from graphfix.errors import UnsupportedModelError
 from graphfix.graph.index import GraphIndex, dtype_name
-from graphfix.model_io import load_model
+from graphfix.model_io import check_opset, load_model
 
 _MAX_SCORE_HOPS = 14
 _MAX_PROB_HOPS = 8
@@ -79,10 +75,7 @@ class _ScoreChain:
     """Mutable scratch state of one upstream walk (never stored on a match)."""
 
     nodes: list[onnx.NodeProto] = field(default_factory=list)  # softmax input → QK, reversed
-    mask_nodes: list[onnx.NodeProto] = field(default_factory=list)
     mask_inputs: list[str] = field(default_factory=list)
-    scale_factors: list[tuple[str, str]] = field(default_factory=list)  # (scalar, "Mul"|"Div")
-    tanh: onnx.NodeProto | None = None
     sink_concat: onnx.NodeProto | None = None
 
 
@@ -103,18 +96,11 @@ _CONTRIB_ATTENTION = {
     "PackedMultiHeadAttention", "DecoderMaskedMultiHeadAttention", "DecoderMaskedSelfAttention",
     "SparseAttention", "PagedAttention",
 }  # fmt: skip
-_MIN_OPSET = 7
 
 
 def check_supported(index: GraphIndex) -> None:
     """Raise UnsupportedModelError for opsets and ops the matcher cannot reason about."""
-    newest = onnx.defs.onnx_opset_version()
-    if not _MIN_OPSET <= index.opset <= newest:
-        raise UnsupportedModelError(
-            f"the model imports ai.onnx opset {index.opset}; graphfix understands opsets "
-            f"{_MIN_OPSET}..{newest} (onnx {onnx.__version__}); convert it with "
-            "onnx.version_converter.convert_version(model, 17) or upgrade onnx"
-        )
+    check_opset(index.opset)
     for node in index.graph.node:
         if node.domain == "com.microsoft" and node.op_type in _CONTRIB_ATTENTION:
             raise UnsupportedModelError(
@@ -142,13 +128,13 @@ def scan_graph(index: GraphIndex, *, scopes: list[Scope] | None = None) -> Atten
     for location, _, scope in scopes:
         check_supported(scope)
         prefix = f"{location}/" if location else ""
-        for position, node in enumerate(scope.graph.node):
+        for node in scope.graph.node:
             if node.op_type != "Softmax" or node.domain not in ("", "ai.onnx"):
                 continue
             try:
-                match = _match_softmax(scope, node, position, len(matches))
+                match = _match_softmax(scope, node, len(matches))
             except NoMatch as reason:
-                name = prefix + display(node, position)
+                name = prefix + scope.bind(node).name
                 skipped.append(SkippedSoftmax(softmax=name, reason=str(reason)))
                 continue
             matches.append(dataclasses.replace(match, location=location) if location else match)
@@ -178,9 +164,7 @@ def scan_graph(index: GraphIndex, *, scopes: list[Scope] | None = None) -> Atten
 
 
 # --- one Softmax ------------------------------------------------------------------------------
-def _match_softmax(
-    index: GraphIndex, softmax: onnx.NodeProto, position: int, match_index: int
-) -> AttentionMatch:
+def _match_softmax(index: GraphIndex, softmax: onnx.NodeProto, match_index: int) -> AttentionMatch:
     scores = softmax.input[0]
     rank = index.rank(scores)
     axis = _softmax_axis(index, softmax)
@@ -197,7 +181,7 @@ def _match_softmax(
     elif axis != -1:
         raise NoMatch(f"softmax axis {axis} with unknown rank: cannot tell it is the key axis")
 
-    pv, v, down_nodes, nan_guard = _trace_probabilities(index, softmax)
+    pv, v, down_nodes = _trace_probabilities(index, softmax)
     chain = _ScoreChain()
     qk = _trace_scores(index, scores, chain, depth=0)
     q, k_t, q_scale, k_scale = _qk_operands(index, qk)
@@ -208,9 +192,6 @@ def _match_softmax(
     after, sink_slice = after_steps(index, softmax, down_nodes)
     sink = sink_step(index, sink_concat, sink_slice, in_chain, qk)
     steps = (*operand_steps(index, q_scale, k_scale), *in_chain)
-    scale = scale_summary(index, steps, q)
-    softcap = next((s.cap for s in steps if isinstance(s, SoftcapStep)), None)
-    mask_nodes = tuple(sorted(chain.mask_nodes, key=index.position))
     mask_inputs = tuple(dict.fromkeys(chain.mask_inputs))
     shape = index.shape(scores) or ()
     causal = _is_causal(index, mask_inputs, index.shape(qk.output[0]) or ())
@@ -229,9 +210,6 @@ def _match_softmax(
     kv_len = shape[-1] if len(shape) >= 3 else None
     if sink is not None and isinstance(kv_len, int):
         kv_len -= 1  # the sink column is not a key
-    ordered = (qk, *up_nodes, softmax, *down_nodes, pv)
-    chain_nodes = tuple(display(n, index.position(n)) for n in ordered)
-    chain_positions = tuple(index.position(n) for n in ordered)
     in_cast = index.producer_of(scores)
     cast_island = (
         in_cast is not None
@@ -246,7 +224,6 @@ def _match_softmax(
         operand_qdq(index, qk.input[1], QdqSite.K),
         operand_qdq(index, v, QdqSite.V),
     )
-    quantized = tuple(s for s in (*operand_pairs, *in_chain, *after) if isinstance(s, QdqStep))
     layout = Layout(
         qk_op=qk.op_type,
         pv_op=pv.op_type,
@@ -260,35 +237,28 @@ def _match_softmax(
     )
     return AttentionMatch(
         index=match_index,
-        softmax=softmax.name,
-        softmax_position=position,
+        qk=index.bind(qk),
+        softmax_node=index.bind(softmax),
+        pv=index.bind(pv),
         axis=axis,
-        qk_matmul=display(qk, index.position(qk)),
-        pv_matmul=display(pv, index.position(pv)),
         q=q,
         k=k,
         v=v,
         k_t=k_t,
-        k_transposed_by=k_transposed_by,
-        scale=scale,
-        mask_nodes=tuple(display(n, index.position(n)) for n in mask_nodes),
         mask_inputs=mask_inputs,
         kind=kind,
         causal=causal,
         dtype=dtype_name(elem) if elem else "unknown",
-        chain_nodes=chain_nodes,
-        chain_positions=chain_positions,
         cast_island=cast_island,
-        nan_guard=None if nan_guard is None else display(nan_guard, index.position(nan_guard)),
-        softcap=softcap,
-        heads=heads,
-        q_len=q_len,
-        kv_len=kv_len,
         layout=layout,
         steps=steps,
         after=tuple(after),
         sink=sink,
-        quantized=quantized,
+        operands_quantized=tuple(s for s in operand_pairs if s is not None),
+        q_constant=index.is_constant(q),
+        heads=heads,
+        q_len=q_len,
+        kv_len=kv_len,
     )
 
 
@@ -309,10 +279,10 @@ def _softmax_axis(index: GraphIndex, softmax: onnx.NodeProto) -> int:
 # --- downstream: P → P·V ----------------------------------------------------------------------
 def _trace_probabilities(
     index: GraphIndex, softmax: onnx.NodeProto
-) -> tuple[onnx.NodeProto, str, list[onnx.NodeProto], onnx.NodeProto | None]:
+) -> tuple[onnx.NodeProto, str, list[onnx.NodeProto]]:
+    """P·V, V and the nodes between the Softmax and P·V, in order."""
     frontier = [softmax.output[0]]
     path: dict[str, list[onnx.NodeProto]] = {softmax.output[0]: []}
-    nan_guard: onnx.NodeProto | None = None
     seen_ops: list[str] = []
     for _ in range(_MAX_PROB_HOPS):
         next_frontier: list[str] = []
@@ -332,7 +302,7 @@ def _trace_probabilities(
                             f"softmax output is multiplied by a constant weight ('{v}'), "
                             "a linear layer, not by V"
                         )
-                    return consumer, v, path[tensor], nan_guard
+                    return consumer, v, path[tensor]
                 if op == "IsNaN":
                     continue
                 if op == "Transpose":
@@ -342,9 +312,9 @@ def _trace_probabilities(
                         path[out] = [*path[tensor], *mix]
                         next_frontier.append(out)
                     continue
-                if op == "Where" and _is_nan_guard(index, consumer, tensor):
-                    nan_guard = consumer
-                elif op not in _PASS_THROUGH_DOWN:
+                if op not in _PASS_THROUGH_DOWN and not (
+                    op == "Where" and _is_nan_guard(index, consumer, tensor)
+                ):
                     continue
                 out = consumer.output[0]
                 if out not in path:
@@ -410,7 +380,6 @@ def _trace_scores(index: GraphIndex, tensor: str, chain: _ScoreChain, depth: int
         return _trace_scores(index, mix[0].input[0], chain, depth + 1)
     if op == "Tanh":
         chain.nodes.append(node)
-        chain.tanh = node
         return _trace_scores(index, node.input[0], chain, depth + 1)
     if op in ("Add", "Sub", "Mul", "Div", "Where"):
         return _trace_binary(index, node, chain, depth)
@@ -431,12 +400,9 @@ def _trace_binary(
     chain.nodes.append(node)
     others = [t for i, t in enumerate(node.input) if i != main and t]
     if op in ("Add", "Where"):
-        chain.mask_nodes.append(node)
         chain.mask_inputs.extend(
             t for t in others if not (op == "Where" and _is_scalar_constant(index, t))
         )
-    elif op in ("Mul", "Div"):
-        chain.scale_factors.append((others[0], op))
     elif op == "Sub":
         _require_max_subtract(index, node)
     _merge(chain, trial)
@@ -482,10 +448,7 @@ def _trace_operand(
 
 def _merge(chain: _ScoreChain, trial: _ScoreChain) -> None:
     chain.nodes.extend(trial.nodes)
-    chain.mask_nodes.extend(trial.mask_nodes)
     chain.mask_inputs.extend(trial.mask_inputs)
-    chain.scale_factors.extend(trial.scale_factors)
-    chain.tanh = chain.tanh or trial.tanh
     chain.sink_concat = chain.sink_concat or trial.sink_concat
 
 
@@ -710,7 +673,7 @@ def _projection_source(index: GraphIndex, tensor: str) -> str:
             if node.op_type == "MatMul" and index.is_constant(node.input[0]):
                 return _strip_layout(index, node.input[1])  # weight on the left: Kᵀ = W·xᵀ
         if node.op_type in ("MatMul", "Einsum") and len(node.input) == 2:
-            return f"<{display(node, index.position(node))}>"
+            return f"<{index.bind(node).name}>"
         data = [i for i in node.input if i and not index.is_constant(i)]
         if not data:
             return f"<const {current}>"
@@ -754,7 +717,7 @@ def _attention_op(index: GraphIndex, node: onnx.NodeProto) -> AttentionOpNode:
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     inputs = list(node.input) + [""] * (4 - len(node.input))
     return AttentionOpNode(
-        node=display(node, index.position(node)),
+        node=index.bind(node).name,
         q=inputs[0],
         k=inputs[1],
         v=inputs[2],

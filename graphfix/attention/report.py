@@ -13,17 +13,21 @@ from graphfix.attention.match_types import (
     AttentionOpNode,
     SkippedSoftmax,
 )
+from graphfix.attention.strategies.base import Fallback
+from graphfix.jsonable import plain
 
 
 @dataclass(frozen=True)
 class BlockOutcome:
-    """One attention block: rewritten, or skipped and why."""
+    """One attention block: rewritten, or skipped and why; `fallback` when the strategy did
+    something simpler than it meant to (its kind and reason; `detail` says it too)."""
 
     index: int
     softmax: str
     kind: AttentionKind
     rewritten: bool
     detail: str
+    fallback: Fallback | None = None
 
 
 @dataclass(frozen=True)
@@ -34,14 +38,14 @@ class FixReport:
     not_attention: tuple[SkippedSoftmax, ...]
     attention_ops: tuple[AttentionOpNode, ...]
     decomposed_attention_ops: int
-    matches: tuple[AttentionMatch, ...]
+    matches: tuple[AttentionMatch, ...]  # as found before the rewrite (bound to that graph)
 
     @property
     def rewritten(self) -> int:
         return sum(b.rewritten for b in self.blocks)
 
     def to_dict(self) -> dict:
-        data = dataclasses.asdict(self)
+        data = {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
         data["rewritten"] = self.rewritten
         return data
 

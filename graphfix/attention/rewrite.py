@@ -12,10 +12,10 @@ from graphfix.attention.attention_op import decompose_attention_ops as _decompos
 from graphfix.attention.match_types import AttentionMatch
 from graphfix.attention.matcher import graph_scopes, scan_graph
 from graphfix.attention.report import BlockOutcome, FixReport, FixResult
-from graphfix.attention.strategies import get_strategy
+from graphfix.attention.strategies import Outcome, get_strategy
 from graphfix.errors import SelectionError
 from graphfix.graph.edit import GraphEdit
-from graphfix.graph.index import GraphIndex, unnamed_label
+from graphfix.graph.index import GraphIndex
 from graphfix.model_io import LoadedModel, load_model
 from graphfix.plugins.spec import PLUGIN_DOMAIN, ensure_plugin_opset
 from graphfix.selectors import parse_selectors, select_nodes
@@ -56,15 +56,16 @@ def fix_attention(
                 continue
             if match.index in chosen:
                 outcome = chosen_strategy.apply(edit, match)
-                rewritten, detail = outcome.rewritten, outcome.detail
             else:
-                rewritten, detail = False, "not selected"
+                outcome = Outcome(False, "not selected")
+            detail = outcome.describe()
             outcomes[match.index] = BlockOutcome(
                 index=match.index,
-                softmax=match.softmax or unnamed_label("Softmax", match.softmax_position),
+                softmax=match.softmax_node.name,
                 kind=match.kind,
-                rewritten=rewritten,
+                rewritten=outcome.rewritten,
                 detail=detail if not location else f"{detail} (inside {location})",
+                fallback=outcome.fallback,
             )
         edit.commit()
         if target is not None:
@@ -141,11 +142,11 @@ def _select(
             texts.append(f"re:{entry.pattern}")
         else:
             texts.append(entry)
-    selection = select_nodes(model, parse_selectors(texts), matches=matches)
-    softmax_at = {m.softmax_position: m.index for m in matches if not m.location}
+    selection = select_nodes(model, parse_selectors(texts), blocks=matches)
+    softmax_at = {m.softmax_node.position: m.index for m in matches if not m.location}
     for hit in selection.hits:
         if not hit.blocks and not any(p in softmax_at for p in hit.positions):
-            names = ", ".join(m.softmax or unnamed_label("Softmax", m.softmax_position) for m in matches[:6])
+            names = ", ".join(m.softmax_node.name for m in matches[:6])
             raise SelectionError(
                 f"select entry {hit.selector.text!r} matches no attention block (it picks "
                 f"{len(hit.positions)} node(s), none an attention Softmax); blocks are indexed "

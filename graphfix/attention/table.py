@@ -6,7 +6,6 @@ import re
 from collections.abc import Sequence
 
 from graphfix.attention.match_types import AttentionMatch
-from graphfix.graph.index import unnamed_label
 
 
 def match_table(matches: Sequence[AttentionMatch]) -> str:
@@ -22,11 +21,11 @@ def match_table(matches: Sequence[AttentionMatch]) -> str:
                 else f"computed ({m.scale.form})"
             )
         )
-        mask = "/".join(dict.fromkeys(n.split("/")[-1] for n in m.mask_nodes)) or "-"
+        mask = "/".join(dict.fromkeys(n.name.split("/")[-1] for n in m.mask_nodes)) or "-"
         rows.append(
             (
                 str(m.index),
-                (f"{m.location}/" if m.location else "") + (m.softmax or unnamed_label("Softmax", m.softmax_position)),
+                (f"{m.location}/" if m.location else "") + m.softmax_node.name,
                 m.kind.value,
                 *(_dim(x) for x in (m.heads, m.q_len, m.kv_len)),
                 scale,

@@ -73,9 +73,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
     scan = scan_attention(args.model)
     if args.json:
-        import dataclasses
+        from graphfix.jsonable import plain
 
-        print(json.dumps(_strict_json(dataclasses.asdict(scan)), indent=2, default=str))
+        print(json.dumps(plain(scan), indent=2))
         return 0
     if scan.matches:
         print(match_table(scan.matches))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -67,19 +68,32 @@ def _free_names(graph: onnx.GraphProto) -> set[str]:
     return read - defined
 
 
-def unnamed_label(op_type: str, position: int) -> str:
-    """How graphfix shows an unnamed node: `<MatMul #12>`, its position in graph.node; selectors
-    accept it back (graphfix/selectors.py)."""
-    return f"<{op_type} #{position}>"
-
-
 def node_label(node: onnx.NodeProto, position: int) -> str:
-    """A node's name, or `unnamed_label` for an unnamed node."""
-    return node.name or unnamed_label(node.op_type, position)
+    """How graphfix shows a node: its name, or `<MatMul #12>` (its op type and position in
+    graph.node) for an unnamed one; selectors accept that back (graphfix/selectors.py)."""
+    return node.name or f"<{node.op_type} #{position}>"
 
 
 def dtype_name(elem_type: int) -> str:
     return _DTYPE_NAMES.get(elem_type, onnx.TensorProto.DataType.Name(elem_type).lower())
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundNode:
+    """One node of an indexed graph, bound by a match: `node` is the NodeProto itself (read it,
+    never re-find it), `position` its index in graph.node (what a GraphEdit replaces), `name` how
+    reports show it (the node's name, or `<OpType #position>` for an unnamed node)."""
+
+    position: int
+    name: str
+    node: onnx.NodeProto = dataclasses.field(compare=False, repr=False)
+
+    @property
+    def op_type(self) -> str:
+        return self.node.op_type
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class GraphIndex:
@@ -259,6 +273,11 @@ class GraphIndex:
 
     def position(self, node: onnx.NodeProto) -> int:
         return self.node_order[id(node)]
+
+    def bind(self, node: onnx.NodeProto) -> BoundNode:
+        """`node` (one of this graph's) as a BoundNode."""
+        position = self.position(node)
+        return BoundNode(position, node_label(node, position), node)
 
     # --- constants ----------------------------------------------------------------------------
     def is_constant(self, name: str) -> bool:

@@ -276,7 +276,7 @@ def _user_keep(
         return {}
     if isinstance(keep, str):
         keep = [keep]
-    selection = select_nodes(model, parse_selectors(keep), matches=matches)
+    selection = select_nodes(model, parse_selectors(keep), blocks=matches)
     keys: dict[str, str] = {}
     for hit in selection.hits:
         for position in hit.positions:
@@ -328,9 +328,7 @@ def _rewrite_blocks(
         select=list(blocks),
     )
     done = tuple(b.index for b in fixed.report.blocks if b.rewritten)
-    inside = {
-        _key(work.graph.node[p]) for m in matches if m.index in done for p in m.chain_positions
-    }
+    inside = {_key(n.node) for m in matches if m.index in done for n in m.path}
     return fixed.model, done, {k: v for k, v in user_keys.items() if k not in inside}
 
 

@@ -60,7 +60,7 @@ class Planner:
         self.index = index
         self.inputs_float32 = inputs_float32
         self.graph = index.graph
-        self.matches = tuple(matches)
+        self.matches = tuple(m for m in matches if not m.location)  # the top-level graph's
         self._float: dict[str, bool] = {}
         self.implicit = {
             p: _implicit_inputs(n)
@@ -217,7 +217,7 @@ class Planner:
         high = set(forced) & float_nodes
         reasons = {p: r for p, r in forced.items() if p in float_nodes}
         blocks_high: set[int] = set()
-        chains = [(m, frozenset(m.chain_positions) & float_nodes) for m in self.matches]
+        chains = [(m, frozenset(n.position for n in m.path) & float_nodes) for m in self.matches]
         sources = {p for p in float_nodes if not self._non_free_inputs(p) and self.float_outputs(p)}
         for _ in range(50):
             before = len(high)

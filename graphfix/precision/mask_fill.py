@@ -63,8 +63,9 @@ def find_mask_fills(
     """The out-of-range constants that qualify as mask fills (see the module docstring)."""
     limit = weights.LIMITS[to]
     adds = {
-        step.node: (match, step)
+        step.node.position: (match, step)
         for match in matches
+        if not match.location  # positions of the top-level graph
         for step in match.steps
         if isinstance(step, BiasStep)
     }
@@ -78,18 +79,18 @@ def find_mask_fills(
         values = _values(index, name)
         if values is None or not _is_mask(values, limit):
             continue
-        direct = [adds[node] for node, arrives in readers if arrives == name]
+        direct = [adds[add] for add, arrives in readers if arrives == name]
         if direct and not all(_softmax_over_last(index, m, s) for m, s in direct):
             continue
         if direct and not _rows_keep_a_key(values, limit):
             continue
-        blocks = sorted({adds[node][0].index for node, _ in readers})
+        blocks = sorted({adds[add][0].index for add, _ in readers})
         found[name] = MaskFill(
             tensor=name,
             fill=float(np.min(values[np.isfinite(values)])),
             lowered_to=-limit,
             blocks=tuple(blocks),
-            readers=tuple(sorted({node for node, _ in readers})),
+            readers=tuple(sorted({adds[add][1].node.name for add, _ in readers})),
         )
     return found
 
@@ -128,11 +129,12 @@ def _lowered(values: np.ndarray, fill: MaskFill) -> np.ndarray:
 
 
 def _readers(
-    index: GraphIndex, name: str, adds: dict[str, tuple[AttentionMatch, BiasStep]]
-) -> list[tuple[str, str]]:
-    """(chain Add node, the tensor it reads) for every path from `name` through value-carrying
-    ops; [] when any path ends elsewhere (a graph output, another op, Where's condition)."""
-    found: list[tuple[str, str]] = []
+    index: GraphIndex, name: str, adds: dict[int, tuple[AttentionMatch, BiasStep]]
+) -> list[tuple[int, str]]:
+    """(chain Add node's position, the tensor it reads) for every path from `name` through
+    value-carrying ops; [] when any path ends elsewhere (a graph output, another op, Where's
+    condition)."""
+    found: list[tuple[int, str]] = []
     stack, seen = [name], set()
     while stack:
         tensor = stack.pop()
@@ -145,9 +147,10 @@ def _readers(
         if not consumers:
             return []
         for node in consumers:
-            hit = adds.get(node.name) if node.name else None
+            position = index.position(node)
+            hit = adds.get(position)
             if hit is not None and hit[1].source == tensor:
-                found.append((node.name, tensor))
+                found.append((position, tensor))
             elif node.op_type in _CARRY and node.domain in ("", "ai.onnx"):
                 carried = [s for s, i in enumerate(node.input) if i == tensor]
                 if node.op_type == "Where" and 0 in carried:

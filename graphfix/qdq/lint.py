@@ -8,7 +8,6 @@ from collections import defaultdict
 import onnx
 
 from graphfix.attention.matcher import scan_graph
-from graphfix.graph.index import GraphIndex
 from graphfix.model_io import LoadedModel, load_model
 from graphfix.qdq import rules
 from graphfix.qdq.flops import node_flops
@@ -57,32 +56,19 @@ def lint_view(view: QdqView, *, sites: tuple[AttentionSite, ...] | None = None) 
 
 
 def attention_sites(view: QdqView) -> tuple[AttentionSite, ...]:
-    """Attention chains, found by the attention matcher on a copy with activation Q/DQ bypassed
-    (the matcher reads float chains; node names are unchanged)."""
-    plain = onnx.ModelProto()
-    plain.CopyFrom(view.index.model)  # the graph `view` indexes: same node positions
-    bypass = {dq.output[0]: q.input[0] for q, dq in rules.activation_pairs(view)}
-    for node in plain.graph.node:
-        for i, name in enumerate(node.input):
-            if name in bypass:
-                node.input[i] = bypass[name]
-    index = GraphIndex(plain, base_dir=view.index.base_dir)
-    scan = scan_graph(index)
-    sites = []
-    for match in scan.matches:
-        positions = match.chain_positions
-        names = [view.label(view.index.graph.node[p]) for p in positions]
-        softmax = view.label(view.index.graph.node[match.softmax_position])
-        score_path = names[: names.index(softmax) + 1] if softmax in names else names
-        sites.append(
-            AttentionSite(
-                qk=names[0],
-                pv=names[-1],
-                softmax=softmax,
-                chain=frozenset(score_path),
-            )
+    """Attention chains as the matcher binds them in the graph `view` indexes (it reads the
+    Q/DQ pairs on Q, K, V, the scores and the probabilities as steps of the chain), named as
+    the view labels nodes."""
+    return tuple(
+        AttentionSite(
+            qk=match.qk.name,
+            pv=match.pv.name,
+            softmax=match.softmax_node.name,
+            chain=frozenset(n.name for n in match.score_path),
         )
-    return tuple(sites)
+        for match in scan_graph(view.index).matches
+        if not match.location  # the lint reads the main graph's nodes
+    )
 
 
 def _node_coverage(ctx: LintContext, findings: list[Finding]) -> tuple[NodeCoverage, ...]:

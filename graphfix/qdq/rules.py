@@ -116,7 +116,7 @@ class ComputeOperands:
 
 @dataclass(frozen=True)
 class AttentionSite:
-    """An attention chain as the lint needs it (node names of the quantization-free view)."""
+    """An attention chain as the lint needs it (node names as the view labels them)."""
 
     qk: str
     pv: str

@@ -7,6 +7,7 @@ every input records where its values came from, so a report says what was actual
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import zipfile
@@ -27,6 +28,8 @@ Dim = int | str | None
 _VALUE_PRESERVING = {"Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand"}
 _DEFAULT_FLOAT_RANGE = (-1.0, 1.0)
 _DEFAULT_INT_RANGE = (0, 1)
+# Random inputs larger than this are refused: a huge declared dimension, not a real workload.
+_MAX_INPUT_BYTES = 4 << 30
 
 
 class ValidationUsageError(UsageError):
@@ -309,6 +312,14 @@ def _resolve_shapes(
             f"dynamic dimensions need values: {listed}; pass e.g. {example} with N replaced "
             "(a sequence length of 1 would make every attention softmax trivially 1)"
         )
+    for spec in specs:
+        size = math.prod(resolved[spec.name]) * spec.dtype.itemsize
+        if size > _MAX_INPUT_BYTES:
+            raise ValidationUsageError(
+                f"input '{spec.name}' {list(resolved[spec.name])} would take "
+                f"{size / 2**30:.3g} GiB of random data (more than {_MAX_INPUT_BYTES >> 30} GiB); "
+                "pass smaller dimensions with --shape, or real inputs with --inputs"
+            )
     return resolved
 
 

@@ -22,7 +22,7 @@ class Fp32IslandStrategy:
     summary = "compute each float16/bfloat16 attention Softmax in float32 between Casts (heuristic)"
 
     def apply(self, edit: GraphEdit, match: AttentionMatch) -> Outcome:
-        node = edit.node_at(match.softmax_position)
+        node = edit.node_at(match.softmax_node.position)
         elem = edit.index.elem_type(node.input[0])
         if match.cast_island:
             return Outcome(False, "softmax already computes in float32 between Casts")
@@ -36,7 +36,7 @@ class Fp32IslandStrategy:
         softmax.input[0] = x32
         softmax.output[0] = y32
         edit.replace(
-            match.softmax_position,
+            match.softmax_node.position,
             [
                 onnx.helper.make_node(
                     "Cast",

@@ -42,7 +42,7 @@ from graphfix.attention.match_types import (
     SinkStep,
     SoftcapStep,
 )
-from graphfix.attention.strategies.base import Outcome
+from graphfix.attention.strategies.base import Fallback, FallbackKind, Outcome
 from graphfix.attention.strategies.fused.fold5 import fold_leading, unfold
 from graphfix.attention.strategies.fused.mask import MaskPlan, plan_mask
 from graphfix.attention.strategies.fused.operands import Operands, plan_operands
@@ -95,9 +95,9 @@ class FusedPluginStrategy:
             outside = {p: t for p, t in readers.items() if p not in removed}
             shapes = recompute_shapes(edit, base, operands, outside)
         except Unsupported as reason:
-            fallback = PluginStrategy().apply(edit, match)
-            return Outcome(fallback.rewritten, f"fell back to {fallback.detail}: {reason}")
-        pv = edit.node_at(match.chain_positions[-1])
+            instead = PluginStrategy().apply(edit, match)
+            return Outcome(instead.rewritten, instead.detail, Fallback(reason.kind, str(reason)))
+        pv = match.pv.node
         nodes = [*operands.nodes, *mask.nodes]
         for tensor in (*operands.initializers, *mask.initializers):
             edit.add_initializer(tensor)
@@ -159,7 +159,7 @@ class FusedPluginStrategy:
                 )
             )
         for position in removed:
-            edit.replace(position, nodes if position == match.chain_positions[-1] else [])
+            edit.replace(position, nodes if position == match.pv.position else [])
         for position, recomputed in shapes.items():
             edit.replace(position, recomputed)
         edit.drop_if_unused({i for p in removed for i in edit.node_at(p).input})
@@ -203,25 +203,30 @@ def _read_steps(match: AttentionMatch) -> float:
             continue  # Swin's window view (plan_mask) and batch·heads views (find_regroup)
         if isinstance(step, QdqStep):
             raise Unsupported(
+                FallbackKind.QUANTIZED,
                 f"the scores are quantized ({step.quantize} → {step.dequantize}); the node has "
-                "no Q/DQ inside"
+                "no Q/DQ inside",
             )
         if isinstance(step, HeadMixStep):
             raise _head_mix(step, "Q·Kᵀ and the Softmax")
         if isinstance(step, SinkStep):  # not a score step today (match.sink); kept for safety
-            raise Unsupported("an attention sink among the score steps")
+            raise Unsupported(FallbackKind.SINK, "an attention sink among the score steps")
         order = _STAGE[type(step)]
         if isinstance(step, ScaleStep) and only_biases and step.factor is not None:
             continue
         if order < stage:
             what = "scales" if order == 0 else "soft-caps"
-            raise Unsupported(f"'{node_of(step)}' {what} the scores after the mask")
+            raise Unsupported(
+                FallbackKind.ORDER, f"'{node_of(step)}' {what} the scores after the mask"
+            )
         stage = order
         if isinstance(step, SoftcapStep):
             if step.cap is None:
-                raise Unsupported("a Tanh whose softcap value is not a constant")
+                raise Unsupported(
+                    FallbackKind.SOFTCAP, "a Tanh whose softcap value is not a constant"
+                )
             if softcap:
-                raise Unsupported("two softcaps")
+                raise Unsupported(FallbackKind.SOFTCAP, "two softcaps")
             softcap = step.cap
     for step in match.after:
         if isinstance(step, (CastStep, PassStep, NanGuardStep, ReshapeStep)):
@@ -230,33 +235,36 @@ def _read_steps(match: AttentionMatch) -> float:
             raise _head_mix(step, "the Softmax and P·V")
         if isinstance(step, QdqStep):
             raise Unsupported(
+                FallbackKind.QUANTIZED,
                 f"the probabilities are quantized ({step.quantize} → {step.dequantize}) before "
-                "P·V; the node has no Q/DQ inside"
+                "P·V; the node has no Q/DQ inside",
             )
-        raise Unsupported(f"{step.op} '{step.node}' between the Softmax and P·V")
+        raise Unsupported(
+            FallbackKind.RESHAPE, f"{step.op} '{step.node}' between the Softmax and P·V"
+        )
     return softcap
 
 
 def _head_mix(step: HeadMixStep, where: str) -> Unsupported:
     return Unsupported(
+        FallbackKind.HEAD_MIX,
         f"a head-mixing projection (talking heads, '{step.weight}') between {where}: the node "
-        "keeps heads apart; GraphfixSoftmax covers it under `plugin`"
+        "keeps heads apart; GraphfixSoftmax covers it under `plugin`",
     )
 
 
 def _removed_positions(
     index: GraphIndex, match: AttentionMatch, operands: Operands, mask: MaskPlan, readers: set[int]
 ) -> list[int]:
-    """The chain, its NaN guard's IsNaN, and what fed only the chain; nothing else may read
-    a tensor inside the chain but the Shape `readers` (recomputed from Q and K)."""
-    chain = [index.graph.node[p] for p in match.chain_positions]
-    pv = chain[-1]
-    removed = set(match.chain_positions)
-    removed |= _guard_positions(index, match, chain)
+    """The chain, its NaN guard's IsNaN, its max shift's ReduceMax, and what fed only the
+    chain; nothing else may read a tensor inside the chain but the Shape `readers`
+    (recomputed from Q and K)."""
+    removed = {n.position for n in match.path}
+    if match.nan_guard is not None:
+        removed.add(match.nan_guard.is_nan.position)
     removed |= _shift_positions(index, match)
-    positions = match.chain_positions
-    probabilities = set(positions[positions.index(match.softmax_position) :])
-    _check_nothing_escapes(index, removed, readers, probabilities, pv)
+    probabilities = {n.position for n in match.path if n.position >= match.softmax_node.position}
+    _check_nothing_escapes(index, removed, readers, probabilities, match.pv.node)
     sources = (s.source for s in match.steps if isinstance(s, (MaskStep, BiasStep)))
     added = (i for n in (*operands.nodes, *mask.nodes) for i in n.input)
     keep = {operands.q, operands.k, operands.v, mask.tensor, *sources, *added}
@@ -264,37 +272,26 @@ def _removed_positions(
     return sorted(removed)
 
 
-def _guard_positions(
-    index: GraphIndex, match: AttentionMatch, chain: list[onnx.NodeProto]
-) -> set[int]:
-    """The IsNaN of a Where(IsNaN(p), 0, p) guard, which the chain list does not name."""
-    positions: set[int] = set()
-    for node in chain:
-        if node.op_type == "Where" and match.nan_guard is not None:
-            producer = index.producer_of(node.input[0])
-            if producer is not None and producer.op_type == "IsNaN":
-                positions.add(index.position(producer))
-    return positions
-
-
 def _shift_positions(index: GraphIndex, match: AttentionMatch) -> set[int]:
-    """The ReduceMax of a Sub(s, ReduceMax(s)) max shift, which the chain list does not name.
+    """The ReduceMax of a Sub(s, ReduceMax(s)) max shift, beside the chain's path.
     The node's softmax shifts by the row max itself; dropping the shift is exact when the
     subtracted value is the row max (a ReduceMax over the key axis only, kept dims)."""
     positions: set[int] = set()
     for step in match.steps:
         if not isinstance(step, ShiftStep):
             continue
-        sub = index.producer_of(step.output)
-        reduce = None if sub is None else index.producer_of(sub.input[1])
-        if reduce is None or reduce.op_type != "ReduceMax" or reduce.input[0] != sub.input[0]:
-            raise Unsupported(f"Sub '{step.node}' does not subtract the row max of its input")
+        sub, reduce = step.node.node, step.reduce_max.node
+        if reduce.input[0] != sub.input[0]:
+            raise Unsupported(
+                FallbackKind.SHIFT, f"Sub '{step.node}' does not subtract the row max of its input"
+            )
         if not _reduces_key_axis(index, reduce):
             raise Unsupported(
+                FallbackKind.SHIFT,
                 f"ReduceMax '{reduce.name}' is not the row max over the key axis alone "
-                "(axes, keepdims)"
+                "(axes, keepdims)",
             )
-        positions.add(index.position(reduce))
+        positions.add(step.reduce_max.position)
     return positions
 
 
@@ -328,16 +325,20 @@ def _check_nothing_escapes(
         for out in node.output:
             if out in index.graph_outputs and position in probabilities:
                 raise Unsupported(
+                    FallbackKind.RETURNS_PROBABILITIES,
                     f"the probabilities '{out}' are also a graph output (returned attention "
-                    "weights), which the node does not produce; GraphfixSoftmax keeps them"
+                    "weights), which the node does not produce; GraphfixSoftmax keeps them",
                 )
             if out in index.graph_outputs:
-                raise Unsupported(f"'{out}' inside the chain is a graph output")
+                raise Unsupported(
+                    FallbackKind.ESCAPES, f"'{out}' inside the chain is a graph output"
+                )
             for consumer in index.consumers_of(out):
                 if index.position(consumer) not in removed | readers:
                     raise Unsupported(
+                        FallbackKind.ESCAPES,
                         f"'{out}' inside the chain is also used by {consumer.op_type} "
-                        f"'{consumer.name}' (e.g. returned attention probabilities)"
+                        f"'{consumer.name}' (e.g. returned attention probabilities)",
                     )
 
 

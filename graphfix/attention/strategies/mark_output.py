@@ -20,7 +20,7 @@ class MarkOutputStrategy:
     summary = "also expose each attention probability tensor as a graph output (heuristic)"
 
     def apply(self, edit: GraphEdit, match: AttentionMatch) -> Outcome:
-        node = edit.node_at(match.softmax_position)
+        node = edit.node_at(match.softmax_node.position)
         out = node.output[0]
         if out in edit.index.graph_outputs:
             return Outcome(False, f"'{out}' is already a graph output")

@@ -21,7 +21,7 @@ class MaxSubtractStrategy:
     summary = "insert ReduceMax → Sub before each attention Softmax (heuristic)"
 
     def apply(self, edit: GraphEdit, match: AttentionMatch) -> Outcome:
-        node = edit.node_at(match.softmax_position)
+        node = edit.node_at(match.softmax_node.position)
         x = node.input[0]
         base = node.name or f"graphfix_softmax_{match.index}"
         row_max = edit.unique(f"{base}/row_max")
@@ -45,5 +45,5 @@ class MaxSubtractStrategy:
         softmax = onnx.NodeProto()
         softmax.CopyFrom(node)
         softmax.input[0] = shifted
-        edit.replace(match.softmax_position, [reduce, sub, softmax])
+        edit.replace(match.softmax_node.position, [reduce, sub, softmax])
         return Outcome(True, "ReduceMax → Sub inserted before the Softmax")

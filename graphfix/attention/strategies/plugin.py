@@ -22,7 +22,7 @@ class PluginStrategy:
     )
 
     def apply(self, edit: GraphEdit, match: AttentionMatch) -> Outcome:
-        node = edit.node_at(match.softmax_position)
+        node = edit.node_at(match.softmax_node.position)
         elem = edit.index.elem_type(node.input[0])
         if elem is not None and elem not in PLUGIN_ELEMENT_TYPES:
             return Outcome(
@@ -33,7 +33,7 @@ class PluginStrategy:
             axis = -1  # Softmax-1/11 coerce to 2-D; the matcher proved the axis is the last one
         name = node.name or edit.unique(f"graphfix_softmax_{match.index}")
         edit.replace(
-            match.softmax_position,
+            match.softmax_node.position,
             [make_softmax_node(node.input[0], node.output[0], axis=axis, name=name)],
         )
         edit.annotate(node.output[0])

@@ -276,8 +276,8 @@ def _differential_rebuilds(
 def _attention_blocks(model: onnx.ModelProto) -> dict[str, int]:
     blocks: dict[str, int] = {}
     for match in find_attention(model):
-        for name, position in zip(match.chain_nodes, match.chain_positions, strict=False):
-            blocks[node_label(model.graph.node[position], position) if not name else name] = (
-                match.index
-            )
+        if match.location:
+            continue  # a block inside an If/Loop body: its nodes are not the main graph's
+        for bound in match.path:
+            blocks[node_label(bound.node, bound.position)] = match.index
     return blocks

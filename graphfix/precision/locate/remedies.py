@@ -224,11 +224,9 @@ def search_remedies(
     """Greedy over `suspects`, then bisection; at most `max_trials` candidate runs."""
     graph = _Neighbours(model)
     chains = {
-        m.index: tuple(
-            name or node_label(model.graph.node[p], p)
-            for name, p in zip(m.chain_nodes, m.chain_positions, strict=False)
-        )
+        m.index: tuple(node_label(n.node, n.position) for n in m.path)
         for m in find_attention(model)
+        if not m.location  # a block inside an If/Loop body: its nodes are not the main graph's
     }
     norms = runner.norm_chains()
     trials: list[Trial] = []

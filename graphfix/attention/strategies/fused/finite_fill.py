@@ -22,6 +22,7 @@ import onnx
 from onnx import numpy_helper
 
 from graphfix.attention.match_types import AttentionMatch, BiasStep, MaskStep
+from graphfix.attention.strategies.base import FallbackKind
 from graphfix.attention.strategies.fused.nodes import node_adder
 from graphfix.attention.strategies.fused.unsupported import Unsupported
 from graphfix.graph.edit import GraphEdit
@@ -47,12 +48,14 @@ def finite_fill_mask(
     mask_first = order == sorted(order, key=lambda t: t is BiasStep)
     if not (bias_first or mask_first):
         raise Unsupported(
-            f"Where masks with the finite fill {fill:g} both before and after additive biases"
+            FallbackKind.MASK,
+            f"Where masks with the finite fill {fill:g} both before and after additive biases",
         )
     if bias_elem != onnx.TensorProto.FLOAT:
         raise Unsupported(
+            FallbackKind.MASK,
             f"a Where mask with the finite fill {fill:g} combined with a bias that is not "
-            "float32: the node would let the scores show through the fill"
+            "float32: the node would let the scores show through the fill",
         )
     if fill <= -_HUGE:  # exact whatever the bias
         blocked = fill
@@ -60,9 +63,10 @@ def finite_fill_mask(
         blocked = float(np.finfo(np.float32).min)
     else:
         raise Unsupported(
+            FallbackKind.MASK,
             f"a Where mask with the finite fill {fill:g} combined with an additive bias: the "
             "node would let the scores show through the fill; exact for a float32 fill of "
-            "finfo(float32).min, or a constant bias above fill / 2 applied before the mask"
+            "finfo(float32).min, or a constant bias above fill / 2 applied before the mask",
         )
     add = node_adder(edit, base, nodes)
     fill_tensor = edit.unique(f"{base}/blocked_fill")

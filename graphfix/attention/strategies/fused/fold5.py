@@ -12,6 +12,7 @@ import onnx
 from onnx import numpy_helper
 
 from graphfix.attention.match_types import AttentionMatch, BiasStep, MaskStep
+from graphfix.attention.strategies.base import FallbackKind
 from graphfix.attention.strategies.fused.nodes import node_adder
 from graphfix.attention.strategies.fused.operands import Operands
 from graphfix.attention.strategies.fused.unsupported import Unsupported
@@ -23,13 +24,16 @@ def fold_leading(edit: GraphEdit, match: AttentionMatch, base: str, operands: Op
     leading axes the output takes back."""
     index = edit.index
     if match.sink is not None or operands.output_perm is not None:
-        raise Unsupported("5-D attention with an attention sink or an Einsum layout")
+        raise Unsupported(
+            FallbackKind.OPERANDS, "5-D attention with an attention sink or an Einsum layout"
+        )
     for step in match.steps:
         if isinstance(step, (MaskStep, BiasStep)):
             rank = index.rank(step.source)
             if rank is None or rank > 3:
                 raise Unsupported(
-                    f"a mask or bias '{step.source}' of rank {rank} on 5-D attention scores"
+                    FallbackKind.MASK,
+                    f"a mask or bias '{step.source}' of rank {rank} on 5-D attention scores",
                 )
     nodes: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []

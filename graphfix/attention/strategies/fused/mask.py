@@ -21,6 +21,7 @@ from graphfix.attention.match_types import (
     ScaleSide,
     ScaleStep,
 )
+from graphfix.attention.strategies.base import FallbackKind
 from graphfix.attention.strategies.fused.finite_fill import finite_fill_mask
 from graphfix.attention.strategies.fused.regroup import Regroup, folds_heads, is_identity, view_bias
 from graphfix.attention.strategies.fused.unsupported import Unsupported, node_of, shape_text
@@ -59,7 +60,9 @@ def plan_mask(
     if not wheres and not biases:
         return MaskPlan(None, None)
     if windows and wheres:
-        raise Unsupported("a Where mask in a chain with Swin's window view of the scores")
+        raise Unsupported(
+            FallbackKind.MASK, "a Where mask in a chain with Swin's window view of the scores"
+        )
     nodes: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
 
@@ -86,7 +89,9 @@ def plan_mask(
         nW read from the bias at run time when the view does not say it)."""
         shape = index.shape(source)
         if shape is None or len(shape) != 5 or not all(isinstance(d, int) for d in shape[2:]):
-            raise Unsupported(f"the windowed mask '{source}' has no static 5-D shape")
+            raise Unsupported(
+                FallbackKind.MASK, f"the windowed mask '{source}' has no static 5-D shape"
+            )
         if windows_per_image == FROM_MASK:
             windows = add("Shape", [source], start=1, end=2)
         else:
@@ -100,7 +105,10 @@ def plan_mask(
     if biases:
         types = {index.elem_type(b.source) for b in biases}
         if len(types) != 1 or None in types:
-            raise Unsupported("the additive masks/biases have different or unknown element types")
+            raise Unsupported(
+                FallbackKind.MASK,
+                "the additive masks/biases have different or unknown element types",
+            )
         (bias_elem,) = types
         sources = [
             unwindow(b.source, windows[id(b)]) if id(b) in windows else b.source for b in biases
@@ -126,10 +134,13 @@ def plan_mask(
         fills = {w.fill for w in wheres}
         if None in fills:
             raise Unsupported(
-                f"Where '{wheres[0].node}' fills masked scores with a non-constant value"
+                FallbackKind.MASK,
+                f"Where '{wheres[0].node}' fills masked scores with a non-constant value",
             )
         if len(fills) != 1:
-            raise Unsupported(f"Where masks with different fills ({sorted(fills)})")
+            raise Unsupported(
+                FallbackKind.MASK, f"Where masks with different fills ({sorted(fills)})"
+            )
         (fill,) = fills
         for where in wheres:
             this = where.source
@@ -209,11 +220,16 @@ def _windowed_biases(match: AttentionMatch) -> dict[int, int]:
             raise _reshape_unsupported(step)
         if windows is not None:
             if not isinstance(step, (BiasStep, CastStep, PassStep)):
-                raise Unsupported(f"'{node_of(step)}' inside Swin's window view of the scores")
+                raise Unsupported(
+                    FallbackKind.RESHAPE,
+                    f"'{node_of(step)}' inside Swin's window view of the scores",
+                )
             if isinstance(step, BiasStep):
                 windowed[id(step)] = windows
     if windows is not None:
-        raise Unsupported("the scores stay in a window view up to the Softmax")
+        raise Unsupported(
+            FallbackKind.RESHAPE, "the scores stay in a window view up to the Softmax"
+        )
     return windowed
 
 
@@ -237,8 +253,9 @@ def _window_dims(step: ReshapeStep, view: tuple) -> tuple[int, ...]:
 
 def _reshape_unsupported(step: ReshapeStep) -> Unsupported:
     return Unsupported(
+        FallbackKind.RESHAPE,
         f"{step.op} '{step.node}' reshapes the scores inside the chain "
-        f"({shape_text(step.input_shape)} → {shape_text(step.output_shape)})"
+        f"({shape_text(step.input_shape)} → {shape_text(step.output_shape)})",
     )
 
 

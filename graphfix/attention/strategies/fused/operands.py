@@ -18,6 +18,7 @@ from graphfix.attention.match_types import (
     ScaleSide,
     ScaleStep,
 )
+from graphfix.attention.strategies.base import FallbackKind
 from graphfix.attention.strategies.fused.runtime_scale import scale_q_at_run_time
 from graphfix.attention.strategies.fused.unsupported import Unsupported
 from graphfix.graph.edit import GraphEdit
@@ -65,7 +66,7 @@ def plan_operands(edit: GraphEdit, match: AttentionMatch, base: str) -> Operands
     index = edit.index
     layout = match.layout
     assert layout is not None
-    qk = index.graph.node[match.chain_positions[0]]
+    qk = match.qk.node
     scores_factors = [
         s for s in match.steps if isinstance(s, ScaleStep) and s.side is ScaleSide.SCORES
     ]
@@ -86,23 +87,27 @@ def plan_operands(edit: GraphEdit, match: AttentionMatch, base: str) -> Operands
     ranks = {index.rank(q), index.rank(match.v)}
     if not (ranks <= {3, 4} or (ranks == {5} and layout.qk_op == "MatMul")):
         raise Unsupported(
+            FallbackKind.OPERANDS,
             f"Q/V ranks {sorted(r for r in ranks if r)} (the node takes 3-D or 4-D, 5-D windows "
-            "of MatMuls merged)"
+            "of MatMuls merged)",
         )
     if layout.qk_op == "Einsum":
         if at_run_time:
             raise Unsupported(
+                FallbackKind.SCALE,
                 "the scale on the scores is computed at run time in an Einsum layout "
-                "(`graphfix inspect` shows how)"
+                "(`graphfix inspect` shows how)",
             )
         if layout.pv_op != "Einsum":
-            raise Unsupported("a MatMul P·V after an Einsum Q·Kᵀ")
+            raise Unsupported(FallbackKind.OPERANDS, "a MatMul P·V after an Einsum Q·Kᵀ")
         q, k, v, cast_to = _types(index, match, q, k_operand)
         if index.elem_type(v) != index.elem_type(q):
-            raise Unsupported("Q and K float32 with V float16 in an Einsum layout")
+            raise Unsupported(
+                FallbackKind.TYPES, "Q and K float32 with V float16 in an Einsum layout"
+            )
         return _einsum_operands(edit, base, layout, q, k, v, scale, cast_to)
     elif layout.pv_op == "Einsum":
-        raise Unsupported("an Einsum P·V after a MatMul Q·Kᵀ")
+        raise Unsupported(FallbackKind.OPERANDS, "an Einsum P·V after a MatMul Q·Kᵀ")
     elif (
         not k_at_product
         and layout.k_transposed_by is KTransposedBy.TRANSPOSE
@@ -111,7 +116,7 @@ def plan_operands(edit: GraphEdit, match: AttentionMatch, base: str) -> Operands
         k, k_transposed = match.k, False
     else:
         if index.rank(k_operand) not in (3, 4, 5):
-            raise Unsupported("Kᵀ is not 3-D, 4-D or 5-D")
+            raise Unsupported(FallbackKind.OPERANDS, "Kᵀ is not 3-D, 4-D or 5-D")
         k, k_transposed = k_operand, True
     q, k, v, cast_to = _types(index, match, q, k)
     nodes: tuple[onnx.NodeProto, ...] = ()
@@ -142,10 +147,12 @@ def _types(
     with cast_to its type; the caller widens it to float32 (exact) and the node's output is Cast
     back to P·V's type, so the node's P keeps float32 where the original rounded it."""
     v = match.v
-    pv = index.graph.node[match.chain_positions[-1]]
+    pv = match.pv.node
     types = {name: index.elem_type(name) for name in (q, k, v)}
     if None in types.values():
-        raise Unsupported("element types of Q, K, V are unknown (run shape inference first)")
+        raise Unsupported(
+            FallbackKind.TYPES, "element types of Q, K, V are unknown (run shape inference first)"
+        )
     cast_to = None
     if types[v] != types[q] and types[q] == types[k]:
         producer = index.producer_of(v)
@@ -161,12 +168,13 @@ def _types(
     v_type = types[q] if cast_to is not None else types[v]
     if len({types[q], types[k], v_type}) != 1 or types[q] not in PLUGIN_ELEMENT_TYPES:
         raise Unsupported(
+            FallbackKind.TYPES,
             "Q, K and V must share one of float32/float16/bfloat16, got "
-            + ", ".join(onnx.TensorProto.DataType.Name(index.elem_type(t)) for t in (q, k, v))
+            + ", ".join(onnx.TensorProto.DataType.Name(index.elem_type(t)) for t in (q, k, v)),
         )
     out = index.elem_type(pv.output[0])
     if out is not None and out != (cast_to or types[q]):
-        raise Unsupported("P·V's element type differs from Q's")
+        raise Unsupported(FallbackKind.TYPES, "P·V's element type differs from Q's")
     return q, k, v, cast_to
 
 
@@ -202,31 +210,31 @@ def _einsum_operands(
         (q_sub, k_sub), s_sub = _split_equation(layout.qk_equation)
         (p_sub, v_sub), o_sub = _split_equation(layout.pv_equation)
     except ValueError:
-        raise Unsupported(reason) from None
+        raise Unsupported(FallbackKind.OPERANDS, reason) from None
     if len(s_sub) not in (3, 4) or len(p_sub) != len(s_sub):
-        raise Unsupported(reason)
+        raise Unsupported(FallbackKind.OPERANDS, reason)
     batch, i, j = s_sub[:-2], s_sub[-2], s_sub[-1]
     contracted = set(q_sub) - set(s_sub)
     if len(contracted) != 1:
-        raise Unsupported(reason)
+        raise Unsupported(FallbackKind.OPERANDS, reason)
     (d,) = contracted
     if set(q_sub) != {*batch, i, d} or not set(k_sub) <= {*batch, j, d}:
-        raise Unsupported(reason)
+        raise Unsupported(FallbackKind.OPERANDS, reason)
     # P·V: P's letters name the axes of the scores by position
     rename = dict(zip(p_sub, s_sub, strict=True))
     extra = [c for c in v_sub if c not in rename]
     if len(extra) != 1:
-        raise Unsupported(reason)
+        raise Unsupported(FallbackKind.OPERANDS, reason)
     (e,) = extra
     rename[e] = e if e not in s_sub and e != d else "\0"
     v_named = "".join(rename[c] for c in v_sub)
     o_named = "".join(rename.get(c, "?") for c in o_sub)
     want_out = (*batch, i, rename[e])
     if sorted(o_named) != sorted(want_out) or not set(v_named) <= {*batch, j, rename[e]}:
-        raise Unsupported(reason)
+        raise Unsupported(FallbackKind.OPERANDS, reason)
     for sub in (k_sub, v_named):
         if batch[0] not in sub or j not in sub:
-            raise Unsupported(reason)
+            raise Unsupported(FallbackKind.OPERANDS, reason)
     nodes: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
     notes: list[str] = []

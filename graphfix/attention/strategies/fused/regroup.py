@@ -20,6 +20,7 @@ import onnx
 from onnx import numpy_helper
 
 from graphfix.attention.match_types import AttentionMatch, BiasStep, ReshapeStep
+from graphfix.attention.strategies.base import FallbackKind
 from graphfix.attention.strategies.fused.nodes import node_adder
 from graphfix.attention.strategies.fused.operands import Operands
 from graphfix.attention.strategies.fused.unsupported import Unsupported, shape_text
@@ -68,9 +69,10 @@ def find_regroup(match: AttentionMatch) -> Regroup | None:
     if len(scores) > 1 or len(probs) > 1:
         step = (scores or probs)[1 if len(scores) > 1 else 0]
         raise Unsupported(
+            FallbackKind.RESHAPE,
             f"{step.op} '{step.node}' reshapes the scores or probabilities "
             f"({shape_text(step.input_shape)} → {shape_text(step.output_shape)}) other than one "
-            "view of batch·heads as batch, heads and back"
+            "view of batch·heads as batch, heads and back",
         )
     view = scores[0] if scores else None
     back = probs[0] if probs else None
@@ -80,9 +82,10 @@ def find_regroup(match: AttentionMatch) -> Regroup | None:
     ):
         if step is not None and not _splits(getattr(step, folded), getattr(step, split)):
             raise Unsupported(
+                FallbackKind.RESHAPE,
                 f"{step.op} '{step.node}' reshapes the scores inside the chain "
                 f"({shape_text(step.input_shape)} → {shape_text(step.output_shape)}), not only "
-                "regrouping batch and heads"
+                "regrouping batch and heads",
             )
     if view is not None:
         batch_heads = _batch_heads(view.output_shape, view.target, view.node)
@@ -112,7 +115,9 @@ def _batch_heads(shape: tuple | None, target: tuple | None, node: str) -> tuple[
         for i in (0, 1)
     ]
     if any(d == 0 or not isinstance(d, int) for d in pair) or pair.count(-1) > 1:
-        raise Unsupported(f"the view '{node}' does not say batch and heads as constants")
+        raise Unsupported(
+            FallbackKind.RESHAPE, f"the view '{node}' does not say batch and heads as constants"
+        )
     return pair[0], pair[1]
 
 
@@ -121,13 +126,14 @@ def regroup_operands(edit: GraphEdit, base: str, regroup: Regroup, operands: Ope
     when the probabilities were (a 4-D V is read as it is)."""
     index = edit.index
     if operands.output_perm is not None:
-        raise Unsupported("a view of batch·heads with an Einsum layout")
+        raise Unsupported(FallbackKind.RESHAPE, "a view of batch·heads with an Einsum layout")
     qk_rank = 3 if regroup.scores is not None else 4
     v_rank = 3 if regroup.probs is not None else 4
     for name, rank in ((operands.q, qk_rank), (operands.k, qk_rank), (operands.v, v_rank)):
         if index.rank(name) != rank:
             raise Unsupported(
-                f"'{name}' is not {rank}-D under a view of batch·heads as batch, heads"
+                FallbackKind.RESHAPE,
+                f"'{name}' is not {rank}-D under a view of batch·heads as batch, heads",
             )
     nodes: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
@@ -156,11 +162,16 @@ def view_bias(
     Q as [B·H, S, D]."""
     shape = edit.index.shape(source)
     if shape is None:
-        raise Unsupported(f"the bias '{source}' before the view of batch·heads has no known shape")
+        raise Unsupported(
+            FallbackKind.RESHAPE,
+            f"the bias '{source}' before the view of batch·heads has no known shape",
+        )
     if len(shape) < 3:
         return source  # broadcast over batch·heads: the same over batch and heads
     if len(shape) != 3:
-        raise Unsupported(f"the bias '{source}' before the view of batch·heads is not 3-D")
+        raise Unsupported(
+            FallbackKind.RESHAPE, f"the bias '{source}' before the view of batch·heads is not 3-D"
+        )
     add = _adder(edit, base, nodes, inits)
     if not isinstance(shape[0], int):  # 1 or B·H at run time (DeBERTa's relative attention)
         rows = add.node("Shape", [folded_q], "q_rows", end=1)
@@ -172,8 +183,9 @@ def view_bias(
     batch, heads = regroup.batch_heads
     if batch > 0 and heads > 0 and shape[0] != batch * heads:
         raise Unsupported(
+            FallbackKind.RESHAPE,
             f"the bias '{source}' before the view of batch·heads has {shape[0]} rows, not "
-            f"batch·heads = {batch * heads}"
+            f"batch·heads = {batch * heads}",
         )
     return add.heads(source, regroup.batch_heads, "bias")
 

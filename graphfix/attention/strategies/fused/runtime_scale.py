@@ -8,6 +8,7 @@ from __future__ import annotations
 import onnx
 
 from graphfix.attention.match_types import ScaleOp, ScaleStep
+from graphfix.attention.strategies.base import FallbackKind
 from graphfix.attention.strategies.fused.nodes import node_adder
 from graphfix.attention.strategies.fused.unsupported import Unsupported, shape_text
 from graphfix.graph.edit import GraphEdit
@@ -31,8 +32,9 @@ def scale_q_at_run_time(
         )
         if not per_row:
             raise Unsupported(
+                FallbackKind.SCALE,
                 f"the scale on the scores is computed at run time ('{step.node}', shape "
-                f"{shape_text(shape)}) and varies along the keys: it cannot move onto Q"
+                f"{shape_text(shape)}) and varies along the keys: it cannot move onto Q",
             )
         factor = step.scalar
         if index.elem_type(factor) != q_elem:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import onnx
 
 from graphfix.attention.match_types import AttentionMatch, ReshapeStep, SinkStep
+from graphfix.attention.strategies.base import FallbackKind
 from graphfix.attention.strategies.fused.nodes import node_adder
 from graphfix.attention.strategies.fused.operands import Operands
 from graphfix.attention.strategies.fused.unsupported import Unsupported
@@ -19,12 +20,11 @@ from graphfix.graph.index import GraphIndex
 
 def shape_readers(index: GraphIndex, match: AttentionMatch) -> dict[int, str]:
     """Position of each Shape node that reads the scores before any reshape → the tensor read."""
-    scores = [index.graph.node[match.chain_positions[0]].output[0]]
-    for step in match.steps:
+    scores = [match.qk.node.output[0]]
+    for step in match.score_steps:
         if isinstance(step, (ReshapeStep, SinkStep)):
             break
-        if getattr(step, "output", None):
-            scores.append(step.output)
+        scores.append(step.output)
     return {
         index.position(consumer): tensor
         for tensor in scores
@@ -44,17 +44,21 @@ def recompute_shapes(
     rank = index.rank(operands.q)
     if operands.q in made or operands.k in made or operands.output_perm is not None:
         raise Unsupported(
+            FallbackKind.ESCAPES,
             "the scores are also read by Shape, and Q or K is rebuilt for the node (a layout, "
-            "a sink key or a view): the shape cannot be recomputed before it"
+            "a sink key or a view): the shape cannot be recomputed before it",
         )
     if rank is None or index.rank(operands.k) != rank or rank < 3:
-        raise Unsupported("the scores are also read by Shape, and Q's and K's ranks differ")
+        raise Unsupported(
+            FallbackKind.ESCAPES, "the scores are also read by Shape, and Q's and K's ranks differ"
+        )
     replaced: dict[int, list[onnx.NodeProto]] = {}
     for position, tensor in readers.items():
         reader = index.graph.node[position]
         if index.rank(tensor) not in (None, rank):
             raise Unsupported(
-                f"Shape '{reader.name}' reads scores of another rank than Q's (a broadcast mask)"
+                FallbackKind.ESCAPES,
+                f"Shape '{reader.name}' reads scores of another rank than Q's (a broadcast mask)",
             )
         nodes: list[onnx.NodeProto] = []
         add = node_adder(edit, base, nodes)

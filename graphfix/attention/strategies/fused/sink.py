@@ -51,11 +51,10 @@ from graphfix.attention.match_types import (
     MaskStep,
     PassStep,
     ReshapeStep,
-    ScaleSide,
-    ScaleStep,
     ShiftStep,
     SoftcapStep,
 )
+from graphfix.attention.strategies.base import FallbackKind
 from graphfix.attention.strategies.fused.mask import MaskPlan
 from graphfix.attention.strategies.fused.nodes import node_adder
 from graphfix.attention.strategies.fused.operands import Operands
@@ -73,38 +72,31 @@ def check_sink_steps(edit: GraphEdit, match: AttentionMatch, softcap: float) -> 
     and a softcap come after the Concat.  True when a softcap comes before it: the node soft-caps
     every score, the original leaves the sink logit alone, so add_sink_key must pre-compensate."""
     assert match.sink is not None
-    index = edit.index
-    concat = next(
-        (
-            index.graph.node[p]
-            for p in match.chain_positions
-            if index.graph.node[p].op_type == "Concat"
-        ),
-        None,
-    )
-    if concat is None or len(concat.input) != 2:
-        raise Unsupported(f"the sink Concat '{match.sink.concat}' is not a Concat of two inputs")
-    scores_in = concat.input[0 if match.sink.scores_first else 1]
-    qk = index.graph.node[match.chain_positions[0]]
-    on_scores = [
-        s for s in match.steps if not (isinstance(s, ScaleStep) and s.side is not ScaleSide.SCORES)
-    ]
-    outputs = [getattr(s, "output", None) for s in on_scores]
-    if scores_in == qk.output[0]:
+    scores_in = match.sink.scores_input
+    on_scores = list(match.score_steps)
+    outputs = [s.output for s in on_scores]
+    if scores_in == match.qk.node.output[0]:
         after = on_scores
     elif scores_in in outputs:
         after = on_scores[outputs.index(scores_in) + 1 :]
     else:
-        raise Unsupported(f"the sink Concat '{match.sink.concat}' does not read the scores' chain")
+        raise Unsupported(
+            FallbackKind.SINK,
+            f"the sink Concat '{match.sink.concat}' does not read the scores' chain",
+        )
     for step in match.steps:
         if isinstance(step, ReshapeStep):
-            raise Unsupported(f"{step.op} '{step.node}' reshapes the scores of a chain with a sink")
+            raise Unsupported(
+                FallbackKind.RESHAPE,
+                f"{step.op} '{step.node}' reshapes the scores of a chain with a sink",
+            )
     for step in after:
         # a softcap of the whole row soft-caps the sink logit as the node does: cap·tanh(sink/cap)
         if not isinstance(step, (ShiftStep, CastStep, PassStep, SoftcapStep)):
             raise Unsupported(
+                FallbackKind.SINK,
                 f"'{node_of(step)}' comes after the sink Concat '{match.sink.concat}' and would "
-                "apply to the sink logit as well"
+                "apply to the sink logit as well",
             )
     return bool(softcap) and not any(isinstance(s, SoftcapStep) for s in after)
 
@@ -125,25 +117,32 @@ def add_sink_key(
     index = edit.index
     opset = next((o.version for o in edit.model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if opset < 13:
-        raise Unsupported(f"an attention sink in opset {opset} (the sink key needs Pad-13)")
+        raise Unsupported(
+            FallbackKind.SINK, f"an attention sink in opset {opset} (the sink key needs Pad-13)"
+        )
     if mask.causal:  # pragma: no cover - plan_mask is asked not to use the flag
-        raise Unsupported("an attention sink with the node's causal flag")
+        raise Unsupported(FallbackKind.SINK, "an attention sink with the node's causal flag")
     sink = match.sink.sink
     elem = index.elem_type(operands.q)
     sink_elem = index.elem_type(sink)
     if elem not in _TERMS or sink_elem is None:
-        raise Unsupported("the sink logits' or Q's element type is unknown")
+        raise Unsupported(FallbackKind.TYPES, "the sink logits' or Q's element type is unknown")
     shape = _shapes(edit, operands)
     q_shape, sink_shape = shape(operands.q), index.shape(sink)
     rank = None if q_shape is None else len(q_shape)
     if rank is None or sink_shape is None or len(sink_shape) != rank:
-        raise Unsupported("the sink logits' rank differs from Q's (or is unknown)")
+        raise Unsupported(
+            FallbackKind.SINK, "the sink logits' rank differs from Q's (or is unknown)"
+        )
     if isinstance(sink_shape[-1], int) and sink_shape[-1] != 1:
-        raise Unsupported(f"the sink Concat adds {sink_shape[-1]} columns, not one")
+        raise Unsupported(
+            FallbackKind.SINK, f"the sink Concat adds {sink_shape[-1]} columns, not one"
+        )
     for a, b in zip(sink_shape[:-1], q_shape[:-1], strict=True):
         if isinstance(a, int) and isinstance(b, int) and a != b:
             raise Unsupported(
-                f"the sink logits {list(sink_shape)} do not line up with Q {list(q_shape)}"
+                FallbackKind.SINK,
+                f"the sink logits {list(sink_shape)} do not line up with Q {list(q_shape)}",
             )
     value = index.constant_value(sink)
     nodes: list[onnx.NodeProto] = []
@@ -155,7 +154,8 @@ def add_sink_key(
         scaled = np.asarray(value, np.float64) / operands.scale
         if not np.isfinite(scaled).all() or np.abs(scaled).max(initial=0) > _MAX.get(elem, 3.3e38):
             raise Unsupported(
-                "a sink logit that is not finite or overflows Q's type over the scale"
+                FallbackKind.SINK,
+                "a sink logit that is not finite or overflows Q's type over the scale",
             )
 
     add = node_adder(edit, base, nodes)
@@ -203,13 +203,13 @@ def add_sink_key(
     # K' = K with 8 zero columns and one more key [0 … 0, 1 … 1, 0 …] (or Kᵀ's column).
     k_shape, v_shape = shape(operands.k), shape(operands.v)
     if k_shape is None or v_shape is None:
-        raise Unsupported("K's or V's rank is unknown")
+        raise Unsupported(FallbackKind.OPERANDS, "K's or V's rank is unknown")
     k_rank, v_rank = len(k_shape), len(v_shape)
     d_axis, t_axis = (-2, -1) if operands.k_transposed else (-1, -2)
     k = add("Pad", [operands.k, pads(k_rank, {d_axis: PAD}), zero], "k_sink_pad")
     d = k_shape[d_axis]
     if not isinstance(d, int):
-        raise Unsupported("K's head dimension is not static")
+        raise Unsupported(FallbackKind.OPERANDS, "K's head dimension is not static")
     row = np.zeros(d + PAD, dtype)
     row[d : d + terms] = 1
     row = row.reshape((1,) * (k_rank - 2) + ((1, d + PAD) if t_axis == -2 else (d + PAD, 1)))
@@ -247,15 +247,17 @@ def _uncapped(
     softcap is the sink logit.  Only for a constant sink well inside (-cap, cap)."""
     if value is None:
         raise Unsupported(
+            FallbackKind.SINK,
             "a sink logit computed at run time after a softcap: the node soft-caps the sink, and "
             "undoing that (cap·atanh(sink / cap)) is exact only for |sink| < cap, which the graph "
-            "does not say"
+            "does not say",
         )
     ratio = np.asarray(value, np.float64) / cap
     if not np.isfinite(ratio).all() or np.abs(ratio).max(initial=0) > 0.9:
         raise Unsupported(
+            FallbackKind.SINK,
             f"a sink logit within 10% of the softcap {cap:g} (or beyond): the node soft-caps the "
-            "sink, and undoing that (cap·atanh(sink / cap)) would lose precision"
+            "sink, and undoing that (cap·atanh(sink / cap)) would lose precision",
         )
     uncapped = (cap * np.arctanh(ratio)).astype(np.float32)
     name = edit.unique(f"{base}/sink_uncapped")
@@ -301,9 +303,11 @@ def _pad_mask(edit: GraphEdit, match: AttentionMatch, base: str, mask: MaskPlan)
     sources = [s.source for s in match.steps if isinstance(s, (MaskStep, BiasStep))]
     shapes = [index.shape(s) for s in sources]
     if not shapes or any(s is None for s in shapes):
-        raise Unsupported("a mask of unknown shape with an attention sink")
+        raise Unsupported(FallbackKind.SINK, "a mask of unknown shape with an attention sink")
     if all(len(s) == 0 or s[-1] == 1 for s in shapes):
-        raise Unsupported("a mask broadcast over the keys with an attention sink")
+        raise Unsupported(
+            FallbackKind.SINK, "a mask broadcast over the keys with an attention sink"
+        )
     rank = max(len(s) for s in shapes)
     nodes: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
@@ -337,6 +341,6 @@ def _mask_elem(index, match: AttentionMatch) -> int:
     biases = [s.source for s in match.steps if isinstance(s, BiasStep)]
     types = {index.elem_type(b) for b in biases}
     if len(types) != 1 or None in types:
-        raise Unsupported("the additive mask's element type is unknown")
+        raise Unsupported(FallbackKind.TYPES, "the additive mask's element type is unknown")
     (elem,) = types
     return elem

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from graphfix.attention.match_types import ChainStep
+from graphfix.attention.strategies.base import FallbackKind
+
 
 class Unsupported(Exception):
-    """Why this chain cannot become one GraphfixAttention node."""
+    """Why this chain cannot become one GraphfixAttention node: `kind`, and the text."""
+
+    def __init__(self, kind: FallbackKind, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
 
 
-def node_of(step: object) -> str:
-    return getattr(step, "node", "") or "/".join(getattr(step, "nodes", ()))
+def node_of(step: ChainStep) -> str:
+    return "/".join(n.name for n in step.nodes)
 
 
 def shape_text(shape: tuple | None) -> str:

@@ -1,0 +1,147 @@
+"""The fuzzing campaign (tests/fuzz_onnx.py): a smoke run, and each finding fixed as a regression.
+
+The campaign itself (`python tests/fuzz_onnx.py --cases 20000`) runs outside CI; this file runs a
+fixed, seeded slice of it and replays the cases that once crashed graphfix.
+"""
+
+from __future__ import annotations
+
+import fuzz_onnx
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from onnx import TensorProto, helper, numpy_helper
+
+from graphfix.errors import ModelLoadError
+from graphfix.examples import vit_example
+from graphfix.model_io import load_model
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+@given(plan=fuzz_onnx.plans())
+def test_fuzz_smoke(plan):
+    outcome = fuzz_onnx.run_case(plan)
+    assert outcome.ok, f"{plan.to_json()}\n{outcome.findings[0].detail}"
+
+
+# (plan, answers the commands must give among theirs): cases the campaign found, replayed.
+REGRESSIONS = [
+    (  # an initializer's raw_data shorter than its shape: numpy's reshape error escaped inspect
+        '{"command": "qdq", "mutations": [{"a": 3198, "b": 579, "c": 10726, "kind": '
+        '"raw_truncate"}], "seed": "eager_bf16-legacy17", "strategy": "plugin"}',
+        [("inspect", 2)],
+    ),
+    (  # an initializer retyped with its bytes kept: the checker accepts data longer than needed
+        '{"command": "inspect", "mutations": [{"a": 363, "b": 198, "c": 488, "kind": "dtype"}, '
+        '{"a": 363, "b": 198, "c": 488, "kind": "dtype"}, {"a": 363, "b": 8119, "c": 499, '
+        '"kind": "dtype"}], "seed": "eager_einsum-legacy17", "strategy": "plugin"}',
+        [("inspect", 2)],
+    ),
+    (  # a Constant node's value cut short: its reading escaped the matcher's constant folding
+        '{"command": "locate", "mutations": [{"a": 537, "b": 21950, "c": 44463, "kind": '
+        '"constant_value"}, {"a": 537, "b": 19295, "c": 1799, "kind": "constant_value"}], '
+        '"seed": "sdpa_cross-legacy17", "strategy": "max_subtract"}',
+        [("inspect", 2)],
+    ),
+    (  # a graph input 2**40 long: validate drew its random inputs until numpy gave up
+        '{"command": "validate", "mutations": [{"a": 5809, "b": 2051, "c": 2834, "kind": "dim"}, '
+        '{"a": 2834, "b": 2051, "c": 2834, "kind": "dim"}, {"a": 5809, "b": 2051, "c": 2834, '
+        '"kind": "dim"}], "seed": "vit_demo", "strategy": "max_subtract"}',
+        [("validate", 2)],
+    ),
+    (  # an initializer of element type 999: numpy's type table raised KeyError
+        '{"command": "inspect", "mutations": [{"a": 76, "b": 76, "c": 76, "kind": "dtype"}], '
+        '"seed": "eager_einsum-legacy17", "strategy": "fused_plugin"}',
+        [("inspect", 2)],
+    ),
+    (  # external data of length -5: precision's streamed conversion read a negative length
+        '{"command": "locate", "mutations": [{"a": 85, "b": 16505, "c": 9012, "kind": '
+        '"external"}, {"a": 15172, "b": 16483, "c": 1917, "kind": "dim"}], "seed": '
+        '"sdpa_mask-dynamo23", "strategy": "plugin"}',
+        [("inspect", 2)],
+    ),
+    (  # an int8 weight cut short, read as a reference into the .onnx file (1 KB and more)
+        '{"command": "inspect", "mutations": [{"a": 22193, "b": 22193, "c": 2408, "kind": '
+        '"raw_truncate"}], "seed": "sdpa_mask-ort_qdq", "strategy": "fused_plugin"}',
+        [("inspect", 2)],
+    ),
+    (  # Cast(to=99): the element type's name was looked up in onnx's enum, which raised
+        '{"command": "locate", "mutations": [{"a": 4859, "b": 4859, "c": 6386, "kind": '
+        '"attr_value"}], "seed": "sdpa_fp16-legacy17", "strategy": "mark_output"}',
+        [("inspect", 2)],
+    ),
+    (  # a value_info of element type 999: the fused strategy named it through onnx's enum
+        '{"command": "validate", "mutations": [{"a": 41470, "b": 13760, "c": 379, "kind": '
+        '"dtype"}, {"a": 447, "b": 215, "c": 4847, "kind": "rank"}, {"a": 4770, "b": 79, "c": '
+        '9223, "kind": "name_clash"}], "seed": "sdpa_mask-dynamo18", "strategy": "fused_plugin"}',
+        [("inspect", 2)],
+    ),
+    (  # graph input and output of element type UNDEFINED: onnxruntime's symbolic shape
+        # inference (the Q/DQ lint's) looped for ever
+        '{"command": "inspect", "mutations": [{"a": 1153, "b": 130, "c": 1220, "kind": "dtype"}, '
+        '{"a": 65536, "b": 130, "c": 4592, "kind": "dtype"}, {"a": 2094, "b": 36599, "c": 130, '
+        '"kind": "softmax_axis"}], "seed": "sdpa_causal_dynamic-legacy17", "strategy": "plugin"}',
+        [("inspect", 2)],
+    ),
+    (  # a graph input 2**40 long, through locate's reference run
+        '{"command": "locate", "mutations": [{"a": 144, "b": 9759, "c": 9499, "kind": "dim"}], '
+        '"seed": "moe_router-legacy17", "strategy": "mark_output"}',
+        [("locate", 2)],
+    ),
+]
+
+
+@pytest.mark.parametrize(("plan", "exits"), REGRESSIONS)
+def test_fuzz_regression(plan, exits):
+    outcome = fuzz_onnx.run_case(fuzz_onnx.Plan.from_json(plan))
+    assert outcome.ok, outcome.findings[0].detail
+    assert all(pair in outcome.exits for pair in exits), outcome.exits
+
+
+def _saved(model: onnx.ModelProto, tmp_path) -> str:
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    return str(path)
+
+
+def test_truncated_tensor_data_is_a_load_error(tmp_path):
+    model = vit_example()
+    weight = model.graph.initializer[0]
+    weight.raw_data = weight.raw_data[:5]
+    with pytest.raises(ModelLoadError, match=rf"not a valid ONNX model: .*{weight.name}"):
+        load_model(_saved(model, tmp_path), load_weights=False)
+
+
+def test_a_cycle_is_a_load_error(tmp_path):
+    nodes = [
+        helper.make_node("Relu", ["b"], ["a"], name="first"),
+        helper.make_node("Relu", ["a"], ["b"], name="second"),
+        helper.make_node("Add", ["x", "b"], ["y"], name="out"),
+    ]
+    value = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        nodes, "g", [value("x", TensorProto.FLOAT, [2])], [value("y", TensorProto.FLOAT, [2])]
+    )
+    with pytest.raises(ModelLoadError, match="topologically sorted"):
+        load_model(_saved(helper.make_model(graph), tmp_path), load_weights=False)
+
+
+def test_weights_on_disk_are_not_read_to_check_the_structure(tmp_path):
+    """The check runs without the weights: a model whose data file holds garbage of the right
+    length loads (its bytes are only the runtime's business), one with a dangling input does not."""
+    model = vit_example()
+    onnx.save(model, tmp_path / "m.onnx", save_as_external_data=True, location="m.data")
+    data = tmp_path / "m.data"
+    data.write_bytes(np.full(data.stat().st_size, 0xFF, np.uint8).tobytes())
+    assert load_model(tmp_path / "m.onnx", load_weights=False).model.graph.initializer
+    model.graph.node[1].input[0] = "nowhere"
+    model.graph.initializer.append(numpy_helper.from_array(np.ones(3, np.float32), "extra"))
+    with pytest.raises(ModelLoadError, match="nowhere"):
+        load_model(_saved(model, tmp_path), load_weights=False)
