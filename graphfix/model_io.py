@@ -30,7 +30,6 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import EncodeError, Message
 from onnx.helper import tensor_dtype_to_np_dtype
 
-from graphfix import progress
 from graphfix.embedded_weights import (
     MalformedModel,
     load_referencing_embedded,
@@ -43,6 +42,7 @@ from graphfix.errors import (
     OutputPathError,
     UnsupportedModelError,
 )
+from graphfix.progress import step
 
 # What public functions accept as a model: the proto itself, or the path of an .onnx file.
 ModelArg = onnx.ModelProto | str | os.PathLike[str]
@@ -691,7 +691,7 @@ def remove_stale_temporaries(folder: Path) -> tuple[Path, ...]:
                     os.unlink(entry.path)
                 removed.append(Path(entry.path))
     if removed:
-        progress.step(f"removed {len(removed)} temporary file(s) a killed run left in {folder}")
+        step(f"removed {len(removed)} temporary file(s) a killed run left in {folder}")
     return tuple(removed)
 
 

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from graphfix import progress
 from graphfix.cli.options import Option, add_options, api_kwargs
 from graphfix.errors import GraphfixError, SelectionError
+from graphfix.progress import reporting
 
 # A command's modules load when it runs (and its parser is built only for it, see `main`):
 # `graphfix precision` starts without the rewrite strategies' tables, validation, locate or the
@@ -316,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _raise_terminated)
     shows_progress = not (args.quiet or getattr(args, "json", False)) and sys.stderr.isatty()
     try:
-        with progress.reporting(enabled=shows_progress):
+        with reporting(enabled=shows_progress):
             return int(args.func(args) or 0)
     except GraphfixError as exc:
         print(f"graphfix: error: {exc}", file=sys.stderr)

@@ -28,9 +28,9 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from graphfix import progress
 from graphfix.errors import UsageError
 from graphfix.model_io import LoadedModel, load_model
+from graphfix.progress import step as report_step
 from graphfix.qdq import rules
 from graphfix.qdq.lint import attention_sites, lint_view
 from graphfix.qdq.report import ErrorCheck, QdqChange, QdqFixReport, QdqFixResult
@@ -85,7 +85,7 @@ def fix_qdq(
     notes: list[str] = []
     current = view.index.model
     for step in PASSES:
-        progress.step(f"Q/DQ fix: {step.__name__.replace('_', ' ')}")
+        report_step(f"Q/DQ fix: {step.__name__.replace('_', ' ')}")
         if guard is None:
             made, current = _apply(current, step, sites, _everything, loaded.base_dir)
         else:
