@@ -18,6 +18,7 @@ import subprocess
 from pathlib import Path
 
 import budgets
+import cache_dirs
 import model_corpus
 import pytest
 
@@ -71,6 +72,13 @@ def _leaves_the_source_tree_alone():
             f"new in the source tree while this module ran: {', '.join(added[:10])}; "
             "tests write under tmp_path or cache_dirs.root()"
         )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # hypothesis (tests/test_fuzz.py) keeps its files in ./.hypothesis unless told otherwise.
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    set_hypothesis_home_dir(cache_dirs.root() / "hypothesis")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
