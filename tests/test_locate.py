@@ -225,6 +225,8 @@ def test_planted_overflow_in_real_export(entry, tmp_path):
     check = validate(fault.model, emulate_low_precision(report.fixed_model), backend="onnxruntime")
     assert check.passed and check.tolerance.atol == 1e-2  # float16 tolerance
     assert 0 < len(report.fixed.float32_nodes) < len(fault.model.graph.node) // 4
+    onnx.checker.check_model(report.fixed_model, full_check=True)  # what --apply writes
+    onnx.shape_inference.infer_shapes(report.fixed_model, strict_mode=True)
 
 
 @pytest.fixture
@@ -260,6 +262,7 @@ def test_json_document_and_apply_writes_model(planted_files, tmp_path, capsys):
     fixed = document["fixed"]
     assert fixed["path"] == str(out) and fixed["passed"] is True
     assert fixed["float32_nodes"] and fixed["error"] < 1e-2
+    onnx.checker.check_model(str(out), full_check=True)
     fixed_model = emulate_low_precision(onnx.load(out))
     assert validate(planted_files, fixed_model, backend="onnxruntime").passed
     assert (tmp_path / "plots" / "locate_error_by_depth.png").stat().st_size > 10_000

@@ -767,3 +767,46 @@ def test_mask_constant_that_does_not_qualify_keeps_the_chain_float32(case):
     np.testing.assert_allclose(
         _run(result.model, feed)[0], _run(model, feed)[0], rtol=1e-2, atol=1e-2
     )
+
+
+def test_constant_of_shape_without_a_value_makes_zeros_of_the_target_type():
+    # torch.zeros / new_zeros in a dynamo export: ConstantOfShape with no `value` (float32 zeros)
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"], name="shape"),
+        helper.make_node("ConstantOfShape", ["s"], ["z"], name="zeros"),
+        helper.make_node("Add", ["x", "z"], ["a"], name="add"),
+        helper.make_node("MatMul", ["a", "w"], ["y"], name="matmul"),
+    ]
+    weight = numpy_helper.from_array(RNG.standard_normal((4, 4)).astype(np.float32), "w")
+    model = _model(nodes, [_vi("x")], [_vi("y")], [weight])
+    result = convert_precision(model)
+    (zeros,) = [n for n in result.model.graph.node if n.op_type == "ConstantOfShape"]
+    (value,) = [a.t for a in zeros.attribute if a.name == "value"]
+    assert value.data_type == F16 and numpy_helper.to_array(value).tolist() == [0]
+    onnx.checker.check_model(result.model, full_check=True)
+    x = RNG.standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_allclose(_run(result.model, {"x": x})[0], _run(model, {"x": x})[0], atol=1e-2)
+
+
+@pytest.mark.parametrize("opset", [14, 16])
+def test_bfloat16_keeps_an_op_float32_where_its_schema_has_no_bfloat16(opset: int):
+    nodes = [
+        helper.make_node("Greater", ["x", "zero"], ["positive"], name="greater"),
+        helper.make_node("Where", ["positive", "x", "zero"], ["relu"], name="where"),
+        helper.make_node("MatMul", ["relu", "w"], ["y"], name="matmul"),
+    ]
+    inits = [
+        numpy_helper.from_array(np.zeros((), np.float32), "zero"),
+        numpy_helper.from_array(RNG.standard_normal((4, 4)).astype(np.float32), "w"),
+    ]
+    model = _model(nodes, [_vi("x")], [_vi("y")], inits, opset=opset)
+    result = convert_precision(model, to="bfloat16")
+    typed = [r for i in result.report.islands for r in i.reasons if r.reason is Reason.TYPE]
+    if opset == 14:  # Where takes bfloat16 from opset 16
+        assert [(r.nodes, r.detail) for r in typed] == [
+            (("where",), "Where has no bfloat16 at opset 14 (ONNX accepts it from opset 16)")
+        ]
+    else:
+        assert typed == []
+    onnx.checker.check_model(result.model, full_check=True)
+    onnx.shape_inference.infer_shapes(result.model, strict_mode=True)

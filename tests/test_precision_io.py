@@ -110,6 +110,7 @@ def test_cli_writes_the_converted_weights_next_to_the_output(tmp_path: Path, cap
     assert document["report"]["to"] == "float16"
     assert sorted(p.name for p in out.parent.iterdir()) == ["half.onnx", "half.onnx.data"]
     assert (out.parent / "half.onnx.data").stat().st_nlink == 1
+    onnx.checker.check_model(str(out), full_check=True)  # by path: the weights stay on disk
     feed = _feed(model)
     np.testing.assert_allclose(_run(str(out), feed)[0], _run(model, feed)[0], atol=1e-2, rtol=1e-2)
 
@@ -402,3 +403,16 @@ def test_subgraph_weight_on_disk_kept_when_the_new_data_file_has_the_input_s_nam
     np.testing.assert_allclose(
         _run(str(result.source), feed)[0], _run(str(source), feed)[0], atol=1e-2, rtol=1e-2
     )
+
+
+def test_cli_refuses_a_quantized_model_in_one_line(tmp_path: Path, capsys) -> None:
+    from qdq_graphs import residual_block
+
+    src = tmp_path / "int8.onnx"
+    onnx.save(residual_block(qdq_on_conv=True, qdq_on_skip=True), src)
+    out = tmp_path / "half.onnx"
+    assert main(["precision", str(src), "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the model is quantized (" in err[0]
+    assert "convert the float32 model first, then quantize the result" in err[0]
+    assert not out.exists()

@@ -64,3 +64,20 @@ def test_fix_writes_the_model_and_refuses_to_overwrite(planted, tmp_path, capsys
     assert onnx.load(out).graph.node
     assert main(["qdq", "fix", str(planted), "-o", str(out)]) == 2
     assert "exists" in capsys.readouterr().err
+
+
+def test_fix_of_a_fixed_model_changes_nothing_and_writes_nothing(planted, tmp_path, capsys):
+    fixed = tmp_path / "fixed.onnx"
+    assert main(["qdq", "fix", str(planted), "-o", str(fixed)]) == 0
+    assert "1 changes" in capsys.readouterr().out
+    again = tmp_path / "again.onnx"
+    assert main(["qdq", "fix", str(fixed), "-o", str(again)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("0 changes")
+    assert f"nothing to change in {fixed}; wrote nothing (pass --always-write" in out
+    assert not again.exists()
+    assert main(["qdq", "fix", str(fixed), "-o", str(again), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["saved"] is None and not again.exists()
+    assert main(["qdq", "fix", str(fixed), "-o", str(again), "--always-write"]) == 0
+    assert f"saved {again}" in capsys.readouterr().out
+    assert onnx.load(again).graph.node == onnx.load(fixed).graph.node

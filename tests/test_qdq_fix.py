@@ -63,28 +63,33 @@ def test_reformat_only_pair_is_removed_and_the_norm_reads_float():
 
 
 def test_concat_inputs_are_requantized_with_the_output_scale():
+    # Concat → Q/DQ → a quantized 1×1 Conv: the Concat's output pair feeds INT8 compute and stays
+    weight = (RNG.standard_normal((2, 8, 1, 1)) * 0.3).astype(np.float32)
     nodes = [
         helper.make_node("Concat", ["a", "b"], ["c"], name="concat", axis=1),
-        helper.make_node("Relu", ["c"], ["y"], name="relu"),
+        helper.make_node("Conv", ["c", "w"], ["y"], name="conv"),
     ]
     shape = (1, 4, 8, 8)
-    reference = model(nodes, [value("a", shape), value("b", shape)], [value("y", (1, 8, 8, 8))])
+    reference = model(nodes, [value("a", shape), value("b", shape)], [value("y", (1, 2, 8, 8))])
+    reference.graph.initializer.append(numpy_helper.from_array(weight, "w"))
     planted = onnx.ModelProto()
     planted.CopyFrom(reference)
     add_pair(planted, "a", scale=0.013)
     add_pair(planted, "b", scale=0.031)
-    add_pair(planted, "c", scale=0.02, consumers=("relu",))
+    add_pair(planted, "c", scale=0.02, consumers=("conv",))
+    add_pair(planted, "w", scale=0.01, consumers=("conv",))
     feeds = {n: RNG.standard_normal(shape).astype(np.float32) for n in "ab"}
     result = fix_qdq(planted, reference=reference, feeds=[feeds])
-    assert sum(c.rule == "concat-scale-mismatch" for c in result.report.changes) == 2
+    assert [c.rule for c in result.report.changes] == ["concat-scale-mismatch"] * 2
     assert result.report.after.count("concat-scale-mismatch") == 0
     # one rounding onto the output grid: exactly fake-quant(concat(a, b)) with scale 0.02
-    expected = np.maximum(
-        np.clip(np.round(np.concatenate([feeds["a"], feeds["b"]], 1) / 0.02), -128, 127) * 0.02, 0
-    )
-    np.testing.assert_allclose(outputs(result.model, feeds)[0], expected, rtol=0, atol=1e-7)
+    grid = np.clip(np.round(np.concatenate([feeds["a"], feeds["b"]], 1) / 0.02), -128, 127) * 0.02
+    weights = np.clip(np.round(weight / 0.01), -128, 127) * 0.01
+    expected = np.einsum("oc,nchw->nohw", weights[:, :, 0, 0], grid)
+    np.testing.assert_allclose(outputs(result.model, feeds)[0], expected, rtol=0, atol=1e-5)
     assert result.report.error.passed
     assert result.report.error.after_mean_abs < result.report.error.before_mean_abs
+    assert fix_qdq(result.model).report.changes == ()  # the fixpoint
 
 
 def test_duplicate_quantizers_are_merged():

@@ -16,6 +16,7 @@ from graphfix.attention.strategies import Outcome, get_strategy
 from graphfix.errors import SelectionError
 from graphfix.graph.edit import GraphEdit
 from graphfix.graph.index import GraphIndex
+from graphfix.graph.value_info import reconcile_value_info
 from graphfix.model_io import LoadedModel, load_model
 from graphfix.plugins.spec import PLUGIN_DOMAIN, ensure_plugin_opset
 from graphfix.selectors import parse_selectors, select_nodes
@@ -72,6 +73,7 @@ def fix_attention(
             target.CopyFrom(scope.model.graph)
     if any(_has_plugin_nodes(scope.model.graph) for _, _, scope in scopes):
         ensure_plugin_opset(result)
+    reconcile_value_info(result, base_dir=loaded.base_dir)
     blocks = [outcomes[m.index] for m in scan.matches]
     report = FixReport(
         strategy=chosen_strategy.name,

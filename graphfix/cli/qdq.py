@@ -97,10 +97,12 @@ def _cmd_fix(args: argparse.Namespace) -> int:
     check_output_path(loaded.model, args.output, source=loaded.path, overwrite=args.overwrite)
     result = fix_qdq(loaded.path, reference=args.reference, max_trials=args.max_trials)
     report = result.report
-    step(f"writing {args.output}")
-    saved = save_model(result.model, args.output, source=loaded.path, overwrite=args.overwrite)
+    saved = None
+    if report.changes or args.always_write:
+        step(f"writing {args.output}")
+        saved = save_model(result.model, args.output, source=loaded.path, overwrite=args.overwrite)
     if args.json:
-        print_json(report, saved=saved.path)
+        print_json(report, saved=None if saved is None else saved.path)
     else:
         print(f"{len(report.changes)} changes")
         counts: dict[tuple[str, str], int] = defaultdict(int)
@@ -133,7 +135,12 @@ def _cmd_fix(args: argparse.Namespace) -> int:
             print(describe_error(report.error))
         else:
             print("error against the float model not measured (pass --reference FLOAT.onnx)")
-        print(saved.describe())
+        print(
+            saved.describe()
+            if saved is not None
+            else f"nothing to change in {source}; wrote nothing (pass --always-write to write "
+            "anyway)"
+        )
     if report.error is not None and not report.error.passed:
         raise CheckFailed(describe_error(report.error))
     return 0
@@ -174,6 +181,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="error evaluations the --reference guard may spend (default 48)",
     )
     fix.add_argument("--overwrite", action="store_true", default=None, help="replace OUT")
+    fix.add_argument(
+        "--always-write",
+        action="store_true",
+        help="write the model even when nothing was changed",
+    )
     fix.add_argument("--all", action="store_true", help="list every change and what is left")
     fix.add_argument("--json", action="store_true", help="print the report as JSON")
     fix.set_defaults(func=_cmd_fix)

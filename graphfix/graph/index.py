@@ -180,7 +180,7 @@ class GraphIndex:
     def _infer_value_info(self) -> dict[str, onnx.ValueInfoProto]:
         infos: dict[str, onnx.ValueInfoProto] = {}
         self._shape_inference_problem: str | None = None
-        model = self._inference_model()
+        model = self.inference_model()
         # strict first, for the reason when it fails (the user sees it); then lenient, which
         # keeps every shape it could infer
         try:
@@ -195,7 +195,7 @@ class GraphIndex:
             infos[vi.name] = vi
         return infos
 
-    def _inference_model(self) -> onnx.ModelProto:
+    def inference_model(self) -> onnx.ModelProto:
         """What shape inference needs, and no more: small initializers (shape tensors, scales)
         with their values, read from disk if external; weights by type and dims only.
 

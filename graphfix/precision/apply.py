@@ -295,11 +295,15 @@ class PlanApplier:
             a.name == "dtype" for a in node.attribute
         ):
             node.attribute.append(helper.make_attribute("dtype", self.target))
+        if node.op_type == "ConstantOfShape" and not any(a.name == "value" for a in node.attribute):
+            # no `value`: float32 zeros (`torch.zeros`/`new_zeros` exports); zeros of the target
+            zero = onnx.numpy_helper.from_array(np.zeros(1, np.float32))
+            node.attribute.append(
+                helper.make_attribute("value", weights.convert_in_memory(zero, self.to, ""))
+            )
         if node.op_type == "Constant":
             for attr in list(node.attribute):
                 if attr.name in ("value_float", "value_floats"):
-                    import numpy as np
-
                     values = np.asarray(helper.get_attribute_value(attr), dtype=np.float32)
                     node.attribute.remove(attr)
                     tensor = onnx.numpy_helper.from_array(values)

@@ -24,7 +24,8 @@ import onnx
 from graphfix.attention.matcher import scan_graph
 from graphfix.errors import UsageError
 from graphfix.float_types import LOW_PRECISIONS, FloatType, spellings
-from graphfix.graph.index import GraphIndex, node_label
+from graphfix.graph.index import GraphIndex, all_graphs, node_label
+from graphfix.graph.value_info import reconcile_value_info
 from graphfix.model_io import LoadedModel, load_model
 from graphfix.precision import norms, weights
 from graphfix.precision.apply import PlanApplier
@@ -34,7 +35,7 @@ from graphfix.precision.islands import FLOAT, Forced, Plan, Planner, islands_of
 from graphfix.precision.mask_fill import MaskFill, find_mask_fills, lower_mask_fills
 from graphfix.precision.norm_types import NormKind
 from graphfix.precision.norms import UnfusedNorm
-from graphfix.precision.policy import Reason
+from graphfix.precision.policy import Reason, untyped_in
 from graphfix.precision.report import (
     Island,
     IslandReason,
@@ -108,7 +109,23 @@ def convert_precision(
 
 def _refuse_low_precision(model: onnx.ModelProto) -> None:
     """A model already holding float16/bfloat16 weights or inputs chose its own float32 parts
-    (a Softmax between Casts, say): converting those would undo the exporter's choice."""
+    (a Softmax between Casts, say): converting those would undo the exporter's choice.  A
+    quantized (Q/DQ) model's scales and the float ops between its quantizers were calibrated in
+    float32: retyping them is not a precision conversion graphfix can vouch for."""
+    quantizers = [
+        n
+        for graph in all_graphs(model.graph)
+        for n in graph.node
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear") and n.domain in ("", "ai.onnx")
+    ]
+    if quantizers:
+        first = quantizers[0]
+        raise UsageError(
+            f"the model is quantized ({len(quantizers)} QuantizeLinear/DequantizeLinear nodes, "
+            f"e.g. {first.op_type} '{first.name or first.output[0]}'); convert_precision "
+            "converts float32 models: convert the float32 model first, then quantize the "
+            "result (or keep this one as it is; `graphfix qdq inspect` checks it)"
+        )
     low = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
     for tensor in model.graph.initializer:
         if tensor.data_type in low:
@@ -189,6 +206,9 @@ def _convert(
     step(f"rewriting the graph and its weights in {to}")
     rewrite.apply()
     source = place_weights(rewrite, base_dir, out)
+    reconcile_value_info(work, base_dir=base_dir if source is None else source.parent)
+    if source is not None:
+        source.write_bytes(work.SerializeToString())
     report = _report(
         rewrite,
         before,
@@ -297,6 +317,10 @@ def _forced(
     to: str,
 ) -> dict[int, Forced]:
     forced = planner.default_reasons(out_of_range=out_of_range)
+    for position, node in enumerate(index.graph.node):
+        why = untyped_in(node, index.opset, to, planner.float_tensor)
+        if why is not None:
+            forced.setdefault(position, Forced(Reason.TYPE, why))
     by_name = {n.name: p for p, n in enumerate(index.graph.node) if n.name}
     for norm in unfused:
         names, why = _unfused_float32(norm, to)

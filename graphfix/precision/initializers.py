@@ -80,7 +80,8 @@ def place_weights(
     rewrite: PlanApplier, base_dir: Path | None, out: WeightsOut | None
 ) -> Path | None:
     """Convert initializers once each; weights on disk are streamed into `out`'s data file.
-    Returns the .onnx path the result's external data is relative to (None: all in memory)."""
+    Returns the .onnx path the result's external data is relative to (None: all in memory);
+    the caller writes the finished model there."""
     if out is None or not any(weights.is_external(t) for t in _all_tensors(rewrite.model)):
         _replace_initializers(rewrite, None)
         return None
@@ -106,8 +107,6 @@ def place_weights(
     source = out.data_file.parent / (
         name.removesuffix(".data") if name.endswith(".onnx.data") else "model.onnx"
     )
-    with open(source, "wb") as handle:
-        handle.write(rewrite.model.SerializeToString())
     out.kept = True
     return source
 

@@ -13,7 +13,11 @@ islands.py), not by op type, because ReduceMean alone is harmless.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
+
+import onnx
+from onnx import defs
 
 
 class Reason(str, Enum):
@@ -27,6 +31,7 @@ class Reason(str, Enum):
     ATTENTION = "attention"  # an attention chain kept whole because part of it is float32
     CONTROL_FLOW = "control_flow"  # If/Loop/Scan: kept with their subgraphs in float32
     CUSTOM_OP = "custom_op"  # an op outside the ONNX domain whose float16 support is unknown
+    TYPE = "type"  # the op's schema at the model's opset does not accept the target type
     MERGED = "merged"  # data movement between float32 nodes, kept to avoid Cast pairs
 
 
@@ -54,8 +59,6 @@ FLOAT32_OPS: dict[str, str] = {
     "TopK": "float16 rounding creates ties that change the indices",
     "RoiAlign": "onnxruntime CPU has no float16 kernel",
     "NonMaxSuppression": "box coordinates and scores are float32-only",
-    "QuantizeLinear": "Q/DQ scale types follow the quantizer (see `graphfix qdq`)",
-    "DequantizeLinear": "Q/DQ scale types follow the quantizer (see `graphfix qdq`)",
 }
 
 # Ops that only move, select or reshape data: between float32 nodes (or float32 graph I/O) they
@@ -108,3 +111,35 @@ PLUGIN_DOMAINS = frozenset({"trt.plugins"})
 def is_compute(op_type: str) -> bool:
     """A node that does arithmetic on float values (what the ≥ 80 % float16 target counts)."""
     return op_type not in NOT_COMPUTE
+
+
+def untyped_in(
+    node: onnx.NodeProto, opset: int, to: str, is_float: Callable[[str], bool]
+) -> str | None:
+    """Why `node` (default domain) cannot take its float tensors (`is_float`) in `to` at
+    `opset`, by its ONNX schema's type constraints (Conv has bfloat16 only from opset 22,
+    Where from 16): the model would fail ONNX's checker.  None when it can."""
+    if node.domain not in ("", "ai.onnx") or not defs.has(node.op_type, opset):
+        return None
+    schema = defs.get_schema(node.op_type, opset)
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    wanted = f"tensor({to})"
+    for names, formals in ((node.input, schema.inputs), (node.output, schema.outputs)):
+        for slot, name in enumerate(names):
+            if not formals or not name or not is_float(name):
+                continue
+            types = allowed.get(formals[min(slot, len(formals) - 1)].type_str)
+            if types is not None and "tensor(float)" in types and wanted not in types:
+                since = _first_opset_with(node.op_type, wanted, opset)
+                return f"{node.op_type} has no {to} at opset {opset}" + (
+                    f" (ONNX accepts it from opset {since})" if since else ""
+                )
+    return None
+
+
+def _first_opset_with(op_type: str, wanted: str, opset: int) -> int | None:
+    for version in range(opset + 1, defs.onnx_opset_version() + 1):
+        schema = defs.get_schema(op_type, version)
+        if any(wanted in c.allowed_type_strs for c in schema.type_constraints):
+            return schema.since_version
+    return None

@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 
 from graphfix.errors import UsageError
+from graphfix.graph.value_info import reconcile_value_info
 from graphfix.model_io import LoadedModel, load_model
 from graphfix.progress import step as report_step
 from graphfix.qdq import rules
@@ -38,6 +39,7 @@ from graphfix.qdq.rules import LintContext
 from graphfix.qdq.view import QdqView
 
 Allow = Callable[[str], bool]
+_MAX_ROUNDS = 16  # rounds of all passes; every quantized model of the corpus settles in one
 Pass = Callable[[QdqView, LintContext, Allow], list[QdqChange]]
 
 
@@ -84,16 +86,35 @@ def fix_qdq(
     refused: list[QdqChange] = []
     notes: list[str] = []
     current = view.index.model
-    for step in PASSES:
-        report_step(f"Q/DQ fix: {step.__name__.replace('_', ' ')}")
-        if guard is None:
-            made, current = _apply(current, step, sites, _everything, loaded.base_dir)
-        else:
-            made, current, left = _guarded(current, step, sites, guard, loaded.base_dir)
-            refused += left
-        changes += made
+    for round_number in range(1, _MAX_ROUNDS + 1):
+        # One change can enable another (a merge makes a pair bypassable): the passes repeat
+        # until a round changes nothing, so running the fix again would change nothing.
+        made_in_round: list[QdqChange] = []
+        left_in_round: list[QdqChange] = []
+        for step in PASSES:
+            report_step(f"Q/DQ fix, round {round_number}: {step.__name__.replace('_', ' ')}")
+            if guard is None:
+                made, current = _apply(current, step, sites, _everything, loaded.base_dir)
+            else:
+                made, current, left = _guarded(current, step, sites, guard, loaded.base_dir)
+                left_in_round += left
+            made_in_round += made
+        changes += made_in_round
+        refused = left_in_round  # what the last round's guard left (earlier refusals recur)
+        if not made_in_round:
+            break
+        if round_number == _MAX_ROUNDS:
+            notes.append(
+                f"stopped after {_MAX_ROUNDS} rounds of passes that each still changed the "
+                "model; run `graphfix qdq fix` on the result to continue"
+            )
+            break
+        view = QdqView(current, base_dir=loaded.base_dir)  # shapes for the tensors just made
+        sites = attention_sites(view)
+        current = view.index.model
     fixed = current
     del fixed.graph.value_info[:]  # inferred for the lint; stale names would only mislead
+    reconcile_value_info(fixed, base_dir=loaded.base_dir)
     after = lint_view(QdqView(fixed, base_dir=loaded.base_dir), sites=sites)
     error = None
     if guard is not None:
@@ -118,14 +139,19 @@ def fix_qdq(
 def _apply(
     model: onnx.ModelProto, step: Pass, sites, allow: Allow, base_dir
 ) -> tuple[list[QdqChange], onnx.ModelProto]:
-    """`step` applied to a copy of `model` (only to the nodes `allow` admits)."""
+    """`step` applied to a copy of `model` (only to the nodes `allow` admits), again until it
+    changes nothing: removing a reformat pair can leave the pair before it feeding only float
+    ops, which the next application removes (eight deep in the SVD UNet)."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
-    view = QdqView(copy, base_dir=base_dir, infer_shapes=False)
-    made = step(view, LintContext(view, sites), allow)
-    if made:
+    made: list[QdqChange] = []
+    while True:
+        view = QdqView(copy, base_dir=base_dir, infer_shapes=False)
+        again = step(view, LintContext(view, sites), allow)
+        if not again:
+            return made, copy
         _remove_dead_quantizers(copy)
-    return made, copy
+        made += again
 
 
 def _guarded(model, step: Pass, sites, guard, base_dir):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from graphfix.graph.value_info import reconcile_value_info
 from graphfix.jsonable import plain
 from graphfix.model_io import save_model
 from graphfix.precision.locate.localise import Suspect, TensorError
@@ -148,6 +149,7 @@ def with_remedies(
     found = search_remedies(model, suspects, errors, runner, max_trials=max_trials)
     fixed = None
     if apply and found.model is not None:
+        reconcile_value_info(found.model)  # the trials' converters leave annotations behind
         path = None
         if output is not None and found.passed:
             path = str(save_model(found.model, output, overwrite=overwrite).path)
