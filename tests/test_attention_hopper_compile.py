@@ -26,9 +26,17 @@ pytestmark = pytest.mark.compile
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = {
-    "float16": REPO / "plugins" / "graphfixAttention" / "graphfixAttentionHopperHalf.cu",
-    "bfloat16": REPO / "plugins" / "graphfixAttention" / "graphfixAttentionHopperBFloat16.cu",
-    "float32": REPO / "plugins" / "graphfixAttention" / "graphfixAttentionHopperFloat.cu",
+    "float16": REPO / "plugins" / "graphfixAttention" / "hopper" / "graphfixAttentionHopperHalf.cu",
+    "bfloat16": REPO
+    / "plugins"
+    / "graphfixAttention"
+    / "hopper"
+    / "graphfixAttentionHopperBFloat16.cu",
+    "float32": REPO
+    / "plugins"
+    / "graphfixAttention"
+    / "hopper"
+    / "graphfixAttentionHopperFloat.cu",
 }
 # Each type's kernel entry (mangled name) and the template arguments that name one instance.
 KERNEL = {
@@ -42,11 +50,16 @@ INSTANCE = {
     "float32": r"hopperTf32(?:Short)?KernelILi(\d+)E(?:Li\d+ELi\d+E)?Lb[01]",
 }
 # Head dims each type's kernel is built for (72 is padded to 80 in 16 bits, exact in float32).
-DIMS = {"float16": {64, 80, 96, 128}, "bfloat16": {64, 80, 96, 128}, "float32": {32, 64, 72}}
-# 16-bit: the 5 padded head dims x plain, key-mask and general x loads by cp.async early or late,
-# or by TMA (45); float32: its 3 head dims x plain and masked (6), and the persistent short-key
+WIDE = {160, 192, 256}
+DIMS = {
+    "float16": {64, 80, 96, 128} | WIDE,
+    "bfloat16": {64, 80, 96, 128} | WIDE,
+    "float32": {32, 64, 72},
+}
+# 16-bit: the 8 padded head dims x plain, key-mask and general x loads by cp.async early or late,
+# or by TMA (72); float32: its 3 head dims x plain and masked (6), and the persistent short-key
 # kernel (keys in at most two tiles) at head dims 32 and 64 x plain and masked (4).
-ENTRIES = {"float16": 45, "bfloat16": 45, "float32": 10}
+ENTRIES = {"float16": 72, "bfloat16": 72, "float32": 10}
 # The float32 short-key kernel's head dims (its third Q buffer does not fit at 72).
 SHORT_DIMS = {32, 64}
 # Kernels left serialised on purpose, with the measurement that chose it: bfloat16's plain
@@ -82,7 +95,7 @@ def compiled(request) -> tuple[Path, str, str]:
 
 
 def test_every_hopper_kernel_instance_compiles_for_sm_90a(compiled):
-    """Compile-only: every head dim (16-bit: 32/64/80/96/128, 72 padded to 80, plain, key-mask
+    """Compile-only: every head dim (16-bit: 32/64/80/96/128/160/192/256, 72 padded to 80, plain, key-mask
     and general kernels, cp.async loads early or late or TMA loads; float32: 32/64/72, plain and
     masked, and the short-key kernel at 32/64)."""
     _, log, dtype = compiled

@@ -24,7 +24,7 @@ from graphfix.plugins import build as plugin_build
 pytestmark = pytest.mark.compile
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCE = REPO / "plugins" / "graphfixAttention"
+SOURCE = REPO / "plugins" / "graphfixAttention" / "hopper"
 H100_SHARED = 232448  # cudaDevAttrMaxSharedMemoryPerBlockOptin on H100/H200 (227 KB)
 ROWS, KEYS = 128, 64  # 2 warpgroups x 64 query rows, 64-key tiles
 
@@ -69,7 +69,8 @@ def float32_bytes(padded: int) -> int:
 @pytest.mark.parametrize(
     ("d", "dv", "padded"),
     [(32, 32, 32), (40, 40, 64), (64, 64, 64), (72, 72, 80), (64, 72, 80), (96, 96, 96),
-     (104, 104, 128), (128, 64, 128)],
+     (104, 104, 128), (128, 64, 128), (136, 136, 160), (160, 128, 160), (192, 192, 192),
+     (200, 256, 256), (256, 256, 256)],
 )  # fmt: skip
 def test_sixteen_bit_heads_take_the_next_built_dim(probe, d: int, dv: int, padded: int) -> None:
     got = plan(probe, 2, d, dv)
@@ -121,7 +122,8 @@ def test_float32_short_keys_need_the_room_for_the_third_q_buffer(probe) -> None:
         (4, 80, (9, 0), H100_SHARED, "float32 head dimensions above 72"),
         (4, 22, (9, 0), H100_SHARED, "head dimensions not multiples of 4"),
         (2, 20, (9, 0), H100_SHARED, "head dimensions not multiples of 8"),
-        (2, 136, (9, 0), H100_SHARED, "head dimensions above 128"),
+        (2, 264, (9, 0), H100_SHARED, "head dimensions above 256"),
+        (2, 256, (9, 0), 196607, "more shared memory than this GPU has"),
         (2, 64, (8, 9), 101376, "not an sm_90 GPU"),
         (2, 64, (10, 0), H100_SHARED, "not an sm_90 GPU"),
         (4, 64, (9, 0), 101376, "more shared memory than this GPU has"),

@@ -12,10 +12,11 @@ synchronisation) and the graph launched, and once captured after an onShapeChang
 shapes (enqueue then runs the own kernels from a host-side plan, building nothing). cuDNN is found through an installed
 `nvidia-cudnn-cu12/cu13` wheel (as PyTorch ships it) or the system.
 
-The own kernels: on an sm_90 GPU, the Hopper kernels (wgmma) for float16/bfloat16 and, up to
-head dim 72, float32 (3xTF32 on tf32 wgmma); the flash kernels on tensor cores (mma.sync
+The own kernels: on an sm_90 GPU, the Hopper kernels (wgmma) for float16/bfloat16 (head dims up
+to 256) and, up to head dim 72, float32 (3xTF32 on tf32 wgmma); the flash kernels on tensor cores (mma.sync
 m16n8k16 for float16/bfloat16; 3xTF32 mma.sync m16n8k8 for float32) for head dimensions up to
-128 in multiples of 8 (4 for float32); the fallback kernel for the rest. Which one ran is read
+256 in multiples of 8 (4 for float32) whose tiles fit the GPU's shared memory; the fallback kernel
+for the rest. Which one ran is read
 from the plugin's onShapeChange note and checked against that rule. A third backend,
 `portable_mma` (portable with GRAPHFIX_ATTENTION_HOPPER=0), keeps the mma.sync flash kernels
 running on an H100/H200 too, so that both paths of every type are checked there.
@@ -108,7 +109,24 @@ CASES = (
     Case("dv128", (2, 2, 64, 64), 2, 90, 128),
     Case("d20", (2, 3, 45, 20), 3, 45, 24, cudnn_eligible=False),
     Case("d256", (1, 2, 64, 256), 2, 64, 256),
-    # too wide for the tensor-core variant of the portable kernel: its CUDA-core variant runs
+    # the head dims above 128 of the flash kernels (Q read from shared memory per key tile), each
+    # over several query and key tiles: Gemma-2-like (softcap, causal), Dv != D both ways
+    Case(
+        "d256_softcap_causal",
+        (1, 2, 200, 256),
+        2,
+        200,
+        256,
+        causal=True,
+        softcap=30.0,
+        magnitude=3.0,
+        cudnn_eligible=False,
+    ),
+    Case("d160_causal", (1, 4, 150, 160), 2, 150, 160, causal=True),
+    Case("d192_dv256", (2, 2, 70, 192), 2, 130, 256),
+    Case("d256_dv128_mask", (1, 4, 130, 256), 2, 140, 128, mask="add_q", mask_shape=(1, 1, 1, 140)),
+    Case("d40", (2, 4, 100, 40), 4, 100, 40),
+    # too wide for the tensor-core variant of the fallback kernel: its CUDA-core variant runs
     Case("d640", (1, 2, 40, 640), 2, 50, 64, cudnn_eligible=False),
     Case("long_wide", (1, 2, 16, 64), 2, 2048, 64, magnitude=3.0),
     Case("rand_bool", (2, 4, 64, 80), 4, 80, 64, mask="rand_bool", mask_shape=(2, 4, 64, 80)),
@@ -393,15 +411,47 @@ def _sm90() -> bool:
     return done.stdout.strip().splitlines()[0].strip() == "9.0"
 
 
+@functools.cache
+def _shared_optin() -> int:
+    """The GPU's opt-in shared memory per block (bytes); 227 KiB (sm_90) when torch cannot say."""
+    try:
+        import torch
+
+        return torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+    except (ImportError, RuntimeError, AttributeError):
+        return 232448
+
+
+def _flash_shared_bytes(dtype: str, padded: int) -> int:
+    """The flash kernel's shared memory at a padded head dim (graphfixAttentionFlash.cuh): 64 query
+    rows and 64-key tiles; 16-bit Q, K and V rows of padded + 8 elements; float32 Q and K rows of
+    16 mod 32 floats and V rows of padded + 4."""
+    if dtype == "float32":
+        row_qk = padded + (48 - padded % 32) % 32
+        return (128 * row_qk + 64 * (padded + 4)) * 4
+    return 192 * (padded + 8) * 2
+
+
 def expected_own_path(case: Case, dtype: str, backend: str = "portable") -> str:
     """Which own kernel the plugin must take (sm_80+): the Hopper kernels' and the flash kernels'
     limits (the Hopper kernels on sm_90, unless GRAPHFIX_ATTENTION_HOPPER=0: float16/bfloat16 up
-    to head dim 128, float32 up to 72; float32 up to 64 with at most 128 keys: hopper_short)."""
+    to head dim 256, float32 up to 72; float32 up to 64 with at most 128 keys: hopper_short; the
+    flash kernels up to 256 where their tiles fit the GPU's shared memory)."""
     d, dv = case.q[-1], case.value_dim
     multiple = 4 if dtype == "float32" else 8
-    fits = d % multiple == 0 and dv % multiple == 0 and max(d, dv) <= 128
-    # the float32 Hopper kernel (3xTF32 on wgmma) takes head dims up to 72
-    hopper_fits = fits and (dtype != "float32" or max(d, dv) <= 72)
+    widest = max(d, dv)
+    padded = next((p for p in (32, 64, 80, 96, 128, 160, 192, 256) if widest <= p), 0)
+    fits = (
+        d % multiple == 0
+        and dv % multiple == 0
+        and padded > 0
+        and (padded <= 128 or _flash_shared_bytes(dtype, padded) <= _shared_optin())
+    )
+    # the Hopper kernels take 16-bit head dims up to 256 where Q and two stages of K and V fit
+    # (128 + 4 x 64 rows), float32 (3xTF32 on wgmma) up to 72
+    hopper_fits = fits and (
+        widest <= 72 if dtype == "float32" else 384 * padded * 2 <= _shared_optin()
+    )
     if hopper_fits and backend != "portable_mma" and _sm90():
         # float32 with every key in at most two 64-key tiles, head dims up to 64: the persistent
         # short-key kernel (a third query-tile buffer does not fit at 72)
@@ -524,7 +574,7 @@ def test_enqueue_matches_float64_reference(
 @pytest.mark.parametrize("case", [c for c in CASES if c.cudnn_eligible], ids=lambda c: c.name)
 def test_auto_takes_cudnn_where_it_can(gpu_outcomes, case: Case, dtype: str) -> None:
     if not _cudnn_loadable(gpu_outcomes):
-        pytest.skip("cuDNN could not be loaded here; the auto backend used the portable kernel")
+        pytest.skip("cuDNN could not be loaded here; the auto backend used the own kernels")
     outcome = gpu_outcomes[("auto", "plain", case.name, dtype)]
     assert outcome.path == "cudnn", outcome.result["messages"]
 

@@ -415,7 +415,7 @@ GraphfixAttentionPlugin::GraphfixAttentionPlugin(AttentionAttributes const& attr
         if (!reason.empty() && !warned.exchange(true))
         {
             reportMessage(nvinfer1::ILogger::Severity::kWARNING, "GraphfixAttention",
-                ("the cuDNN path is unavailable, attention runs on the portable kernel (slower): " + reason).c_str());
+                ("the cuDNN path is unavailable, attention runs on graphfix's own kernels (slower): " + reason).c_str());
         }
     }
 }
@@ -737,7 +737,6 @@ bool GraphfixAttentionPlugin::cudnnMayRun(DataType type, bool hasMask, DataType 
 
 void GraphfixAttentionPlugin::plan(AttentionProblem const& p)
 {
-    AttentionShape const& s = p.shape;
     mProblem = p;
     mPlanned = true;
     mUseCudnn = false;
@@ -745,91 +744,109 @@ void GraphfixAttentionPlugin::plan(AttentionProblem const& p)
     mWorkspace = workspaceLayout(p, mAttributes.kTransposed != 0, cudnnMayRun(p.type, p.hasMask, p.maskType));
     mFlash = flashPlanFor(p);
     mHopper = hopperPlanFor(p);
-    std::string reason;
-    bool cudnnAttempted = false;
+    std::string reason = cudnnRefusal(p);
+    bool const cudnnAttempted = reason.empty();
+    if (cudnnAttempted)
+    {
+        planCudnn(p, reason);
+    }
+    prepareOwnKernels(p, reason);
+    reportPath(p, reason, cudnnAttempted);
+}
+
+std::string GraphfixAttentionPlugin::cudnnRefusal(AttentionProblem const& p) const
+{
+    AttentionShape const& s = p.shape;
     if (mBackend == AttentionBackend::kPortable)
     {
-        reason = std::string{kGRAPHFIX_ATTENTION_BACKEND_ENV} + "=portable";
+        return std::string{kGRAPHFIX_ATTENTION_BACKEND_ENV} + "=portable";
     }
-    else if (!cudnnMayRun(p.type, p.hasMask, p.maskType))
+    if (!cudnnMayRun(p.type, p.hasMask, p.maskType))
     {
-        reason = p.type == DataType::kFLOAT ? "float32 I/O"
-            : mAttributes.softcap > 0.F     ? "softcap"
+        return p.type == DataType::kFLOAT ? "float32 I/O"
+            : mAttributes.softcap > 0.F   ? "softcap"
             : p.maskType == DataType::kBOOL ? "a bool mask with a finite mask_fill"
                                             : "a float32 mask with 16-bit inputs";
     }
-    else if (s.headDim % kCUDNN_HEAD_DIM_MULTIPLE != 0 || s.valueDim % kCUDNN_HEAD_DIM_MULTIPLE != 0
+    if (s.headDim % kCUDNN_HEAD_DIM_MULTIPLE != 0 || s.valueDim % kCUDNN_HEAD_DIM_MULTIPLE != 0
         || s.headDim > kCUDNN_MAX_HEAD_DIM || s.valueDim > kCUDNN_MAX_HEAD_DIM)
     {
-        reason = "head dimensions not multiples of 8 up to 256";
+        return "head dimensions not multiples of 8 up to 256";
     }
-    else if (s.batch == 0 || s.seqQ == 0 || s.seqK == 0)
+    if (s.batch == 0 || s.seqQ == 0 || s.seqK == 0)
     {
-        reason = "an empty tensor";
+        return "an empty tensor";
     }
-    else
+    return {};
+}
+
+void GraphfixAttentionPlugin::planCudnn(AttentionProblem const& p, std::string& reason)
+{
+    AttentionShape const& s = p.shape;
+    CudnnSdpaConfig c;
+    c.bfloat16 = p.type == DataType::kBF16;
+    c.batch = s.batch;
+    c.headsQ = s.headsQ;
+    c.headsKV = s.headsKV;
+    c.seqQ = s.seqQ;
+    c.seqK = s.seqK;
+    c.headDim = s.headDim;
+    c.valueDim = s.valueDim;
+    c.scale = mAttributes.scale;
+    c.causal = mAttributes.causal != 0;
+    mBiasRows = s.seqQ;
+    if (p.hasMask)
     {
-        CudnnSdpaConfig c;
-        c.bfloat16 = p.type == DataType::kBF16;
-        c.batch = s.batch;
-        c.headsQ = s.headsQ;
-        c.headsKV = s.headsKV;
-        c.seqQ = s.seqQ;
-        c.seqK = s.seqK;
-        c.headDim = s.headDim;
-        c.valueDim = s.valueDim;
-        c.scale = mAttributes.scale;
-        c.causal = mAttributes.causal != 0;
-        mBiasRows = s.seqQ;
-        if (p.hasMask)
+        c.hasBias = true;
+        c.biasBatch = p.maskDims[0];
+        c.biasHeads = p.maskDims[1];
+        mDirectBias = p.maskType == p.type && p.maskStrides[3] == 1 && p.maskStrides[2] != 0
+            && p.maskStrides[2] % kBIAS_ROW_MULTIPLE == 0;
+        c.biasRowStride = mDirectBias ? p.maskStrides[2] : roundUp(s.seqK, kBIAS_ROW_MULTIPLE);
+        c.biasHeadStride = mDirectBias && p.maskStrides[1] != 0 ? p.maskStrides[1] : s.seqQ * c.biasRowStride;
+        c.biasBatchStride
+            = mDirectBias && p.maskStrides[0] != 0 ? p.maskStrides[0] : c.biasHeads * s.seqQ * c.biasRowStride;
+    }
+    if (!mCudnn)
+    {
+        mCudnn = std::make_unique<CudnnSdpa>();
+    }
+    if (p.hasMask && p.maskStrides[2] == 0)
+    {
+        // A mask that broadcasts over the queries (key padding): one bias row per (batch, head),
+        // given to cuDNN with row stride 0, instead of seqQ copies. Kept only if cuDNN takes it.
+        CudnnSdpaConfig broadcast = c;
+        int64_t const rowLength = roundUp(s.seqK, kBIAS_ROW_MULTIPLE);
+        broadcast.biasRowStride = 0;
+        broadcast.biasHeadStride = rowLength;
+        broadcast.biasBatchStride = c.biasHeads * rowLength;
+        std::string ignored;
+        if (mCudnn->prepare(broadcast, ignored))
         {
-            c.hasBias = true;
-            c.biasBatch = p.maskDims[0];
-            c.biasHeads = p.maskDims[1];
-            mDirectBias = p.maskType == p.type && p.maskStrides[3] == 1 && p.maskStrides[2] != 0
-                && p.maskStrides[2] % kBIAS_ROW_MULTIPLE == 0;
-            c.biasRowStride = mDirectBias ? p.maskStrides[2] : roundUp(s.seqK, kBIAS_ROW_MULTIPLE);
-            c.biasHeadStride = mDirectBias && p.maskStrides[1] != 0 ? p.maskStrides[1] : s.seqQ * c.biasRowStride;
-            c.biasBatchStride
-                = mDirectBias && p.maskStrides[0] != 0 ? p.maskStrides[0] : c.biasHeads * s.seqQ * c.biasRowStride;
-        }
-        if (!mCudnn)
-        {
-            mCudnn = std::make_unique<CudnnSdpa>();
-        }
-        cudnnAttempted = true;
-        if (p.hasMask && p.maskStrides[2] == 0)
-        {
-            // A mask that broadcasts over the queries (key padding): one bias row per (batch, head),
-            // given to cuDNN with row stride 0, instead of seqQ copies. Kept only if cuDNN takes it.
-            CudnnSdpaConfig broadcast = c;
-            int64_t const rowLength = roundUp(s.seqK, kBIAS_ROW_MULTIPLE);
-            broadcast.biasRowStride = 0;
-            broadcast.biasHeadStride = rowLength;
-            broadcast.biasBatchStride = c.biasHeads * rowLength;
-            std::string ignored;
-            if (mCudnn->prepare(broadcast, ignored))
-            {
-                c = broadcast;
-                mDirectBias = false;
-                mBiasRows = 1;
-            }
-        }
-        if (mCudnn->prepare(c, reason))
-        {
-            int64_t const needed = mCudnn->workspaceSize(c);
-            if (needed <= mWorkspace.cudnnBytes)
-            {
-                mCudnnConfig = c;
-                mUseCudnn = true;
-            }
-            else
-            {
-                reason = "cuDNN wants " + std::to_string(needed) + " bytes of workspace, more than the "
-                    + std::to_string(mWorkspace.cudnnBytes) + " reserved";
-            }
+            c = broadcast;
+            mDirectBias = false;
+            mBiasRows = 1;
         }
     }
+    if (mCudnn->prepare(c, reason))
+    {
+        int64_t const needed = mCudnn->workspaceSize(c);
+        if (needed <= mWorkspace.cudnnBytes)
+        {
+            mCudnnConfig = c;
+            mUseCudnn = true;
+        }
+        else
+        {
+            reason = "cuDNN wants " + std::to_string(needed) + " bytes of workspace, more than the "
+                + std::to_string(mWorkspace.cudnnBytes) + " reserved";
+        }
+    }
+}
+
+void GraphfixAttentionPlugin::prepareOwnKernels(AttentionProblem const& p, std::string const& reason)
+{
+    AttentionShape const& s = p.shape;
     if (mFlash.kernel != FlashKernel::kNone)
     {
         cudaError_t const prepared = forType(p.type, [&](auto tag) {
@@ -844,12 +861,17 @@ void GraphfixAttentionPlugin::plan(AttentionProblem const& p)
     if (!mUseCudnn)
     {
         mDirectBias = false;
-        check(mFlash.kernel != FlashKernel::kNone || portableAttentionFits(s.headDim, s.valueDim),
+        check(mFlash.kernel != FlashKernel::kNone || fallbackAttentionFits(s.headDim, s.valueDim),
             "head dimensions D=" + std::to_string(s.headDim) + ", Dv=" + std::to_string(s.valueDim)
-                + " need more shared memory than this GPU has for the portable kernel, and the cuDNN path cannot run "
+                + " need more shared memory than this GPU has for the fallback kernel, and the cuDNN path cannot run "
                   "them ("
                 + reason + ")");
     }
+}
+
+void GraphfixAttentionPlugin::reportPath(AttentionProblem const& p, std::string const& reason, bool cudnnAttempted)
+{
+    AttentionShape const& s = p.shape;
     std::string const flash = mFlash.kernel != FlashKernel::kNone
         ? flashText(mFlash, p.type)
         : std::string{"fallback kernel, no flash kernel: "} + mFlash.reason;
@@ -857,12 +879,12 @@ void GraphfixAttentionPlugin::plan(AttentionProblem const& p)
         : !hopperAttentionBuilt() ? flash
                                   : flash + " (no Hopper kernel: " + mHopper.reason + ")";
     std::string const note = std::string{"GraphfixAttention "} + typeName(p.type) + " " + dimsText(s)
-        + (mUseCudnn ? std::string{": cuDNN SDPA"} : ": portable kernel (" + reason + "); " + own);
+        + (mUseCudnn ? std::string{": cuDNN SDPA"} : ": own kernels (" + reason + "); " + own);
     if (note != mPathNote)
     {
         mPathNote = note;
         // A shape the cuDNN path was meant for but a loaded cuDNN refused is worth a warning: the
-        // portable kernel is several times slower.
+        // own kernels are slower.
         bool const refused = !mUseCudnn && cudnnAttempted && cudnnUnavailableReason().empty();
         reportMessage(refused ? nvinfer1::ILogger::Severity::kWARNING : nvinfer1::ILogger::Severity::kVERBOSE,
             "onShapeChange", note.c_str());

@@ -6,17 +6,19 @@
  * float32 scores, softmax statistics and accumulation for float32, float16 and bfloat16 I/O.
  * IPluginV3 with the V3One core, build and runtime capabilities, and its IPluginCreatorV3One.
  *
- * Three paths (chosen per shape in onShapeChange, reported through the logger at kVERBOSE):
- *  - cuDNN's fused SDPA (graphfixAttentionCudnn.h) for float16/bfloat16 without softcap, with no
- *    mask, an additive mask of Q's type, or a bool mask whose fill is -inf; cuDNN is loaded at run
- *    time, graphs are built once per shape in onShapeChange and cached;
- *  - the own flash kernels on tensor cores (graphfixAttentionFlash.h; sm_80+, head dimensions up
- *    to 128 in multiples of 8, or 4 for float32) for everything else;
- *  - the fallback kernel (graphfixAttentionKernel.h) for what the flash kernels cannot run.
+ * Four paths, one folder each (chosen per shape in onShapeChange, reported through the logger at
+ * kVERBOSE; README.md beside this file says when each runs):
+ *  - cudnn/: cuDNN's fused SDPA for float16/bfloat16 without softcap, with no mask, an additive
+ *    mask of Q's type, or a bool mask whose fill is -inf; cuDNN is loaded at run time, graphs are
+ *    built once per shape in onShapeChange and cached;
+ *  - hopper/: the own wgmma kernels on sm_90 (16-bit head dims up to 256, float32 up to 72);
+ *  - flash/: the own mma.sync kernels on sm_80+ (head dims up to 256 in multiples of 8, or 4 for
+ *    float32, where their tiles fit the GPU's shared memory) for the rest;
+ *  - fallback/: the fallback kernel for what the others cannot run.
  * enqueue allocates nothing, builds nothing and never synchronises: it can be captured into a
  * CUDA graph. Its scratch (K transposed, the mask as a bias, cuDNN's workspace) comes from
  * getWorkspaceSize.
- * $GRAPHFIX_ATTENTION_BACKEND picks: `auto` (default; the portable kernel, with a warning at plugin
+ * $GRAPHFIX_ATTENTION_BACKEND picks: `auto` (default; the own kernels, with a warning at plugin
  * creation, when cuDNN cannot be loaded), `cudnn` (creation fails when cuDNN cannot be loaded) or
  * `portable` (never touches cuDNN).
  */
@@ -24,10 +26,10 @@
 #define GRAPHFIX_ATTENTION_PLUGIN_H
 
 #include "NvInferRuntime.h"
-#include "graphfixAttentionCudnn.h"
-#include "graphfixAttentionFlash.h"
-#include "graphfixAttentionHopper.h"
-#include "graphfixAttentionKernel.h"
+#include "cudnn/graphfixAttentionCudnn.h"
+#include "flash/graphfixAttentionFlash.h"
+#include "hopper/graphfixAttentionHopper.h"
+#include "fallback/graphfixAttentionKernel.h"
 
 #include <array>
 #include <cstdint>
@@ -150,6 +152,18 @@ private:
     bool cudnnMayRun(nvinfer1::DataType type, bool hasMask, nvinfer1::DataType maskType) const;
     //! Chooses the path for `problem`, building its cuDNN graph when that path is taken.
     void plan(AttentionProblem const& problem);
+    //! Why the cuDNN path is not tried for `problem` (backend, attributes, head dims, an empty
+    //! tensor), or "" when it is.
+    std::string cudnnRefusal(AttentionProblem const& problem) const;
+    //! Builds (or finds cached) the cuDNN graph; sets mUseCudnn when cuDNN takes it within the
+    //! workspace reserved, else says why in `reason`.
+    void planCudnn(AttentionProblem const& problem, std::string& reason);
+    //! Sets the flash kernel's shared-memory limit; fails when no own kernel fits and cuDNN does
+    //! not run the shape.
+    void prepareOwnKernels(AttentionProblem const& problem, std::string const& reason);
+    //! Logs the path chosen (kVERBOSE; kWARNING when a loaded cuDNN refused the shape) when it or
+    //! the shape changed.
+    void reportPath(AttentionProblem const& problem, std::string const& reason, bool cudnnAttempted);
     void enqueueCudnn(void const* const* inputs, void* output, void* workspace, cudaStream_t stream);
     //! The own kernels: the Hopper kernel `hopper` plans, else the flash kernel `flash` plans,
     //! else the fallback kernel.

@@ -49,6 +49,7 @@ from graphfix.attention.strategies.fused.operands import Operands, plan_operands
 from graphfix.attention.strategies.fused.regroup import find_regroup, regroup_operands, view_back
 from graphfix.attention.strategies.fused.shape_readers import recompute_shapes, shape_readers
 from graphfix.attention.strategies.fused.sink import add_sink_key, check_sink_steps
+from graphfix.attention.strategies.fused.speed import head_dims, speed_note
 from graphfix.attention.strategies.fused.unsupported import Unsupported, node_of
 from graphfix.attention.strategies.plugin import PluginStrategy
 from graphfix.graph.edit import GraphEdit
@@ -174,11 +175,9 @@ class FusedPluginStrategy:
         if operands.describe:
             features.append(operands.describe)
         detail = f"chain → {ATTENTION.op_type} ({', '.join(features)})"
-        if index.elem_type(match.q) == onnx.TensorProto.FLOAT or softcap:
-            detail += (
-                "; note: float32 and softcap run on graphfix's own kernel, slower than the "
-                "unfused chain"
-            )
+        note = speed_note(index.elem_type(match.q), *head_dims(index, match), softcap=bool(softcap))
+        if note:
+            detail += f"; {note}"
         return Outcome(True, detail)
 
 

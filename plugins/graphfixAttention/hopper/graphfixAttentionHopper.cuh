@@ -39,7 +39,7 @@
 #ifndef GRAPHFIX_ATTENTION_HOPPER_CUH
 #define GRAPHFIX_ATTENTION_HOPPER_CUH
 
-#include "graphfixAttentionFlash.cuh"
+#include "../flash/graphfixAttentionFlash.cuh"
 #include "graphfixAttentionHopper.h"
 #include "graphfixAttentionHopperWgmma.cuh"
 
@@ -660,6 +660,9 @@ cudaError_t withHopperKernel(HopperPlan const& plan, HopperKind kind, bool tma, 
     case 80: return withTile<T, 80>(plan, kind, tma, f);
     case 96: return withTile<T, 96>(plan, kind, tma, f);
     case 128: return withTile<T, 128>(plan, kind, tma, f);
+    case 160: return withTile<T, 160>(plan, kind, tma, f);
+    case 192: return withTile<T, 192>(plan, kind, tma, f);
+    case 256: return withTile<T, 256>(plan, kind, tma, f);
     default: return cudaErrorInvalidConfiguration;
     }
 }

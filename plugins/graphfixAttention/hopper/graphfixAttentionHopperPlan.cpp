@@ -19,7 +19,7 @@ namespace plugin
 namespace
 {
 
-constexpr int32_t kHOPPER_DIMS[]{32, 64, 80, 96, 128};
+constexpr int32_t kHOPPER_DIMS[]{32, 64, 80, 96, 128, 160, 192, 256};
 //! The float32 kernel's head dims: tf32 steps are 8 wide, so 72 needs no padding; 80 and above
 //! would not fit its shared memory (graphfixAttentionHopperFloat.cu).
 constexpr int32_t kHOPPER_TF32_DIMS[]{32, 64, 72};
@@ -177,7 +177,7 @@ HopperPlan planHopperAttention(AttentionShape const& shape, int32_t elementBytes
     }
     if (plan.paddedDim == 0)
     {
-        plan.reason = "head dimensions above 128";
+        plan.reason = "head dimensions above 256";
         return plan;
     }
     plan.keys = kHOPPER_KEYS;

@@ -14,8 +14,9 @@
  * kROW_QK_F32, kROW_V_F32) so that ldmatrix and the float32 fragment loads are free of bank
  * conflicts.
  *
- * float16/bfloat16: Q stays in registers as A fragments (ldmatrix), K and V are read with
- * ldmatrix (V transposed); the probabilities of two neighbouring 8-key tiles, as 16-bit pairs
+ * float16/bfloat16: Q stays in registers as A fragments (ldmatrix) up to head dim 128 and is read
+ * from shared memory per key tile above (kQ_IN_REGISTERS: at 256 the output accumulator alone
+ * takes 128 registers a thread), K and V are read with ldmatrix (V transposed); the probabilities of two neighbouring 8-key tiles, as 16-bit pairs
  * (float16: rounded once; bfloat16: hi + lo, see kSPLIT_P), are exactly the A fragment of a
  * 16-key step of P·V. float32 (flashTf32x3Kernel): fragments are read with plain shared loads
  * (Q and K 16 bytes at a time, the head dimension taken in a permuted order) and split into TF32
@@ -23,9 +24,10 @@
  * 0,2,4,6,1,3,5,7 (a permutation of the summation index, the same for P and V), which makes the
  * scores' accumulator layout the TF32 A fragment without shuffles; 8-key tiles past the end of K
  * or the causal diagonal are skipped; register-capped to 3 blocks per SM up to head dim 80.
- * Other float32 designs (K and V split once per tile by the block, merged P·V steps) were built
- * and measured slower or less accurate on the H200; notes/attention_plugin.md ("Third round")
- * has what was tried and measured.
+ * Two other float32 designs were built, measured on the H200 and not kept: K and V split once per
+ * tile by the block (slower: its hi/lo tiles leave room for two blocks per SM, not three) and two
+ * 8-key P·V steps summed in one accumulator (faster on Llama, up to 1.2x the error);
+ * notes/attention_plugin.md, "float32 mma.sync kernel: 3xTF32", has the figures.
  */
 #ifndef GRAPHFIX_ATTENTION_FLASH_CUH
 #define GRAPHFIX_ATTENTION_FLASH_CUH
@@ -56,7 +58,7 @@ constexpr int32_t kKEY_TILES{kBLOCK_KEYS / 8};
 constexpr uint32_t kFULL_MASK{0xffffffffU};
 constexpr float kLOG2E{1.4426950408889634F};
 constexpr float kNEGATIVE_INFINITY{-INFINITY};
-constexpr int32_t kPADDED_DIMS[]{32, 64, 80, 96, 128};
+constexpr int32_t kPADDED_DIMS[]{32, 64, 80, 96, 128, 160, 192, 256};
 constexpr int64_t kMAX_GRID_BLOCKS{(int64_t{1} << 31) - 1};
 
 //! Query rows per block: each warp owns kMT tiles of 16 rows.
@@ -70,6 +72,12 @@ constexpr int32_t rowTilesFor(int32_t /*elementBytes*/, int32_t /*paddedDim*/)
 {
     return 1;
 }
+
+//! Whether the 16-bit kernel keeps Q's A fragments in registers for the whole key loop (kD / 4
+//! registers a thread) or reads them from shared memory for each key tile (wider heads, where
+//! they would push the kernel past 255 registers next to the kD / 2 of the output accumulator).
+template <int32_t kD>
+constexpr bool kQ_IN_REGISTERS = kD <= 128;
 
 //! Shared-memory row length in elements: padded so that 8 rows hit 8 different 16-byte bank groups
 //! (16-bit) or fragment loads hit 32 different banks (float32).
@@ -601,14 +609,18 @@ __global__ void __launch_bounds__(kTHREADS) flashMma16Kernel(T const* __restrict
     __syncthreads();
 
     int32_t const warpRow = warp * 16 * kMT; // first row of the warp within the block
-    uint32_t qFragment[kMT][kD / 16][4];
-#pragma unroll
-    for (int32_t mt = 0; mt < kMT; ++mt)
+    T const* const qLane = sQ + (warpRow + lane % 16) * kRow + (lane / 16) * 8; // + mt * 16 rows, kk * 16 columns
+    uint32_t qFragment[kMT][kQ_IN_REGISTERS<kD> ? kD / 16 : 1][4];
+    if constexpr (kQ_IN_REGISTERS<kD>)
     {
 #pragma unroll
-        for (int32_t kk = 0; kk < kD / 16; ++kk)
+        for (int32_t mt = 0; mt < kMT; ++mt)
         {
-            loadMatrixX4(qFragment[mt][kk], sQ + (warpRow + mt * 16 + lane % 16) * kRow + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+            for (int32_t kk = 0; kk < kD / 16; ++kk)
+            {
+                loadMatrixX4(qFragment[mt][kk], qLane + mt * 16 * kRow + kk * 16);
+            }
         }
     }
 
@@ -646,6 +658,14 @@ __global__ void __launch_bounds__(kTHREADS) flashMma16Kernel(T const* __restrict
 #pragma unroll
         for (int32_t kk = 0; kk < kD / 16; ++kk)
         {
+            if constexpr (!kQ_IN_REGISTERS<kD>)
+            {
+#pragma unroll
+                for (int32_t mt = 0; mt < kMT; ++mt)
+                {
+                    loadMatrixX4(qFragment[mt][0], qLane + mt * 16 * kRow + kk * 16);
+                }
+            }
 #pragma unroll
             for (int32_t nn = 0; nn < kKEY_TILES / 2; ++nn)
             {
@@ -654,8 +674,9 @@ __global__ void __launch_bounds__(kTHREADS) flashMma16Kernel(T const* __restrict
 #pragma unroll
                 for (int32_t mt = 0; mt < kMT; ++mt)
                 {
-                    mma16816<T>(s[mt][2 * nn], qFragment[mt][kk], b[0], b[1]);
-                    mma16816<T>(s[mt][2 * nn + 1], qFragment[mt][kk], b[2], b[3]);
+                    uint32_t const (&a)[4] = qFragment[mt][kQ_IN_REGISTERS<kD> ? kk : 0];
+                    mma16816<T>(s[mt][2 * nn], a, b[0], b[1]);
+                    mma16816<T>(s[mt][2 * nn + 1], a, b[2], b[3]);
                 }
             }
         }
@@ -746,6 +767,12 @@ constexpr int32_t compactSharedBytesF32(int32_t paddedDim)
 {
     return (kBLOCK_ROWS<1> + 2 * kBLOCK_KEYS) * (paddedDim + 4) * 4;
 }
+
+//! Whether the float32 kernel inlines both products twice, for full key tiles (one basic block)
+//! and for tiles cut by the end of K or the causal diagonal; above head dim 128 only the second
+//! (a compare per 8-key tile): with both, ptxas spilled 1720 bytes at head dim 256, with one 36.
+template <int32_t kD>
+constexpr bool kBOTH_PATHS_F32 = kD <= 128;
 
 //! Blocks per multiprocessor the float32 kernel is register-capped for (3: 168 registers).
 template <int32_t kD>
@@ -895,7 +922,10 @@ __global__ void __launch_bounds__(kTHREADS, kMIN_BLOCKS_F32<kD>) flashTf32x3Kern
     float* const sK = sQ + kRows * kRowQK;
     float* const sV = sK + kBLOCK_KEYS * kRowQK;
 
-    BlockSetup<float> const block(q, k, v, out, mask, shape, params, kRows, qTiles);
+    // one or two blocks per SM: causal tiles ordered heavy-first over all (batch, head)s, so that
+    // the last wave holds the light ones (at head dim 256, 0.98 ms against 1.51 heavy-first within
+    // each (batch, head) on the Gemma-2-like benchmark shape)
+    BlockSetup<float> const block(q, k, v, out, mask, shape, params, kRows, qTiles, params.causal);
     int32_t const headDim = static_cast<int32_t>(shape.headDim);
     int32_t const valueDim = static_cast<int32_t>(shape.valueDim);
     int32_t const warp = static_cast<int32_t>(threadIdx.x / 32);
@@ -953,7 +983,7 @@ __global__ void __launch_bounds__(kTHREADS, kMIN_BLOCKS_F32<kD>) flashTf32x3Kern
         {
             s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.F;
         }
-        if (liveTiles == kKEY_TILES)
+        if (kBOTH_PATHS_F32<kD> && liveTiles == kKEY_TILES)
         {
             scoresTf32<kD, false, kRowQK>(s, qRow, kRow0, liveTiles);
         }
@@ -977,7 +1007,7 @@ __global__ void __launch_bounds__(kTHREADS, kMIN_BLOCKS_F32<kD>) flashTf32x3Kern
 
         waitAsync<1>(); // V_j
         __syncthreads();
-        if (liveTiles == kKEY_TILES)
+        if (kBOTH_PATHS_F32<kD> && liveTiles == kKEY_TILES)
         {
             valuesTf32<kD, false>(o, s, vRows, liveTiles);
         }
@@ -1018,6 +1048,9 @@ cudaError_t withKernel(FlashPlan const& plan, F&& f)
     case 64: return f(kernelFor<T, 64>());
     case 80: return f(kernelFor<T, 80>());
     case 96: return f(kernelFor<T, 96>());
+    case 160: return f(kernelFor<T, 160>());
+    case 192: return f(kernelFor<T, 192>());
+    case 256: return f(kernelFor<T, 256>());
     case 128:
         if constexpr (std::is_same_v<T, float>)
         {
@@ -1055,6 +1088,9 @@ static_assert(compactSharedBytesF32(128) < sharedBytes(4, 128), "the compact lay
 static_assert(sharedBytes(4, 64) == sharedBytesF32<64>(), "one shared-memory formula");
 static_assert(sharedBytes(4, 80) == sharedBytesF32<80>(), "one shared-memory formula");
 static_assert(sharedBytes(2, 80) == sharedBytesFor<__nv_bfloat16, 80>(), "one shared-memory formula");
+static_assert(sharedBytes(2, 256) == sharedBytesFor<__half, 256>(), "one shared-memory formula");
+static_assert(sharedBytes(4, 256) == sharedBytesF32<256>(), "one shared-memory formula");
+static_assert(sharedBytes(4, 160) == sharedBytesF32<160>(), "one shared-memory formula");
 
 inline bool aligned16(void const* p)
 {

@@ -29,7 +29,7 @@ FlashPlan planFlashAttention(
     }
     if (widest > kPADDED_DIMS[std::size(kPADDED_DIMS) - 1])
     {
-        plan.reason = "head dimensions above 128";
+        plan.reason = "head dimensions above 256";
         return plan;
     }
     for (int32_t const padded : kPADDED_DIMS)

@@ -1,8 +1,8 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * GraphfixAttention's Hopper kernels (sm_90a only): float16 / bfloat16 attention on wgmma, what runs
- * without cuDNN on an H100/H200, and float32 on tf32 wgmma with 3xTF32 products
+ * GraphfixAttention's Hopper kernels (sm_90a only): float16 / bfloat16 attention on wgmma (head dims
+ * up to 256), what runs without cuDNN on an H100/H200, and float32 on tf32 wgmma with 3xTF32 products
  * (graphfixAttentionHopperFloat.cu, head dims up to 72). Nothing here knows TensorRT.
  *
  * A block is 2 warpgroups, each owning 64 query rows of one (batch, head); Q, K and V tiles
@@ -23,7 +23,9 @@
 #ifndef GRAPHFIX_ATTENTION_HOPPER_H
 #define GRAPHFIX_ATTENTION_HOPPER_H
 
-#include "graphfixAttentionKernel.h"
+#include "../graphfixAttentionTypes.h"
+
+#include <cuda_runtime_api.h>
 
 #include <cuda.h> // CUtensorMap, the type only: the encoder is found at run time (no libcuda link)
 
@@ -38,11 +40,14 @@ namespace plugin
 constexpr int32_t kHOPPER_KEYS{64};
 constexpr int32_t kHOPPER_ROWS{128};
 
-//! Options of the Hopper kernel (bits of HopperPlan::variant; notes/attention_plugin.md, "Fifth
-//! round", has what each measured): causal blocks ordered heavy-first over all (batch, head)s, not
-//! within each (in the one-block kernels); masks the same for every query row (key padding) on the
-//! plain kernel, two blocks per SM up to head dim 80; each tile's loads issued after its wgmmas.
-//! (Bit 1, Q in registers, was measured slower and removed.)
+//! Options of the Hopper kernel (bits of HopperPlan::variant), each on by default where it measured
+//! faster on the H200 (notes/attention_plugin.md, "16-bit Hopper kernel: key-mask kernel, causal
+//! order, cheaper loads" and "TMA loads"): causal blocks ordered heavy-first over all
+//! (batch, head)s, not within each (in the one-block kernels: the last wave then holds light
+//! tiles); masks the same for every query row (key padding) on the plain kernel, two blocks per SM
+//! up to head dim 80 (the general kernel's registers allow one); each tile's loads issued after its
+//! wgmmas. GRAPHFIX_ATTENTION_HOPPER_VARIANT overrides them, for measurement only. (Bit 1, Q in
+//! registers, was measured slower and removed.)
 constexpr int32_t kHOPPER_VARIANT_CAUSAL_ORDER{2};
 constexpr int32_t kHOPPER_VARIANT_KEY_MASK{4};
 constexpr int32_t kHOPPER_VARIANT_LATE_LOADS{8};

@@ -1,9 +1,8 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * GraphfixAttention's CUDA kernels behind templated launchers. Nothing here knows TensorRT: the
- * plugin (graphfixAttentionPlugin.h) turns tensor descriptors into an AttentionShape, an
- * AttentionMaskView and AttentionParams.
+ * GraphfixAttention's fallback kernel and the small kernels around the cuDNN path, behind
+ * templated launchers that know no TensorRT type (graphfixAttentionTypes.h has what they take).
  *
  *  - launchAttention: the fallback kernel, flash-style (online softmax, float32 scores,
  *    statistics and accumulation), covering every feature of the node contract for every head
@@ -15,6 +14,8 @@
 #ifndef GRAPHFIX_ATTENTION_KERNEL_H
 #define GRAPHFIX_ATTENTION_KERNEL_H
 
+#include "../graphfixAttentionTypes.h"
+
 #include <cstdint>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -25,54 +26,6 @@ namespace graphfix
 namespace plugin
 {
 
-//! Q [batch, headsQ, seqQ, headDim]; K [batch, headsKV, seqK, headDim] (or its transpose
-//! [.., headDim, seqK]); V [batch, headsKV, seqK, valueDim]; out [batch, headsQ, seqQ, valueDim].
-//! All contiguous. headsQ % headsKV == 0.
-struct AttentionShape
-{
-    int64_t batch;
-    int64_t headsQ;
-    int64_t headsKV;
-    int64_t seqQ;
-    int64_t seqK;
-    int64_t headDim;
-    int64_t valueDim;
-};
-
-enum class AttentionMaskKind : int32_t
-{
-    kNone = 0,
-    kBool = 1,     //!< true keeps the score; false replaces it by maskFill
-    kAdditive = 2, //!< added to the score
-};
-
-enum class AttentionMaskType : int32_t
-{
-    kBool = 0, //!< one byte, nonzero is true
-    kFloat = 1,
-    kHalf = 2,
-    kBFloat16 = 3,
-};
-
-//! A mask broadcast to [batch, headsQ, seqQ, seqK]: element strides, 0 along broadcast dimensions.
-struct AttentionMaskView
-{
-    AttentionMaskKind kind{AttentionMaskKind::kNone};
-    AttentionMaskType type{AttentionMaskType::kBool};
-    void const* data{nullptr};
-    int64_t stride[4]{0, 0, 0, 0};
-};
-
-struct AttentionParams
-{
-    float scale{1.F};
-    float softcap{0.F};     //!< > 0: s = softcap * tanh(s / softcap)
-    float maskFill{0.F};    //!< the score of a key a bool mask blocks
-    bool causal{false};     //!< key j > query i is blocked (-inf)
-    bool kTransposed{false}; //!< K is given as [.., headDim, seqK]
-    bool nanToZero{false};  //!< a row whose scores are all -inf gives 0 instead of NaN
-};
-
 //! The fallback kernel: out = softmax(mask(softcap(scale * Q Kᵀ))) V with float32 scores,
 //! statistics and accumulation. T is float, __half or __nv_bfloat16. Returns
 //! cudaErrorInvalidConfiguration when the head dimensions need more shared memory than the
@@ -82,7 +35,7 @@ cudaError_t launchAttention(T const* q, T const* k, T const* v, AttentionMaskVie
     AttentionShape const& shape, AttentionParams const& params, cudaStream_t stream) noexcept;
 
 //! Whether launchAttention can run these head dimensions on the current device.
-bool portableAttentionFits(int64_t headDim, int64_t valueDim) noexcept;
+bool fallbackAttentionFits(int64_t headDim, int64_t valueDim) noexcept;
 
 //! [matrices, rows, cols] -> [matrices, cols, rows].
 template <typename T>

@@ -18,12 +18,15 @@
  * every feature of the node contract (grouped heads, causal, bool/additive masks broadcast to
  * [B, Hq, S, T], softcap, mask_fill, nan_to_zero). K must be given as [.., T, D] rows (the plugin
  * transposes a k_transposed K into its workspace first). Head dimensions are padded in shared
- * memory to the next of 32, 64, 80, 96, 128.
+ * memory to the next of 32, 64, 80, 96, 128, 160, 192, 256 (where the tiles fit the GPU's
+ * opt-in shared memory: every width on sm_90; on sm_80 all but float32 above 192).
  */
 #ifndef GRAPHFIX_ATTENTION_FLASH_H
 #define GRAPHFIX_ATTENTION_FLASH_H
 
-#include "graphfixAttentionKernel.h"
+#include "../graphfixAttentionTypes.h"
+
+#include <cuda_runtime_api.h>
 
 #include <cstdint>
 

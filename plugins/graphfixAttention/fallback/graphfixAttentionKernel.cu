@@ -1,7 +1,7 @@
 /*
  * SPDX-License-Identifier: Apache-2.0
  *
- * The portable attention kernel: one block of 128 threads per [BQ query rows, (batch, head)],
+ * The fallback attention kernel: one block of 128 threads per [BQ query rows, (batch, head)],
  * walking the keys in tiles of BK. Per tile: K and V are staged in shared memory as float32;
  * each thread computes a small register tile of scores (scale, softcap, mask, causal); a group
  * of threads per query row updates the running maximum and sum (the online softmax) and turns
@@ -17,7 +17,7 @@
  */
 #include "graphfixAttentionKernel.h"
 
-#include "../common/cudaConversions.cuh"
+#include "../../common/cudaConversions.cuh"
 
 #include <math_constants.h>
 #include <mma.h>
@@ -793,7 +793,7 @@ uint32_t gridFor(int64_t work, int32_t threads)
 
 } // namespace
 
-bool portableAttentionFits(int64_t headDim, int64_t valueDim) noexcept
+bool fallbackAttentionFits(int64_t headDim, int64_t valueDim) noexcept
 {
     int64_t const limit = maxSharedBytes();
     return headDim > 0 && valueDim > 0
