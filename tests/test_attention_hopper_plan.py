@@ -43,7 +43,9 @@ def probe() -> Path:
             str(SOURCE / "graphfixAttentionHopperPlan.cpp"), "-o", str(binary),
         ]  # fmt: skip
 
-    done = compile_once("hopperPlanProbe", command, read=(SOURCE, REPO / "plugins" / "tests"))
+    done = compile_once(
+        "hopperPlanProbe", command, read=(SOURCE.parent, REPO / "plugins" / "tests")
+    )
     assert done.returncode == 0, done.log
     return done.output
 
