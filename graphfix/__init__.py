@@ -47,7 +47,7 @@ _LAZY = {
     "convert_precision": "graphfix.precision.convert",
     "LocateReport": "graphfix.precision.locate",
     "locate": "graphfix.precision.locate",
-    "emulate_low_precision": "graphfix.precision.locate.emulate",
+    "emulate_low_precision": "graphfix.validation.low_precision",
     "NormKind": "graphfix.precision.norm_types",
     "NormFusionReport": "graphfix.precision.norms",
     "NormFusionResult": "graphfix.precision.norms",
@@ -103,7 +103,6 @@ if TYPE_CHECKING:  # static analysis sees the names; at run time they load lazil
     from graphfix.plugins.reference import with_reference_ops
     from graphfix.precision.convert import convert_precision
     from graphfix.precision.locate import LocateReport, locate
-    from graphfix.precision.locate.emulate import emulate_low_precision
     from graphfix.precision.norm_types import NormKind
     from graphfix.precision.norms import NormFusionReport, NormFusionResult, fuse_norms
     from graphfix.precision.report import Island, PrecisionReport, PrecisionResult
@@ -111,6 +110,7 @@ if TYPE_CHECKING:  # static analysis sees the names; at run time they load lazil
     from graphfix.qdq.lint import inspect_qdq
     from graphfix.qdq.report import QdqFixReport, QdqFixResult, QdqReport
     from graphfix.selectors import Selection, Selector, parse_selectors, select_nodes
+    from graphfix.validation.low_precision import emulate_low_precision
     from graphfix.validation.validate import ValidationReport, ValidationUsageError, validate
 
 

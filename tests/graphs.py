@@ -217,3 +217,15 @@ def non_attention_models() -> dict[str, onnx.ModelProto]:
         [vi("out", F32, [2, 5, 3])],
     )
     return models
+
+
+def with_output_named(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
+    """A copy of a one-output `model` whose output is called `name`, as a legacy export numbers
+    its outputs (`591` in one export, `600` in another)."""
+    renamed = onnx.ModelProto()
+    renamed.CopyFrom(model)
+    (output,) = renamed.graph.output
+    producer = next(n for n in renamed.graph.node if output.name in n.output)
+    producer.output[list(producer.output).index(output.name)] = name
+    output.name = name
+    return renamed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -96,15 +97,28 @@ def test_quantile_check_tolerates_rare_outliers():
     assert q.mismatches == 1  # still reported
 
 
-def test_matching_nan_and_inf_agree_but_one_sided_nan_fails():
+def test_nan_and_inf_on_both_sides_fail_unless_allowed_and_one_sided_nan_always_fails():
     ref = np.array([np.nan, np.inf, 1.0, 2.0])
     same = compare_output("y", ref, ref.copy(), STRICT)
-    assert same.passed and same.nonfinite_mismatches == 0
+    assert not same.passed  # a NaN output has not been validated, even when both sides agree
+    assert same.nonfinite_both == 2 and same.nonfinite_mismatches == 2 and same.mismatches == 2
+    assert "NaN/inf on both sides at 2 element(s): not agreement" in format_comparison(same)
+    allowed = dataclasses.replace(STRICT, allow_nonfinite=True)
+    expected = compare_output("y", ref, ref.copy(), allowed)
+    assert expected.passed and expected.nonfinite_mismatches == 0 and expected.nonfinite_both == 2
+    assert "NaN/inf on both sides allowed" in allowed.describe()
     cand = np.array([np.nan, np.inf, np.nan, 2.0])
-    c = compare_output("y", ref, cand, STRICT)
+    c = compare_output("y", ref, cand, allowed)
     assert not c.passed
     assert c.nonfinite_mismatches == 1 and c.mismatches == 1
     assert np.isfinite(c.absolute.max) and c.absolute.max == 0
+
+
+def test_all_nan_on_both_sides_is_a_finding_not_a_pass():
+    ref = np.full((2, 3), np.nan, dtype=np.float32)
+    c = compare_output("y", ref, ref.copy(), STRICT)
+    assert not c.passed and c.absolute is None and c.nonfinite_both == 6
+    assert "every position is NaN/inf on one side or both" in c.problem
 
 
 def test_shape_mismatch_is_a_failure_without_statistics():

@@ -227,3 +227,125 @@ def test_check_same_inputs():
         ValidationUsageError, match=r"\[1, 3, 4, 4\] in the original but \[1, 3, 8, 8\]"
     ):
         check_same_inputs(fp32, other)
+
+
+def _masked_scores(mask_type: int, mask_nodes: list, mask_out: str, name: str) -> onnx.ModelProto:
+    """scores [batch, seq, seq] + bias made from a mask input [batch, seq] by `mask_nodes`."""
+    nodes = [
+        *mask_nodes,
+        helper.make_node("Unsqueeze", [mask_out, "axes"], ["bias3"]),
+        helper.make_node("Add", ["scores", "bias3"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "masked",
+        [
+            helper.make_tensor_value_info("scores", TensorProto.FLOAT, [2, 5, 5]),
+            helper.make_tensor_value_info(name, mask_type, [2, 5]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5, 5])],
+        [
+            numpy_helper.from_array(np.array([1], np.int64), "axes"),
+            numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+            numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "min"),
+            numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+            numpy_helper.from_array(np.array(-np.inf, np.float32), "ninf"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_transformers_style_integer_mask_keeps_every_key_by_its_role():
+    """(1 - mask) * finfo.min, under a name that does not say "mask": the graph shows the role."""
+    nodes = [
+        helper.make_node("Cast", ["keep"], ["keepf"], to=TensorProto.FLOAT),
+        helper.make_node("Sub", ["one", "keepf"], ["inverted"]),
+        helper.make_node("Mul", ["inverted", "min"], ["bias"]),
+    ]
+    data = make_inputs(_masked_scores(TensorProto.INT64, nodes, "bias", "keep"))
+    assert np.array_equal(data.feeds["keep"], np.ones((2, 5), np.int64))
+    (source,) = [s for s in data.sources if s.name == "keep"]
+    assert source.origin.startswith("all 1 (a mask: the graph turns 0 into a blocking score bias")
+
+
+def test_bool_padding_mask_that_blocks_where_true_is_all_false():
+    """PyTorch's key_padding_mask: Where(pad, -inf, 0): True blocks, so every key kept is False."""
+    nodes = [helper.make_node("Where", ["pad", "ninf", "zero"], ["bias"])]
+    data = make_inputs(_masked_scores(TensorProto.BOOL, nodes, "bias", "pad"))
+    assert data.feeds["pad"].dtype == np.bool_ and not data.feeds["pad"].any()
+    inverted = [  # the same mask read through Not: True keeps
+        helper.make_node("Not", ["keep"], ["pad"]),
+        helper.make_node("Where", ["pad", "ninf", "zero"], ["bias"]),
+    ]
+    data = make_inputs(_masked_scores(TensorProto.BOOL, inverted, "bias", "keep"))
+    assert data.feeds["keep"].all()
+
+
+def test_mask_by_name_when_the_graph_does_not_show_its_role():
+    nodes = [helper.make_node("Cast", ["attention_mask"], ["bias"], to=TensorProto.FLOAT)]
+    model = _masked_scores(TensorProto.INT64, nodes, "bias", "attention_mask")
+    data = make_inputs(model)
+    assert np.array_equal(data.feeds["attention_mask"], np.ones((2, 5), np.int64))
+    (source,) = [s for s in data.sources if s.name == "attention_mask"]
+    assert "a mask by its name: 1 keeps a key" in source.origin
+    padding = [helper.make_node("Cast", ["key_padding_mask"], ["bias"], to=TensorProto.FLOAT)]
+    model = _masked_scores(TensorProto.BOOL, padding, "bias", "key_padding_mask")
+    assert not make_inputs(model).feeds["key_padding_mask"].any()  # True marks padding
+    given = make_inputs(model, ranges={"key_padding_mask": (0, 1)})  # the user's range wins
+    (source,) = [s for s in given.sources if s.name == "key_padding_mask"]
+    assert "random booleans" in source.origin
+
+
+def test_float_mask_scaled_to_a_blocking_bias_is_all_ones_by_its_role():
+    """BERT's legacy float mask: (1 - mask) * -10000; the test text model's float `mask`
+    multiplies an embedding instead, so it stays uniform random."""
+    nodes = [
+        helper.make_node("Sub", ["one", "keep"], ["inverted"]),
+        helper.make_node("Mul", ["inverted", "min"], ["bias"]),
+    ]
+    data = make_inputs(_masked_scores(TensorProto.FLOAT, nodes, "bias", "keep"))
+    assert np.array_equal(data.feeds["keep"], np.ones((2, 5), np.float32))
+    assert make_inputs(_text_model(), shapes={"ids": (2, 9)}).feeds["mask"].min() < 0
+
+
+def test_integer_input_that_is_no_mask_stays_random():
+    nodes = [helper.make_node("Cast", ["step"], ["bias"], to=TensorProto.FLOAT)]
+    data = make_inputs(_masked_scores(TensorProto.INT64, nodes, "bias", "step"), seed=3)
+    assert set(np.unique(data.feeds["step"])) == {0, 1}
+
+
+def _causal_lm_entries():
+    import fusion_corpus
+    import lm_corpus
+    import model_corpus
+
+    ours = [(e, lm_corpus.model_path) for e in lm_corpus.CAUSAL_LMS]
+    ours += [
+        (e, fusion_corpus.model_path)
+        for e in fusion_corpus.ENTRIES
+        if e.model in ("bloom", "falcon")
+    ]
+    theirs = [
+        (e, model_corpus.model_path)
+        for e in model_corpus.CORPUS
+        if e.model in ("gpt2_eager", "gpt2_sdpa", "llama_eager", "llama_sdpa", "gemma2_eager")
+    ]
+    return [pytest.param(e, path, id=e.name, marks=pytest.mark.slow) for e, path in ours + theirs]
+
+
+@pytest.mark.parametrize("entry, exported", _causal_lm_entries())
+def test_causal_lm_passes_validate_after_precision_with_default_inputs(entry, exported):
+    """Qwen2/3, Phi-3, Gemma 2/3, Mistral (sliding window), OPT, BLOOM, Falcon, GPT-2, Llama;
+    both exporters."""
+    pytest.importorskip("torch", reason="exporting the corpus model needs torch")
+    from graphfix.precision.convert import convert_precision
+    from graphfix.validation.validate import validate
+
+    model = onnx.load(str(exported(entry)))
+    converted = convert_precision(model, to="float16").model
+    report = validate(model, converted, backend="onnxruntime")
+    mask = next(s for s in report.inputs if s.name == "attention_mask")
+    assert mask.origin.startswith("all 1 (a mask"), mask.origin  # every key kept, and said why
+    ids = next(s for s in report.inputs if s.name == "input_ids")
+    assert "random integers 0..63 (indices of Gather" in ids.origin  # inside the vocabulary
+    assert report.passed, report.summary(histograms=False)

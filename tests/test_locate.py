@@ -13,12 +13,12 @@ import model_corpus
 import numpy as np
 import onnx
 import pytest
+from graphs import with_output_named
 from locate_faults import plant_overflow
 from onnx import TensorProto, helper, numpy_helper
 
 from graphfix.cli import main
 from graphfix.precision.locate import locate
-from graphfix.precision.locate.emulate import emulate_low_precision
 from graphfix.precision.locate.localise import measure, module_path
 from graphfix.precision.locate.reference import TensorSite
 from graphfix.precision.locate.trt_candidate import bisect_prefix
@@ -168,7 +168,7 @@ def test_rounding_fault_variance_is_located_and_repaired(tmp_path):
     assert report.fixed is not None and report.fixed.passed
     assert validate(
         variance_model(),
-        emulate_low_precision(report.fixed_model),
+        report.fixed_model,  # float16 materialised by default, as locate judged it
         inputs=inputs,
         backend="onnxruntime",
     ).passed
@@ -222,7 +222,7 @@ def test_planted_overflow_in_real_export(entry, tmp_path):
     ranked = [s.node for s in report.suspects[:3]]
     assert {fault.node, *fault.consumers} & set(ranked), (fault.node, ranked)
     assert report.fixed is not None and report.fixed.passed
-    check = validate(fault.model, emulate_low_precision(report.fixed_model), backend="onnxruntime")
+    check = validate(fault.model, report.fixed_model, backend="onnxruntime")
     assert check.passed and check.tolerance.atol == 1e-2  # float16 tolerance
     assert 0 < len(report.fixed.float32_nodes) < len(fault.model.graph.node) // 4
     onnx.checker.check_model(report.fixed_model, full_check=True)  # what --apply writes
@@ -263,8 +263,7 @@ def test_json_document_and_apply_writes_model(planted_files, tmp_path, capsys):
     assert fixed["path"] == str(out) and fixed["passed"] is True
     assert fixed["float32_nodes"] and fixed["error"] < 1e-2
     onnx.checker.check_model(str(out), full_check=True)
-    fixed_model = emulate_low_precision(onnx.load(out))
-    assert validate(planted_files, fixed_model, backend="onnxruntime").passed
+    assert validate(planted_files, out, backend="onnxruntime").passed
     assert (tmp_path / "plots" / "locate_error_by_depth.png").stat().st_size > 10_000
     # same output-path rules as `graphfix fix`: an existing output is refused before any work
     code = main(["locate", str(planted_files), "--precision", "float16", "--apply", "-o", str(out)])
@@ -450,3 +449,76 @@ def test_module_path_from_legacy_names_and_dynamo_metadata():
     )
     assert module_path(dynamo) == "model.layers.0.mlp"
     assert module_path(helper.make_node("Relu", ["a"], ["b"], name="relu")) is None
+
+
+def test_remedy_table_states_its_verdict_rule_beside_each_trial(planted_files, capsys):
+    code = main(["locate", str(planted_files), "--precision", "float16", "--max-trials", "3"])
+    out = capsys.readouterr().out
+    assert code == 1
+    header = next(line for line in out.splitlines() if line.startswith("remedy search"))
+    assert "the absolute OR the relative bound" in header
+    assert "error: the largest absolute error over the outputs" in header
+    trials = [line for line in out.splitlines() if "(abs or rel)  max abs error" in line]
+    assert len(trials) >= 2  # "as converted" and at least one greedy trial, each with its rule
+    assert "low precision: float16 materialised at every node output" in out
+    main(["locate", str(planted_files), "--precision", "float16", "--no-remedies", "--json"])
+    document = json.loads(capsys.readouterr().out)
+    assert document["low_precision"].startswith("float16 materialised at every node output")
+    assert "absolute OR the relative bound" in document["verdict_rule"]
+
+
+def test_candidate_whose_outputs_are_numbered_differently_pairs_by_position(
+    planted_files, tmp_path, capsys
+):
+    """Legacy exports number their outputs (591 vs 600): refused by name, with both names and
+    the option; compared by position when asked."""
+    from graphfix.precision.locate.candidate import build_candidate
+
+    candidate = build_candidate(onnx.load(planted_files), precision="float16").model
+    path = tmp_path / "numbered.onnx"
+    onnx.save(with_output_named(candidate, "600"), path)
+    assert main(["locate", str(planted_files), str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "the original's outputs are y, the candidate's 600" in err
+    assert "--pair-outputs position" in err and err.count("\n") == 1
+    report = locate(planted_files, path, pair_outputs="position", remedies=False)
+    assert report.diverges and [o.name for o in report.outputs] == ["y"]
+    assert "outputs paired by position: y ↔ 600" in report.notes
+    assert report.suspects  # intermediates still compare by their shared names
+
+
+def _nan_model() -> onnx.ModelProto:
+    """y = Sqrt(x - 2) on x in [-1, 1): NaN everywhere, in float32 and in float16 alike."""
+    return _model(
+        [
+            helper.make_node("Sub", ["x", "two"], ["d"], name="sub"),
+            helper.make_node("Sqrt", ["d"], ["y"], name="sqrt"),
+        ],
+        [helper.make_tensor_value_info("x", F, [2, 8])],
+        [helper.make_tensor_value_info("y", F, [2, 8])],
+        [numpy_helper.from_array(np.array(2.0, np.float32), "two")],
+    )
+
+
+def test_nan_on_both_sides_is_a_finding_unless_allowed(tmp_path, capsys):
+    path = tmp_path / "nan.onnx"
+    onnx.save(_nan_model(), path)
+    report = locate(path, precision="float16", remedies=False)
+    assert report.diverges and report.outputs[0].nonfinite_both == 16
+    assert "NaN/inf on both sides at 16" in report.summary()
+    assert not locate(path, precision="float16", allow_nonfinite=True).diverges
+    checked = validate(path, path, backend="onnxruntime")
+    assert not checked.passed and checked.outputs[0].nonfinite_both == 16
+    assert main(["validate", str(path), str(path), "--backend", "onnxruntime"]) == 1
+    assert "NaN/inf on both sides at 16 element(s): not agreement" in capsys.readouterr().out
+    argv = ["validate", str(path), str(path), "--backend", "onnxruntime", "--allow-nonfinite"]
+    assert main(argv) == 0
+    assert "NaN/inf on both sides allowed" in capsys.readouterr().out
+
+
+def test_onnxruntime_only_options_are_refused_with_the_tensorrt_backend(planted_files, capsys):
+    argv = ["locate", str(planted_files), "--precision", "float16", "--backend", "tensorrt"]
+    assert main([*argv, "--low-precision", "as-is", "--allow-nonfinite"]) == 2
+    err = capsys.readouterr().err
+    assert "--low-precision, --allow-nonfinite apply to the onnxruntime backend" in err
+    assert err.count("\n") == 1

@@ -359,7 +359,9 @@ def test_without_intermediates_the_pipeline_bisects_by_rebuilds(monkeypatch):
 
     def outputs_only(plan):
         runners.append(
-            _OutputsOnly(plan.candidate, label=plan.candidate_label, computes_in="float16")
+            _OutputsOnly(
+                plan.candidate, label=plan.candidate_label, low_precision=plan.low_precision
+            )
         )
         return runners[-1]
 

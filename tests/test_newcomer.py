@@ -146,8 +146,13 @@ def test_locate_help_states_the_default_trials_the_search_uses(capsys):
     with pytest.raises(SystemExit):
         main(["locate", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    onnxruntime, tensorrt = DEFAULT_MAX_TRIALS[Backend.ONNXRUNTIME], DEFAULT_MAX_TRIALS[Backend.TENSORRT]
-    assert f"may make (default {onnxruntime} with onnxruntime, {tensorrt} with tensorrt)" in help_text
+    onnxruntime, tensorrt = (
+        DEFAULT_MAX_TRIALS[Backend.ONNXRUNTIME],
+        DEFAULT_MAX_TRIALS[Backend.TENSORRT],
+    )
+    assert (
+        f"may make (default {onnxruntime} with onnxruntime, {tensorrt} with tensorrt)" in help_text
+    )
 
 
 def test_qdq_fix_max_trials_needs_reference_and_a_positive_value(quantized, tmp_path, capsys):
@@ -216,15 +221,21 @@ def test_locate_apply_without_divergence_says_nothing_was_written(example, tmp_p
     assert not out.exists()
 
 
-def test_validate_bfloat16_on_onnxruntime_says_what_to_do(example, tmp_path, capsys):
-    """README's `precision --to bfloat16` then `validate`: onnxruntime's CPU cannot load it."""
+def test_validate_bfloat16_on_onnxruntime_materialises_it_and_as_is_says_what_to_do(
+    example, tmp_path, capsys
+):
+    """README's `precision --to bfloat16` then `validate`: materialised, each op computes in
+    float32 with bfloat16 rounding at every node output, so onnxruntime's CPU runs it; run as
+    is, it cannot load it (no bfloat16 MatMul), and says what to do."""
     out = tmp_path / "vit.bf16.onnx"
     assert main(["precision", str(example), "-o", str(out), "--to", "bfloat16"]) == 0
     capsys.readouterr()
-    rc = main(["validate", str(example), str(out)])
+    assert main(["validate", str(example), str(out), "--backend", "onnxruntime"]) == 0
+    report = capsys.readouterr().out
+    assert "low precision: bfloat16 materialised at every node output" in report
+    assert "default for bf16" in report
+    rc = main(["validate", str(example), str(out), "--low-precision", "as-is"])
     captured = capsys.readouterr()
-    if rc == 0:
-        pytest.skip("this onnxruntime runs the bfloat16 model")
     assert rc == 3 and len(captured.err.strip().splitlines()) == 1
     assert "no bfloat16 kernel" in captured.err and "tools/torch_onnx_eval.py" in captured.err
 

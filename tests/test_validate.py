@@ -13,6 +13,7 @@ import warnings
 import numpy as np
 import onnx
 import pytest
+from graphs import with_output_named
 from onnx import TensorProto, helper, numpy_helper
 
 import graphfix
@@ -279,9 +280,34 @@ def test_usage_errors(vit, bert, tmp_path):
     renamed.graph.node[-1].output[0] = "z"
     with pytest.raises(
         ValidationUsageError,
-        match=r"the candidate lacks output\(s\) of the original: y \(only the candidate has z\)",
+        match=r"the candidate lacks output\(s\) of the original: y \(only the candidate has z; "
+        r"the original's outputs are y, the candidate's z\).*--pair-outputs position",
     ):
         validate(original, renamed, backend="onnxruntime")
+
+
+def test_outputs_named_differently_pair_by_position(vit):
+    """A legacy export numbers its outputs (591 in one export, 600 in the other): by position the
+    pair is compared, and the report says which name went with which."""
+    original, fixed = vit
+    renamed = with_output_named(onnx.load(str(fixed)), "600")
+    shapes = {"x": (1, 3, 32)}
+    report = validate(
+        original, renamed, backend="onnxruntime", shapes=shapes, pair_outputs="position"
+    )
+    assert report.passed and [o.name for o in report.outputs] == ["y"]
+    assert "outputs paired by position: y ↔ 600" in report.notes
+    assert set(report.candidate_outputs) == {"y"}  # keyed as compared, so plots find them
+    broken = onnx.load(str(fixed))  # same pairing, but the candidate's output is now wrong
+    broken.graph.output[0].name = "600"
+    broken.graph.node[-1].output[0] = "600/raw"
+    broken.graph.node.append(helper.make_node("Neg", ["600/raw"], ["600"]))
+    worse = validate(
+        original, broken, backend="onnxruntime", shapes=shapes, pair_outputs="position"
+    )
+    assert not worse.passed and worse.failed_outputs == ("y",)
+    with pytest.raises(ValidationUsageError, match="output pairing 'order' is not one of name"):
+        validate(original, renamed, backend="onnxruntime", shapes=shapes, pair_outputs="order")
 
 
 def test_model_onnxruntime_cannot_run(vit):
@@ -318,7 +344,12 @@ def test_report_json_and_summary(bert, tmp_path):
     assert out["absolute"]["max"] == pytest.approx(report.outputs[0].absolute.max)
     assert out["absolute"]["argmax"] == list(report.outputs[0].absolute.argmax)
     assert {"mean", "median", "std", "p90", "p95", "p99", "max", "argmax"} <= set(out["relative"])
-    assert out["histogram"] and data["tolerance"] == {"atol": 1e-4, "rtol": 1e-3, "quantile": None}
+    assert out["histogram"] and data["tolerance"] == {
+        "atol": 1e-4,
+        "rtol": 1e-3,
+        "quantile": None,
+        "allow_nonfinite": False,
+    }
     text = report.summary()
     assert "abs error histogram (elements per decade):" in text and "#" in text
     assert "abs error histogram" not in report.summary(histograms=False)

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+from graphs import with_output_named
 from onnx import TensorProto, helper
 
 import graphfix
@@ -85,7 +86,12 @@ def test_json_report(models, capsys):
     )
     data = json.loads(out)
     assert code == (0 if data["passed"] else 1)
-    assert data["tolerance"] == {"atol": 0.5, "rtol": 0.0, "quantile": None}
+    assert data["tolerance"] == {
+        "atol": 0.5,
+        "rtol": 0.0,
+        "quantile": None,
+        "allow_nonfinite": False,
+    }
     assert data["outputs"][0]["name"] == "probabilities" and data["plots"] == []
 
 
@@ -105,6 +111,30 @@ def test_plot_writes_pngs(models, tmp_path, capsys):
         "probabilities.error_histogram.png",
     ]
     assert f"wrote {tmp_path / 'p' / 'probabilities.error_heatmap.png'}" in out
+
+
+def test_outputs_numbered_differently_compare_and_plot_by_position(models, tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="plots need matplotlib")
+    path = tmp_path / "numbered.onnx"
+    onnx.save(with_output_named(onnx.load(models["fixed"]), "600"), path)
+    code, _, err = _run(capsys, models["original"], path, "--backend", "onnxruntime")
+    assert code == 2 and "--pair-outputs position" in err and err.count("\n") == 1
+    code, out, _ = _run(
+        capsys,
+        models["original"],
+        path,
+        "--backend",
+        "onnxruntime",
+        "--pair-outputs",
+        "position",
+        "--plot",
+        tmp_path / "p",
+        "--json",
+    )
+    report = json.loads(out)
+    assert code == 0 and report["passed"] and report["outputs"][0]["name"] == "probabilities"
+    assert "outputs paired by position: probabilities ↔ 600" in report["notes"]
+    assert len(report["plots"]) == 2
 
 
 def test_shape_range_and_npz_options(dynamic, tmp_path, capsys):

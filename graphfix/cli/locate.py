@@ -31,7 +31,21 @@ LOCATE_OPTIONS = (
         "what runs the candidate: onnxruntime (default) or tensorrt (through polygraphy)",
         {"choices": BACKENDS},
     ),
-    *(_SHARED[name] for name in ("inputs", "shapes", "ranges", "atol", "rtol", "quantile", "seed")),
+    *(
+        _SHARED[name]
+        for name in (
+            "inputs",
+            "shapes",
+            "ranges",
+            "atol",
+            "rtol",
+            "quantile",
+            "seed",
+            "low_precision",
+            "allow_nonfinite",
+            "pair_outputs",
+        )
+    ),
     Option(
         ("--apply",),
         "apply",

@@ -12,7 +12,9 @@ from collections.abc import Sequence
 
 from graphfix.cli.options import Option, add_options, api_kwargs
 from graphfix.validation.backends.tensorrt_backend import PRECISIONS
+from graphfix.validation.compare import OUTPUT_PAIRINGS
 from graphfix.validation.inputs import ValidationUsageError, ValueRange, parse_range, parse_shape
+from graphfix.validation.low_precision import LOW_PRECISION_MODES
 from graphfix.validation.validate import BACKENDS, validate
 
 
@@ -83,6 +85,28 @@ VALIDATE_OPTIONS = (
         "quantile",
         "check this quantile of the errors (e.g. 0.999) instead of every element",
         {"type": float},
+    ),
+    Option(
+        ("--low-precision",),
+        "low_precision",
+        "how onnxruntime runs a float16/bfloat16 candidate: materialise (default: every "
+        "float16/bfloat16 tensor rounded to its type at the node that produces it, as an engine "
+        "stores it) or as-is (onnxruntime's CPU computes most float16 ops in float32, which can "
+        "hide overflow)",
+        {"choices": LOW_PRECISION_MODES},
+    ),
+    Option(
+        ("--allow-nonfinite",),
+        "allow_nonfinite",
+        "count NaN/inf on both sides as agreement (by default it fails: the outputs mean nothing)",
+        {"action": "store_true", "default": None},
+    ),
+    Option(
+        ("--pair-outputs",),
+        "pair_outputs",
+        "match outputs by name (default) or by position (exports that number their outputs, "
+        "e.g. 591 vs 600)",
+        {"choices": OUTPUT_PAIRINGS},
     ),
     Option(
         ("--seed",), "seed", "seed of the random inputs (default 0)", {"type": int, "default": 0}

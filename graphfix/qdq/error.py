@@ -2,7 +2,9 @@
 
 Sessions run with graph optimizations off, so Q/DQ nodes compute exactly what ONNX specifies
 (fake quantization), as TensorRT's explicit quantization is meant to reproduce; onnxruntime's
-QDQ fusions would otherwise swap in its own integer kernels.
+QDQ fusions would otherwise swap in its own integer kernels.  A quantized model that stores
+float16/bfloat16 runs with those tensors materialised (`graphfix.validation.low_precision`), as
+every verdict graphfix gives does.
 """
 
 from __future__ import annotations
@@ -17,6 +19,12 @@ from graphfix.errors import EnvironmentProblem, UsageError
 from graphfix.model_io import LoadedModel, load_model
 from graphfix.progress import step
 from graphfix.qdq.report import ErrorCheck
+from graphfix.validation.low_precision import (
+    LowPrecision,
+    describe_low_precision,
+    emulate_low_precision,
+    low_precision_types,
+)
 
 DEFAULT_SAMPLES = 2
 
@@ -48,6 +56,10 @@ class ErrorGuard:
 
             feeds = [make_inputs(ref.model, seed=seed).feeds for seed in range(DEFAULT_SAMPLES)]
         self.feeds = [dict(f) for f in feeds]
+        # how the quantized model and its fixes run (the float reference runs as written)
+        self.low_precision = describe_low_precision(
+            LowPrecision.MATERIALISE, low_precision_types(quantized)
+        )
         self.expected = [run(ref.model, f) for f in self.feeds]
         self.bound = self.error(quantized)
         self.max_trials = max_trials
@@ -56,6 +68,8 @@ class ErrorGuard:
     def error(self, model: onnx.ModelProto) -> tuple[float, float]:
         """(max |Δ|, mean |Δ|) over all outputs and samples."""
         diffs = []
+        if self.low_precision is not None:
+            model = emulate_low_precision(model)
         for feed, expected in zip(self.feeds, self.expected, strict=True):
             actual = run(model, feed)
             if len(actual) != len(expected):

@@ -120,6 +120,8 @@ def fix_qdq(
     if guard is not None:
         error = guard.check(fixed)
         notes.append(f"{guard.trials} error evaluations with onnxruntime")
+        if guard.low_precision is not None:
+            notes.append(f"error evaluations: {guard.low_precision}")
     if refused:
         notes.append(
             f"{len(refused)} fixable changes left as they were: alone or with their group they made "

@@ -4,8 +4,10 @@ Definitions follow polygraphy's comparator so the numbers mean what its users ex
 absolute error |c - r|; relative error |c - r| / |r| (a zero in r counts as 2.2e-16); an element
 passes when its absolute error is within `atol` OR its relative error within `rtol`.  With a
 `quantile` q the check is instead on the q-quantiles of both errors (again either may pass).
-NaN on both sides, or the same infinity, counts as agreement; any other non-finite difference
-fails the output and is left out of the statistics.
+Non-finite values never count as agreement: NaN/inf in the candidate fails the output, and so
+does NaN (or the same infinity) on both sides — a model whose output is NaN has not been
+validated — unless the tolerance says it is expected (`allow_nonfinite`).  Non-finite positions
+are counted and left out of the statistics.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 import numpy as np
 
@@ -30,6 +33,7 @@ class Tolerance:
     atol: float
     rtol: float
     quantile: float | None = None
+    allow_nonfinite: bool = False  # NaN, or the same infinity, on both sides counts as agreement
 
     def __post_init__(self) -> None:
         for name in ("atol", "rtol"):
@@ -41,6 +45,8 @@ class Tolerance:
 
     def describe(self) -> str:
         rule = f"abs error <= {self.atol:g} or rel error <= {self.rtol:g}"
+        if self.allow_nonfinite:
+            rule += ", NaN/inf on both sides allowed"
         if self.quantile is None:
             return f"every element: {rule}"
         return f"{self.quantile:g}-quantile: {rule}"
@@ -89,7 +95,8 @@ class OutputComparison:
     passed: bool
     size: int
     mismatches: int  # elements failing the elementwise check (non-finite disagreements included)
-    nonfinite_mismatches: int
+    nonfinite_mismatches: int  # positions NaN/inf on either side that do not count as agreeing
+    nonfinite_both: int = 0  # positions NaN (or the same infinity) on both sides
     absolute: ErrorStats | None = None
     relative: ErrorStats | None = None
     cosine_similarity: float | None = None
@@ -101,25 +108,82 @@ class OutputComparison:
     problem: str | None = None  # why there are no statistics (e.g. the shapes differ)
 
 
-def check_outputs(reference: Sequence[str], candidate: Sequence[str]) -> tuple[str, ...]:
-    """Notes on the candidate's outputs: every reference output must be there to be compared;
-    extra ones (a `mark_output` rewrite exposes attention probabilities) are listed, not compared.
+class OutputPairing(str, Enum):
+    """How the candidate's outputs are matched with the reference's (the CLI spells the values)."""
+
+    NAME = "name"  # the same tensor name on both sides (default)
+    POSITION = "position"  # the i-th graph output of each (legacy exports number their names)
+
+
+OUTPUT_PAIRINGS = tuple(p.value for p in OutputPairing)
+
+
+@dataclass(frozen=True)
+class OutputPairs:
+    """Each reference output with the candidate output it is compared with, and notes."""
+
+    pairs: tuple[tuple[str, str], ...]  # (reference name, candidate name)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def candidate_names(self) -> dict[str, str]:
+        return dict(self.pairs)
+
+
+def pair_output_names(
+    reference: Sequence[str], candidate: Sequence[str], *, by: OutputPairing | str | None = None
+) -> OutputPairs:
+    """Pair every reference output with a candidate output, by name (default) or by position.
+
+    By name, extra candidate outputs (a `mark_output` rewrite exposes attention probabilities)
+    are listed, not compared; by position, the candidate's first outputs are paired in order.
     """
-    missing = [name for name in reference if name not in set(candidate)]
+    try:
+        pairing = OutputPairing(by or OutputPairing.NAME)
+    except ValueError:
+        raise ValidationUsageError(
+            f"output pairing {by!r} is not one of {', '.join(OUTPUT_PAIRINGS)}"
+        ) from None
+    ref, cand = list(reference), list(candidate)
+    if pairing is OutputPairing.POSITION:
+        if len(cand) < len(ref):
+            raise ValidationUsageError(
+                f"the original has {len(ref)} outputs ({', '.join(ref)}) but the candidate only "
+                f"{len(cand)} ({', '.join(cand) or 'none'}); pairing by position needs one "
+                "candidate output per original output"
+            )
+        pairs = tuple(zip(ref, cand[: len(ref)], strict=True))
+        renamed = [f"{r} ↔ {c}" for r, c in pairs if r != c]
+        notes = [f"outputs paired by position: {', '.join(renamed)}"] if renamed else []
+        if len(cand) > len(ref):
+            notes.append(
+                f"candidate outputs past the original's, not compared: {', '.join(cand[len(ref) :])}"
+            )
+        return OutputPairs(pairs, tuple(notes))
+    missing = [name for name in ref if name not in set(cand)]
     if missing:
-        extra = sorted(set(candidate) - set(reference))
+        extra = [name for name in cand if name not in set(ref)]
+        hint = (
+            "; if they are the same outputs named differently (a legacy export numbers its "
+            "outputs), pair them by position: --pair-outputs position"
+            if len(cand) >= len(ref)
+            else "; compare a model with its own rewrite or conversion"
+        )
         raise ValidationUsageError(
             f"the candidate lacks output(s) of the original: {', '.join(missing)} (only the "
-            f"candidate has {', '.join(extra) or 'none'}); compare a model with its own rewrite "
-            "or conversion"
+            f"candidate has {', '.join(extra) or 'none'}; the original's outputs are "
+            f"{', '.join(ref)}, the candidate's {', '.join(cand)}){hint}"
         )
-    extra = [name for name in candidate if name not in set(reference)]
-    if not extra:
-        return ()
-    return (
-        f"{len(extra)} output(s) only the candidate has, not compared: {', '.join(extra)} "
-        "(e.g. attention probabilities a mark_output rewrite exposes)",
+    extra = [name for name in cand if name not in set(ref)]
+    notes = (
+        (
+            f"{len(extra)} output(s) only the candidate has, not compared: {', '.join(extra)} "
+            "(e.g. attention probabilities a mark_output rewrite exposes)",
+        )
+        if extra
+        else ()
     )
+    return OutputPairs(tuple((name, name) for name in ref), notes)
 
 
 def compare_output(
@@ -153,15 +217,16 @@ def compare_output(
     r = reference.astype(np.float64)
     c = candidate.astype(np.float64)
     finite = np.isfinite(r) & np.isfinite(c)
-    agree = (np.isnan(r) & np.isnan(c)) | (np.isinf(r) & (r == c))
-    valid = finite | agree
+    both = (np.isnan(r) & np.isnan(c)) | (np.isinf(r) & (r == c))
+    valid = finite | both if tolerance.allow_nonfinite else finite
     nonfinite = int(r.size - np.count_nonzero(valid))
+    common["nonfinite_both"] = int(np.count_nonzero(both))
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf where both are non-finite
         absdiff = np.where(finite, np.abs(c - r), 0.0)
     denominator = np.abs(np.where(finite, r, 1.0))
     reldiff = absdiff / np.where(denominator == 0, _EPSILON, denominator)
     if not valid.any():
-        problem = "no element agrees: every position is NaN/inf on one side only"
+        problem = "no element agrees: every position is NaN/inf on one side or both"
         return OutputComparison(
             **common,
             passed=False,
@@ -301,6 +366,13 @@ def format_comparison(comparison: OutputComparison, *, histogram: bool = True) -
         f"  mismatched elements: {c.mismatches} of {c.size} ({c.tolerance.describe()})"
         + (f"; {c.nonfinite_mismatches} NaN/inf disagreement(s)" if c.nonfinite_mismatches else "")
     )
+    if c.nonfinite_both:
+        allowed = (
+            "allowed (--allow-nonfinite)"
+            if c.tolerance.allow_nonfinite
+            else "not agreement: pass --allow-nonfinite if the model is meant to produce them"
+        )
+        lines.append(f"  NaN/inf on both sides at {c.nonfinite_both} element(s): {allowed}")
     if histogram and c.histogram:
         lines.append("  abs error histogram (elements per decade):")
         lines.extend("    " + line for line in text_histogram(c.histogram).splitlines())

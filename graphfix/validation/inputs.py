@@ -1,8 +1,11 @@
 """Inputs for validation: specs read from the model, `--shape`/`--range` parsing, seeded data, npz.
 
-Both sides of a comparison get the same values.  Integer inputs are drawn from a range the user
-gives or, when an input feeds a Gather (an embedding lookup), from the indices that table accepts;
-every input records where its values came from, so a report says what was actually exercised.
+Both sides of a comparison get the same values, ones the model can mean.  Integer inputs are
+drawn from a range the user gives or, when an input feeds a Gather (an embedding lookup), from the
+indices that table accepts (token ids inside the vocabulary).  A mask (a bool or integer input
+named like one, or one the graph turns into a large negative score bias) keeps every key: random
+0/1 would block every key of some query rows of a causal model, whose outputs then mean nothing.
+Every input records where its values came from and why, so a report says what was exercised.
 """
 
 from __future__ import annotations
@@ -28,6 +31,13 @@ Dim = int | str | None
 _VALUE_PRESERVING = {"Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand"}
 _DEFAULT_FLOAT_RANGE = (-1.0, 1.0)
 _DEFAULT_INT_RANGE = (0, 1)
+_MASK_NAME = re.compile(r"mask", re.IGNORECASE)
+_BLOCKING = -1e4  # a score bias at or below this blocks a key (finfo.min, -inf, -10000)
+_MASK_TRACE_NODES = 64  # nodes followed from an input looking for what its values do
+# Ops that carry a mask's values along (indexed, reshaped, combined) without changing their sense.
+_MASK_CARRIERS = _VALUE_PRESERVING | {
+    "Gather", "GatherND", "GatherElements", "Slice", "Transpose", "Tile", "Concat", "And", "Or",
+}  # fmt: skip
 # Random inputs larger than this are refused: a huge declared dimension, not a real workload.
 _MAX_INPUT_BYTES = 4 << 30
 
@@ -238,12 +248,26 @@ def make_inputs(
                 f"its inputs are {', '.join(sorted(known)) or 'none'}"
             )
     resolved = _resolve_shapes(specs, shapes)
-    gather_limits = _gather_limits(model, [s.name for s in specs if s.dtype.kind in "iu"])
+    index = GraphIndex(model)
+    gather_limits = _gather_limits(index, [s.name for s in specs if s.dtype.kind in "iu"])
+    masks = {
+        s.name: keep
+        for s in specs
+        if s.name not in gather_limits
+        and s.name not in ranges
+        and (keep := _mask_keep_value(index, s)) is not None
+    }
     feeds: dict[str, np.ndarray] = {}
     sources = []
     for spec in specs:
         shape = resolved[spec.name]
         rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode())])
+        if spec.name in masks:
+            value, why = masks[spec.name]
+            array = np.full(shape, value, dtype=spec.dtype)
+            feeds[spec.name] = array
+            sources.append(InputSource(spec.name, str(array.dtype), shape, why))
+            continue
         array, origin = _draw(spec, shape, ranges.get(spec.name), gather_limits.get(spec.name), rng)
         feeds[spec.name] = array
         sources.append(InputSource(spec.name, str(array.dtype), shape, f"{origin}, seed {seed}"))
@@ -364,9 +388,81 @@ def _draw(
     )
 
 
-def _gather_limits(model: onnx.ModelProto, names: Sequence[str]) -> dict[str, tuple[int, str]]:
+def _mask_keep_value(index: GraphIndex, spec: InputSpec) -> tuple[int, str] | None:
+    """The value with which mask input `name` keeps every key, and why; None: not a mask.
+
+    Its role decides where the graph shows it: followed through value-preserving ops, Cast, And/Or
+    and the flips (Not, `1 - x`, `x == 0`) to a Where choosing a large negative score or to a Mul
+    by one (a Where whose true branch blocks means 1 blocks); float inputs too (a float 0/1 mask
+    scaled by -10000).  Otherwise, for bool and integer inputs, its name: "*mask*" keeps a key at
+    1 (transformers' attention_mask), except a bool "*padding_mask*", where True marks padding
+    (PyTorch's key_padding_mask).
+    """
+    name = spec.name
+    blocks_at = _blocking_value(index, name)
+    if blocks_at is not None:
+        keep = 1 - blocks_at
+        return keep, (
+            f"all {keep} (a mask: the graph turns {blocks_at} into a blocking score bias, so "
+            f"{keep} keeps every key; pass --range {name}:LOW:HIGH or --inputs for a pattern)"
+        )
+    if spec.dtype.kind not in "biu" or not _MASK_NAME.search(name):
+        return None
+    if spec.dtype.kind == "b" and "padding" in name.lower():
+        return 0, (
+            "all False (a key padding mask by its name: True marks padding, so False keeps every "
+            f"key; pass --range {name}:LOW:HIGH or --inputs for a pattern)"
+        )
+    return 1, (
+        "all 1 (a mask by its name: 1 keeps a key, so every key is kept, as random 0/1 would "
+        f"block whole rows; pass --range {name}:LOW:HIGH or --inputs for a pattern)"
+    )
+
+
+def _blocking_value(index: GraphIndex, name: str) -> int | None:
+    """0 or 1: the value of input `name` that the graph turns into a blocking score bias."""
+    frontier = [(name, False)]  # (tensor, whether its polarity is flipped against the input)
+    seen = {name}
+    while frontier and len(seen) < _MASK_TRACE_NODES:
+        tensor, flipped = frontier.pop(0)
+        for node in index.consumers_of(tensor):
+            op, others = node.op_type, [i for i in node.input if i and i != tensor]
+            values = [index.constant_value(i) for i in others]
+            constant = values[0] if len(values) == 1 and values[0] is not None else None
+            step: bool | None = None  # the flip this node adds; None: the trail ends here
+            if op == "Where" and node.input[0] == tensor:
+                high, low = (index.constant_value(node.input[k]) for k in (1, 2))
+                if high is not None and high.size and float(np.max(high)) <= _BLOCKING:
+                    return 0 if flipped else 1  # true blocks
+                if low is not None and low.size and float(np.max(low)) <= _BLOCKING:
+                    return 1 if flipped else 0  # false blocks
+            elif op == "Mul" and constant is not None and constant.size:
+                if float(np.max(constant)) <= _BLOCKING:
+                    return 0 if flipped else 1
+            elif op in _MASK_CARRIERS and (
+                op in ("Concat", "And", "Or") or node.input[0] == tensor
+            ):
+                step = False
+            elif op == "Not":
+                step = True
+            elif op in ("Sub", "Equal") and constant is not None and constant.size == 1:
+                one = float(constant.reshape(-1)[0])
+                if op == "Sub" and node.input[1] == tensor and one == 1:
+                    step = True
+                elif op == "Equal" and one in (0, 1):
+                    step = one == 0
+            if step is None:
+                continue
+            for out in node.output:
+                if out and out not in seen:
+                    seen.add(out)
+                    frontier.append((out, flipped != step))
+    return None
+
+
+def _gather_limits(index: GraphIndex, names: Sequence[str]) -> dict[str, tuple[int, str]]:
     """Integer inputs that index a Gather table → (largest valid index, the Gather's name)."""
-    index = GraphIndex(model)
+    model = index.model
     table_dims = {t.name: tuple(t.dims) for t in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type == "Constant":

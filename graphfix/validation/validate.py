@@ -1,6 +1,7 @@
 """Validate a candidate (a TensorRT engine, or onnxruntime) against onnxruntime on the original.
 
-The reference is always onnxruntime on the CPU running the original model as written.  The
+The reference is always onnxruntime on the CPU running the original model as written (a
+float16/bfloat16 original materialised as the candidate is, `graphfix.validation.low_precision`).  The
 candidate is, by default, a TensorRT engine of the fixed model with graphfix's plugin library
 loaded, or, where TensorRT is absent, onnxruntime running the fixed model with graphfix's
 reference implementation of its plugin ops: a wiring check of the rewrite on any machine (for a
@@ -43,10 +44,11 @@ from graphfix.validation.backends.tensorrt_backend import (
 from graphfix.validation.compare import (
     DEFAULT_TOLERANCES,
     OutputComparison,
+    OutputPairs,
     Tolerance,
-    check_outputs,
     compare_output,
     format_comparison,
+    pair_output_names,
 )
 from graphfix.validation.fusion_proof import FusionProof, classify_blocks
 from graphfix.validation.inputs import (
@@ -58,6 +60,7 @@ from graphfix.validation.inputs import (
     input_specs,
     make_inputs,
 )
+from graphfix.validation.low_precision import LowPrecision, low_precision_mode
 
 
 class Backend(str, Enum):
@@ -104,10 +107,11 @@ class ValidationReport:
     fusion: FusionProof | None
     tensorrt_note: str | None  # one line when the TensorRT side was not exercised, and why
     notes: tuple[str, ...] = ()
+    low_precision: str | None = None  # how a float16/bfloat16 candidate ran on onnxruntime
     reference_outputs: Mapping[str, np.ndarray] = field(
         default_factory=dict, repr=False, compare=False, metadata=_ARRAYS
     )
-    candidate_outputs: Mapping[str, np.ndarray] = field(
+    candidate_outputs: Mapping[str, np.ndarray] = field(  # by the reference output compared with
         default_factory=dict, repr=False, compare=False, metadata=_ARRAYS
     )
 
@@ -136,6 +140,8 @@ class ValidationReport:
         ]
         if self.tensorrt_note:
             lines.append(f"  {self.tensorrt_note}")
+        if self.low_precision:
+            lines.append(f"  low precision: {self.low_precision}")
         lines.append(f"  tolerance: {self.tolerance.describe()} ({self.tolerance_origin})")
         lines.append("  inputs:")
         lines += [f"    {s.name} {s.dtype} {list(s.shape)}: {s.origin}" for s in self.inputs]
@@ -215,6 +221,8 @@ class ValidationPlan:
     tolerance_origin: str
     engine_cache: Path | None
     notes: tuple[str, ...]
+    outputs: OutputPairs
+    low_precision: LowPrecision
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
@@ -236,6 +244,9 @@ def validate(
     quantile: float | None = None,
     seed: int = 0,
     engine_cache: str | os.PathLike[str] | None = None,
+    low_precision: str | None = None,
+    allow_nonfinite: bool | None = None,
+    pair_outputs: str | None = None,
 ) -> ValidationReport:
     """Run both models on the same inputs and compare every output.
 
@@ -249,14 +260,21 @@ def validate(
     `shapes` (needed for dynamic dimensions) and drawn from `ranges`.  `atol`/`rtol` default by the
     candidate's lowest precision (`graphfix.validation.compare.DEFAULT_TOLERANCES`); `quantile`
     checks that quantile of the errors instead of every element.
+    `low_precision` ("materialise", the default, or "as-is"): how onnxruntime runs a
+    float16/bfloat16 candidate (`graphfix.validation.low_precision`).  `allow_nonfinite`: NaN/inf
+    on both sides counts as agreement (by default it fails).  `pair_outputs` ("name", the
+    default, or "position"): how the candidate's outputs are matched with the original's.
     """
     reference = load_model(reference_model, load_weights=False)
     candidate = load_model(candidate_model, load_weights=False)
+    mode = low_precision_mode(low_precision)
     notes = list(check_same_inputs(input_specs(reference.model), input_specs(candidate.model)))
-    notes += check_outputs(
+    outputs = pair_output_names(
         [o.name for o in reference.model.graph.output],
         [o.name for o in candidate.model.graph.output],
+        by=pair_outputs,
     )
+    notes += outputs.notes
 
     chosen = None if precision is None else FloatType.parse(precision, error=ValidationUsageError)
     runs_on = _backend_plan(candidate, backend=backend, precision=chosen, plugins=plugins)
@@ -268,7 +286,7 @@ def validate(
         _model_precision(reference.model),
         None if chosen is None else chosen.short,
     )
-    tolerance, origin = _tolerance(atol, rtol, quantile, lowest)
+    tolerance, origin = _tolerance(atol, rtol, quantile, lowest, allow_nonfinite=allow_nonfinite)
     plan = ValidationPlan(
         reference=reference,
         candidate=candidate,
@@ -278,6 +296,8 @@ def validate(
         tolerance_origin=origin,
         engine_cache=Path(engine_cache) if engine_cache is not None else None,
         notes=(*notes, *data.notes),
+        outputs=outputs,
+        low_precision=mode,
     )
     return _run(plan)
 
@@ -294,14 +314,17 @@ def _run(plan: ValidationPlan) -> ValidationReport:
         candidate_outputs = candidate_runner.infer(feeds)
     except InputsRejected as exc:  # the original ran on these inputs: the candidate is broken
         raise CheckFailed(f"the candidate refused inputs the original ran on: {exc.what}") from exc
-    missing = [name for name in reference_outputs if name not in candidate_outputs]
+    paired = plan.outputs.candidate_names
+    missing = [paired[name] for name in reference_outputs if paired[name] not in candidate_outputs]
     if missing:
         raise BackendError(
             f"{candidate_runner.description} produced no {', '.join(missing)} (it produced "
             f"{', '.join(candidate_outputs) or 'nothing'}); the engine lost a graph output"
         )
     comparisons = tuple(
-        compare_output(name, reference_outputs[name], candidate_outputs[name], plan.tolerance)
+        compare_output(
+            name, reference_outputs[name], candidate_outputs[paired[name]], plan.tolerance
+        )
         for name in reference_outputs
     )
     fusion = None
@@ -320,8 +343,9 @@ def _run(plan: ValidationPlan) -> ValidationReport:
         fusion=fusion,
         tensorrt_note=_tensorrt_note(plan, candidate_runner),
         notes=plan.notes,
+        low_precision=candidate_runner.low_precision,
         reference_outputs=reference_outputs,
-        candidate_outputs=candidate_outputs,
+        candidate_outputs={name: candidate_outputs[paired[name]] for name in reference_outputs},
     )
 
 
@@ -344,7 +368,7 @@ def _runner(plan: ValidationPlan, model: LoadedModel, role: str, *, backend: Bac
         OnnxRuntimeRunner,  # imports onnxruntime
     )
 
-    return OnnxRuntimeRunner(model, label=label)
+    return OnnxRuntimeRunner(model, label=label, low_precision=plan.low_precision)
 
 
 def _label(model: LoadedModel, fallback: str) -> str:
@@ -374,13 +398,19 @@ def _loosest(*precisions: str | None) -> str:
 
 
 def _tolerance(
-    atol: float | None, rtol: float | None, quantile: float | None, precision: str
+    atol: float | None,
+    rtol: float | None,
+    quantile: float | None,
+    precision: str,
+    *,
+    allow_nonfinite: bool | None = None,
 ) -> tuple[Tolerance, str]:
     default = DEFAULT_TOLERANCES[precision]
     tolerance = Tolerance(
         atol=default.atol if atol is None else atol,
         rtol=default.rtol if rtol is None else rtol,
         quantile=quantile,
+        allow_nonfinite=bool(allow_nonfinite),
     )
     if atol is not None and rtol is not None:
         return tolerance, "given"

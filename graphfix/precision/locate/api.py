@@ -20,6 +20,7 @@ import onnx
 from graphfix.attention.matcher import find_attention
 from graphfix.float_types import LOW_PRECISIONS, spellings
 from graphfix.graph.index import node_label
+from graphfix.model_io import LoadedModel
 from graphfix.precision import policy
 from graphfix.precision.locate.candidate import build_candidate
 from graphfix.precision.locate.localise import RANGE_MAX, measure, module_path, rank_suspects
@@ -48,7 +49,13 @@ from graphfix.precision.locate.runners import CandidateRunner, OnnxRuntimeCandid
 from graphfix.progress import step
 from graphfix.validation.backends.tensorrt_backend import require_tensorrt
 from graphfix.validation.compare import compare_output
-from graphfix.validation.inputs import ValueRange, make_inputs
+from graphfix.validation.inputs import ValueRange, cast_feeds, input_specs, make_inputs
+from graphfix.validation.low_precision import (
+    LowPrecision,
+    emulate_low_precision,
+    low_precision_mode,
+    low_precision_types,
+)
 from graphfix.validation.validate import Backend
 
 PRECISIONS = spellings(LOW_PRECISIONS)  # --precision: float16, bfloat16, fp16, bf16
@@ -76,6 +83,9 @@ def locate(
     max_trials: int | None = None,
     top: int | None = None,
     remedy_base: str | None = None,
+    low_precision: str | None = None,
+    allow_nonfinite: bool | None = None,
+    pair_outputs: str | None = None,
 ) -> LocateReport:
     """Compare every intermediate tensor of `candidate` (or of `model` converted to `precision`)
     with `model` run in float32, rank the nodes that create the error, and search remedies.
@@ -88,6 +98,9 @@ def locate(
     engines instead (see `trt_candidate`).  `chunk_bytes` bounds the intermediates held per side.
     `remedy_base`: what the remedy trials convert with — "minimal" (default: only what a trial
     proves necessary stays float32) or "convert_precision" (its default islands plus remedies).
+    `low_precision`, `allow_nonfinite`, `pair_outputs`: as in `graphfix.validate` (onnxruntime
+    only) — float16/bfloat16 materialised at every node output unless "as-is", NaN/inf on both
+    sides fails unless allowed, CANDIDATE's outputs paired by name unless "position".
     """
     runs_on, converted_to = check_options(
         candidate_given=candidate is not None,
@@ -99,11 +112,17 @@ def locate(
         max_trials=max_trials,
         chunk_bytes=chunk_bytes,
         remedy_base=remedy_base,
+        onnxruntime_only={
+            "--low-precision": low_precision,
+            "--allow-nonfinite": allow_nonfinite,
+            "--pair-outputs": pair_outputs,
+        },
     )
+    mode = low_precision_mode(low_precision)
     tensorrt = require_tensorrt() if runs_on is Backend.TENSORRT else None
     reference = load_reference(model, output=output, overwrite=overwrite)
     data = make_inputs(reference.model, shapes=shapes, ranges=ranges, npz=inputs, seed=seed or 0)
-    cand = candidate_of(reference, candidate, converted_to=converted_to)
+    cand = candidate_of(reference, candidate, converted_to=converted_to, pair_outputs=pair_outputs)
     plan = LocatePlan(
         reference=reference,
         candidate=cand.model,
@@ -112,7 +131,9 @@ def locate(
         computes_in=cand.computes_in,
         backend=runs_on,
         tensorrt=tensorrt,
-        tolerance=default_tolerance(cand.computes_in, atol, rtol, quantile),
+        tolerance=default_tolerance(
+            cand.computes_in, atol, rtol, quantile, allow_nonfinite=allow_nonfinite
+        ),
         feeds=data.feeds,
         chunk_bytes=chunk_bytes or DEFAULT_CHUNK_BYTES,
         top=top or DEFAULT_TOP,
@@ -125,6 +146,7 @@ def locate(
             max_trials=max_trials or DEFAULT_MAX_TRIALS[runs_on],
         ),
         notes=(*data.notes, *cand.notes),
+        low_precision=mode,
     )
     return run_plan(plan)
 
@@ -177,8 +199,12 @@ def _localise(
     errors = []
     ref_out: dict[str, np.ndarray] = {}
     cand_out: dict[str, np.ndarray] = {}
-    with TensorStreamer(reference, label=plan.reference_label) as ref_stream:
-        for name, r, c in stream_pairs(ref_stream, runner, plan.feeds, plan.feeds, chunks):
+    ref_run = reference  # a float16/bfloat16 MODEL runs under the same semantics as validate's
+    if plan.low_precision is LowPrecision.MATERIALISE and low_precision_types(reference.model):
+        ref_run = LoadedModel(emulate_low_precision(reference.model), reference.path, True)
+    ref_feeds = cast_feeds(plan.feeds, input_specs(ref_run.model))
+    with TensorStreamer(ref_run, label=plan.reference_label) as ref_stream:
+        for name, r, c in stream_pairs(ref_stream, runner, ref_feeds, plan.feeds, chunks):
             if name in outputs:
                 ref_out[name], cand_out[name] = r, c
             if name in sites:
@@ -211,6 +237,7 @@ def _localise(
         reference=f"onnxruntime (CPU, float32, graph optimisations off) on {plan.reference_label}",
         candidate=runner.description,
         precision=plan.computes_in.value,
+        low_precision=runner.low_precision,
         tolerance=plan.tolerance,
         diverges=diverges,
         outputs=comparisons,
@@ -234,7 +261,7 @@ def _candidate_runner(plan: LocatePlan) -> CandidateRunner:
             status=plan.tensorrt,
         )
     return OnnxRuntimeCandidate(
-        plan.candidate, label=plan.candidate_label, computes_in=plan.computes_in.value
+        plan.candidate, label=plan.candidate_label, low_precision=plan.low_precision
     )
 
 

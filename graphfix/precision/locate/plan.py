@@ -9,7 +9,7 @@ suspects shown, remedy trials); then runs it.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +17,7 @@ import onnx
 
 from graphfix.errors import UsageError
 from graphfix.float_types import LOW_PRECISIONS, FloatType
+from graphfix.graph.index import all_graphs
 from graphfix.model_io import LoadedModel, check_output_path, load_model
 from graphfix.plugins.reference import has_plugin_ops, with_reference_ops
 from graphfix.plugins.spec import PLUGIN_DOMAIN
@@ -24,8 +25,14 @@ from graphfix.precision.locate.candidate import BASES, build_candidate
 from graphfix.precision.locate.reference import DEFAULT_CHUNK_BYTES
 from graphfix.progress import step
 from graphfix.validation.backends.tensorrt_backend import TensorRTStatus
-from graphfix.validation.compare import DEFAULT_TOLERANCES, Tolerance
+from graphfix.validation.compare import (
+    DEFAULT_TOLERANCES,
+    OutputPairing,
+    Tolerance,
+    pair_output_names,
+)
 from graphfix.validation.inputs import check_same_inputs, input_specs
+from graphfix.validation.low_precision import LowPrecision
 from graphfix.validation.validate import Backend, _model_precision
 
 DEFAULT_MAX_TRIALS = {Backend.ONNXRUNTIME: 32, Backend.TENSORRT: 16}  # a trial: a run or a build
@@ -60,6 +67,7 @@ class LocatePlan:
     top: int
     remedies: RemedyPlan
     notes: tuple[str, ...]
+    low_precision: LowPrecision  # how onnxruntime runs a float16/bfloat16 candidate
 
     @property
     def reference_label(self) -> str:
@@ -77,9 +85,11 @@ def check_options(
     max_trials: int | None,
     chunk_bytes: int | None,
     remedy_base: str | None,
+    onnxruntime_only: Mapping[str, object] | None = None,
 ) -> tuple[Backend, FloatType | None]:
     """`locate()`'s options checked against each other (UsageError, exit 2) before anything
-    loads: the backend, and the type MODEL is converted to (None: the user's CANDIDATE)."""
+    loads: the backend, and the type MODEL is converted to (None: the user's CANDIDATE).
+    `onnxruntime_only`: flags (by their CLI spelling) that only the onnxruntime backend takes."""
     if remedy_base not in (None, *BASES):
         raise UsageError(f"remedy_base {remedy_base!r} is not one of {', '.join(BASES)}")
     backends = tuple(b.value for b in (Backend.ONNXRUNTIME, Backend.TENSORRT))
@@ -91,6 +101,13 @@ def check_options(
         raise UsageError(
             "give either a CANDIDATE model or --precision float16|bfloat16 (the candidate is then "
             "MODEL converted), not " + ("both" if candidate_given else "neither")
+        )
+    given = [flag for flag, value in (onnxruntime_only or {}).items() if value is not None]
+    if runs_on is Backend.TENSORRT and given:
+        raise UsageError(
+            f"{', '.join(given)} apply to the onnxruntime backend (a TensorRT engine stores "
+            "each tensor in its own type and locate's TensorRT path pairs outputs by name); "
+            "drop them or use --backend onnxruntime"
         )
     if runs_on is Backend.TENSORRT and converted_to is None:
         raise UsageError(
@@ -143,10 +160,14 @@ class Candidate:
 
 
 def candidate_of(
-    reference: LoadedModel, candidate: ModelArg | None, *, converted_to: FloatType | None
+    reference: LoadedModel,
+    candidate: ModelArg | None,
+    *,
+    converted_to: FloatType | None,
+    pair_outputs: str | None = None,
 ) -> Candidate:
-    """The user's CANDIDATE (plugin nodes as reference ops, checked comparable), or MODEL
-    converted to `converted_to`."""
+    """The user's CANDIDATE (plugin nodes as reference ops, outputs paired with MODEL's by name
+    or by position, checked comparable), or MODEL converted to `converted_to`."""
     if candidate is None:
         assert converted_to is not None  # check_options: one of the two
         step(f"converting {label(reference, 'model')} to {converted_to.value}")
@@ -166,13 +187,26 @@ def candidate_of(
             "in validate's wiring check: their kernels are not what is compared"
         )
     notes += check_same_inputs(input_specs(reference.model), input_specs(cand.model))
+    paired = pair_output_names(
+        [o.name for o in reference.model.graph.output],
+        [o.name for o in cand.model.graph.output],
+        by=pair_outputs,
+    )
+    if OutputPairing(pair_outputs or OutputPairing.NAME) is OutputPairing.POSITION:
+        cand = LoadedModel(_renamed_outputs(cand.model, paired.pairs), cand.path, True)
+        notes += paired.notes
     _check_comparable(reference.model, cand.model)
     computes_in = FloatType.parse(_model_precision(cand.model))
     return Candidate(cand, label(cand, "candidate"), computes_in, tuple(notes))
 
 
 def default_tolerance(
-    computes_in: FloatType, atol: float | None, rtol: float | None, quantile: float | None
+    computes_in: FloatType,
+    atol: float | None,
+    rtol: float | None,
+    quantile: float | None,
+    *,
+    allow_nonfinite: bool | None = None,
 ) -> Tolerance:
     """validate's default tolerance for the type, where atol/rtol are not given."""
     default = DEFAULT_TOLERANCES[computes_in.short]
@@ -180,11 +214,29 @@ def default_tolerance(
         atol=default.atol if atol is None else atol,
         rtol=default.rtol if rtol is None else rtol,
         quantile=quantile,
+        allow_nonfinite=bool(allow_nonfinite),
     )
 
 
 def label(model: LoadedModel, fallback: str) -> str:
     return str(model.path) if model.path is not None else f"the {fallback} (in memory)"
+
+
+def _renamed_outputs(model: onnx.ModelProto, pairs: Sequence[tuple[str, str]]) -> onnx.ModelProto:
+    """A copy of `model` whose outputs carry the reference's names (outputs paired by position);
+    a tensor of `model` already holding one of those names is renamed out of the way first."""
+    renames = {c: r for r, c in pairs if r != c}
+    taken = set(renames.values()) - set(renames)
+    renames.update({name: f"{name}/graphfix_renamed" for name in taken})
+    result = onnx.ModelProto()
+    result.CopyFrom(model)
+    for graph in all_graphs(result.graph):
+        for node in graph.node:
+            node.input[:] = [renames.get(i, i) for i in node.input]
+            node.output[:] = [renames.get(o, o) for o in node.output]
+        for value in (*graph.input, *graph.output, *graph.value_info):
+            value.name = renames.get(value.name, value.name)
+    return result
 
 
 def _check_comparable(reference: onnx.ModelProto, candidate: onnx.ModelProto) -> None:

@@ -26,11 +26,11 @@ from graphfix.attention.matcher import find_attention
 from graphfix.model_io import LoadedModel
 from graphfix.precision import policy
 from graphfix.precision.locate.candidate import BuiltCandidate, build_candidate
-from graphfix.precision.locate.emulate import emulate_low_precision
 from graphfix.precision.locate.localise import RANGE_MAX, UNIT_ROUNDOFF, Suspect, TensorError
 from graphfix.precision.locate.reference import infer_types, node_label
 from graphfix.progress import step as report_step
 from graphfix.validation.compare import OutputComparison, Tolerance, compare_output
+from graphfix.validation.low_precision import LowPrecision
 
 _FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 _RANGE_MARGIN = 0.5  # values above this fraction of the type's range go to float32 at once
@@ -105,13 +105,19 @@ TrialRun = Callable[
 
 
 def run_trial_on_onnxruntime(
-    model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]
+    model: onnx.ModelProto,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    low_precision: LowPrecision | None = None,
 ) -> tuple[dict[str, np.ndarray], float | None]:
-    """`model`'s outputs on `feeds` by onnxruntime, float16 rounding made explicit; no latency."""
+    """`model`'s outputs on `feeds` by onnxruntime, float16/bfloat16 materialised unless
+    `low_precision` says as-is (`graphfix.validation.low_precision`); no latency."""
     from graphfix.validation.backends.onnxruntime_backend import OnnxRuntimeRunner
 
     runner = OnnxRuntimeRunner(
-        LoadedModel(emulate_low_precision(model), None, True), label="the candidate with remedies"
+        LoadedModel(model, None, True),
+        label="the candidate with remedies",
+        low_precision=low_precision,
     )
     return runner.infer(feeds), None
 
@@ -131,7 +137,7 @@ class TrialRunner:
         run_trial: TrialRun | None = None,
     ) -> None:
         """`run_trial`: what runs each trial's model (a candidate runner's `run_trial`; None:
-        onnxruntime with float16/bfloat16 rounding made explicit)."""
+        onnxruntime with float16/bfloat16 materialised)."""
         self.run_trial = run_trial_on_onnxruntime if run_trial is None else run_trial
         self.base = "minimal" if base is None else base
         self._fusion = None  # fuse_norms' result, made on first use

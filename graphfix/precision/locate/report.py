@@ -16,6 +16,14 @@ from graphfix.precision.locate.localise import Suspect, TensorError
 from graphfix.precision.locate.remedies import Remedy, Trial, TrialRunner, search_remedies
 from graphfix.validation.compare import OutputComparison, Tolerance
 
+# How a trial's verdict and its error column relate (the two disagree when the relative bound
+# passes what the absolute one fails, e.g. "PASS, max abs error 0.339" next to "fail, 0.0367").
+VERDICT_RULE = (
+    "verdict: PASS when every output element is within the tolerance ({tolerance}), the "
+    "absolute OR the relative bound; error: the largest absolute error over the outputs, "
+    "inf when NaN/inf disagree"
+)
+
 
 @dataclass(frozen=True)
 class FixedModel:
@@ -45,6 +53,7 @@ class LocateReport:
     remedies_kept: tuple[Remedy, ...] = ()
     fixed: FixedModel | None = None
     notes: tuple[str, ...] = ()
+    low_precision: str | None = None  # how a float16/bfloat16 candidate ran on onnxruntime
     fixed_model: onnx.ModelProto | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
@@ -53,7 +62,9 @@ class LocateReport:
             "reference": self.reference,
             "candidate": self.candidate,
             "precision": self.precision,
+            "low_precision": self.low_precision,
             "tolerance": plain(self.tolerance),
+            "verdict_rule": VERDICT_RULE.format(tolerance=self.tolerance.describe()),
             "diverges": self.diverges,
             "outputs": [
                 {
@@ -61,6 +72,7 @@ class LocateReport:
                     "passed": o.passed,
                     "max_abs_error": None if o.absolute is None else _num(o.absolute.max),
                     "nonfinite_mismatches": o.nonfinite_mismatches,
+                    "nonfinite_both": o.nonfinite_both,
                 }
                 for o in self.outputs
             ],
@@ -81,6 +93,7 @@ class LocateReport:
             f"graphfix locate: {'DIVERGES' if self.diverges else 'no divergence'}",
             f"  reference: {self.reference}",
             f"  candidate: {self.candidate}",
+            *([f"  low precision: {self.low_precision}"] if self.low_precision else []),
             f"  tolerance: {self.tolerance.describe()}",
             f"  compared {len(self.tensors)} intermediate tensors in {self.chunks} chunk(s)",
         ]
@@ -88,6 +101,8 @@ class LocateReport:
         for o in self.outputs:
             err = "n/a" if o.absolute is None else f"{o.absolute.max:.3g}"
             extra = f", {o.nonfinite_mismatches} NaN/inf" if o.nonfinite_mismatches else ""
+            if o.nonfinite_both:
+                extra += f", NaN/inf on both sides at {o.nonfinite_both}"
             lines.append(
                 f"  output {o.name}: {'PASS' if o.passed else 'FAIL'} (max abs error {err}{extra})"
             )
@@ -112,13 +127,17 @@ class LocateReport:
             lines += [f"       {reason}" for reason in s.reasons]
         if self.remedies_tried:
             lines.append("")
-            lines.append("remedy search (each trial one candidate run):")
+            lines.append(
+                "remedy search (each trial one candidate run; "
+                f"{VERDICT_RULE.format(tolerance=self.tolerance.describe())}):"
+            )
             for t in self.remedies_tried:
                 what = "; ".join(r.describe() for r in t.remedies) or "no remedy"
                 latency = "" if t.latency_ms is None else f"  latency {t.latency_ms:.3g} ms"
                 lines.append(
-                    f"  {t.step:12s} {'PASS' if t.passed else 'fail'}  error {t.error:.3g}  "
-                    f"float32 nodes {t.float32_nodes}{latency}  ({what})"
+                    f"  {t.step:12s} {'PASS' if t.passed else 'fail'} (abs or rel)  "
+                    f"max abs error {t.error:.3g}  float32 nodes {t.float32_nodes}{latency}  "
+                    f"({what})"
                 )
             kept = "; ".join(r.describe() for r in self.remedies_kept) or "nothing"
             lines.append(f"kept: {kept}")

@@ -152,6 +152,7 @@ class TensorRTCandidate:
         self._builds = 0
         self.engine, self.build_seconds = self._build(model, debug_tensors=problem is None)
         self.debug_tensors = problem is None
+        self.low_precision: str | None = None  # the engine stores each tensor in its own type
         self.description = (
             f"TensorRT {self.status.version} (polygraphy {self.status.polygraphy}, strongly "
             f"typed) on {label}"

@@ -35,10 +35,13 @@ class Runner(Protocol):
     """A model made ready to run on one backend.
 
     `description`: one line saying what runs where; `lowered_nodes`: how many graphfix plugin
-    nodes were replaced by their reference ops to run here (0 where the plugins themselves run).
+    nodes were replaced by their reference ops to run here (0 where the plugins themselves run);
+    `low_precision`: how float16/bfloat16 tensors were made to run (None: as the backend runs
+    them, e.g. TensorRT storing them in their type).
     """
 
     description: str
     lowered_nodes: int
+    low_precision: str | None
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...

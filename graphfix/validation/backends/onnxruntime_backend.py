@@ -1,8 +1,10 @@
 """onnxruntime on the CPU: the reference side, and a candidate that runs anywhere.
 
 graphfix plugin nodes are lowered to standard ONNX ops (`graphfix.plugins.reference`) when present, so a
-rewritten model runs here exactly as its plugin specifies.  Graph optimisations stay at the
-basic (semantics-preserving) level, so the reference is the model as written.
+rewritten model runs here exactly as its plugin specifies.  A float16/bfloat16 model has every
+low-precision tensor materialised at its producer's output (`graphfix.validation.low_precision`)
+unless asked to run as is.  Graph optimisations stay at the basic (semantics-preserving) level,
+so the reference is the model as written.
 """
 
 from __future__ import annotations
@@ -21,7 +23,15 @@ from graphfix.plugins.reference import with_reference_ops
 from graphfix.plugins.spec import PLUGIN_DOMAIN
 from graphfix.validation.backends import BackendError, InputsRejected
 from graphfix.validation.inputs import cast_feeds, input_specs
+from graphfix.validation.low_precision import (
+    LowPrecision,
+    describe_low_precision,
+    low_precision_mode,
+    low_precision_types,
+    materialise,
+)
 
+_EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
 _ORT_ERRORS = (
     ort_state.Fail,
     ort_state.InvalidArgument,
@@ -37,16 +47,24 @@ _ORT_ERRORS = (
 
 
 class OnnxRuntimeRunner:
-    """`model` in an onnxruntime CPU session; `reference_ops=None` lowers plugin nodes if any."""
+    """`model` in an onnxruntime CPU session; `reference_ops=None` lowers plugin nodes if any;
+    `low_precision=None` materialises float16/bfloat16 tensors (`LowPrecision`)."""
 
     def __init__(
-        self, model: LoadedModel, *, label: str, reference_ops: bool | None = None
+        self,
+        model: LoadedModel,
+        *,
+        label: str,
+        reference_ops: bool | None = None,
+        low_precision: LowPrecision | str | None = None,
     ) -> None:
         plugin_nodes = sum(n.domain == PLUGIN_DOMAIN for n in model.model.graph.node)
         lower = plugin_nodes > 0 if reference_ops is None else reference_ops
+        mode = low_precision_mode(low_precision)
         self.label = label
         self.lowered_nodes = plugin_nodes if lower else 0
-        self.specs = input_specs(model.model)
+        self.low_precision = describe_low_precision(mode, low_precision_types(model.model))
+        emulate = mode is LowPrecision.MATERIALISE and self.low_precision is not None
         self.description = f"onnxruntime {ort.__version__} on the CPU running {label}"
         if self.lowered_nodes:
             self.description += (
@@ -56,12 +74,28 @@ class OnnxRuntimeRunner:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         options.log_severity_level = 3
+        rewritten = lower or emulate
         proto = with_reference_ops(model.model) if lower else model.model
-        if lower and not model.weights_loaded and model.base_dir is not None:
-            onnx.load_external_data_for_model(proto, str(model.base_dir))
+        if emulate:
+            done = materialise(proto)
+            proto = done.model
+            self.low_precision = describe_low_precision(
+                mode, low_precision_types(model.model), untyped=done.untyped
+            )
+        if rewritten and not model.weights_loaded and model.base_dir is not None:
+            # the rewrite keeps the weights' external data references: onnxruntime reads them
+            # from the model's folder, so nothing is loaded or copied here
+            options.add_session_config_entry(_EXTERNAL_FOLDER, str(model.base_dir))
+        self.specs = input_specs(proto)  # float16 inputs of an emulated model take float32
+        half = onnx.TensorProto.FLOAT16
+        self._half_outputs = (  # an emulated model's float16 outputs, given back in float16
+            {o.name for o in model.model.graph.output if o.type.tensor_type.elem_type == half}
+            if emulate
+            else set()
+        )
         self._folder: tempfile.TemporaryDirectory[str] | None = None
         try:
-            if not lower and model.path is not None:
+            if not rewritten and model.path is not None:
                 self.session = _session(str(model.path), options)
             elif fits_protobuf(proto):
                 self.session = _session(proto.SerializeToString(), options)
@@ -75,7 +109,8 @@ class OnnxRuntimeRunner:
                 f"; it has {plugin_nodes} {PLUGIN_DOMAIN} node(s): pass reference_ops=None or "
                 "True to lower them"
                 if plugin_nodes and not lower
-                else "; onnxruntime's CPU provider has no bfloat16 kernel for most ops: run a "
+                else "; onnxruntime's CPU provider has no bfloat16 kernel for most ops: leave "
+                "--low-precision at materialise (each op then computes in float32), run a "
                 "bfloat16 model through PyTorch on a GPU (tools/torch_onnx_eval.py in the "
                 "repository) or validate its float16 conversion"
                 if _has_bfloat16(proto)
@@ -103,7 +138,7 @@ class OnnxRuntimeRunner:
                     f"output '{name}' of {self.label} is a {type(value).__name__}, not a tensor; "
                     "validate compares tensor outputs only"
                 )
-            outputs[name] = value
+            outputs[name] = value.astype(np.float16) if name in self._half_outputs else value
         return outputs
 
 

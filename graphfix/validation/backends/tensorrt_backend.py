@@ -315,6 +315,7 @@ class TensorRTRunner:
         self.tensorrt_version = str(self.status.version)
         self.label = label
         self.lowered_nodes = 0  # the plugins themselves run
+        self.low_precision: str | None = None  # TensorRT stores each tensor in its own type
         self.options = options
         self.specs = input_specs(model.model)
         refuse_bfloat16_io(model.model, label)
