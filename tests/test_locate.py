@@ -191,8 +191,8 @@ def test_attention_with_large_logits_is_located_in_its_block():
 
 def test_the_rounding_note_names_the_type_the_candidate_computes_in():
     report = locate(attention_model(key_offset=0.0), precision="bfloat16")
-    (note,) = [n for n in report.notes if "rounding made explicit" in n]
-    assert "most bfloat16 ops in float32" in note and "float16 ops" not in note.replace("bfloat16", "")
+    note = report.low_precision
+    assert note.startswith("bfloat16 materialised") and "float16" not in note.replace("bfloat16", "")
 
 
 def test_same_attention_with_ordinary_logits_does_not_diverge(capsys, tmp_path):
