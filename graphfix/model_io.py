@@ -14,6 +14,7 @@ import dataclasses
 import errno
 import math
 import os
+import re
 import shutil
 import signal
 import stat
@@ -41,6 +42,7 @@ from graphfix.errors import (
     OutputPathError,
     UnsupportedModelError,
 )
+from graphfix.progress import step
 
 # What public functions accept as a model: the proto itself, or the path of an .onnx file.
 ModelArg = onnx.ModelProto | str | os.PathLike[str]
@@ -661,6 +663,63 @@ def _stream_copy(source_file: Path, dest: Path) -> None:
             shutil.copyfileobj(fin, fout, _COMPARE_CHUNK)
 
 
+# graphfix's own temporaries next to an output: `.NAME.PID-XXXXXXXX.graphfix-tmp` (a staged file)
+# or `…graphfix-stage` (a folder `graphfix precision` stages converted weights in).
+_TEMPORARY = re.compile(r"\..+\.(?P<pid>\d+)-[0-9a-f]{8}\.graphfix-(?:tmp|stage)")
+
+
+def temporary_name(final: Path, kind: Literal["tmp", "stage"]) -> Path:
+    """A hidden sibling of `final` to write first, named so that a later run can tell whether the
+    process that made it is gone (`remove_stale_temporaries`)."""
+    return final.parent / f".{final.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.graphfix-{kind}"
+
+
+def remove_stale_temporaries(folder: Path) -> tuple[Path, ...]:
+    """Delete the temporaries in `folder` that a killed graphfix left (SIGKILL gives a save no
+    chance to clean up): only names `temporary_name` makes, and only those whose process is gone
+    or is a newer process with a reused id.  Returns what was deleted."""
+    removed = []
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        for entry in entries:
+            match = _TEMPORARY.fullmatch(entry.name)
+            if match is None or not _maker_is_gone(int(match["pid"]), entry):
+                continue
+            with contextlib.suppress(OSError):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+                removed.append(Path(entry.path))
+    if removed:
+        step(f"removed {len(removed)} temporary file(s) a killed run left in {folder}")
+    return tuple(removed)
+
+
+def _maker_is_gone(pid: int, entry: os.DirEntry) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        pass
+    started = _process_start(pid)
+    return started is not None and entry.stat(follow_symlinks=False).st_mtime < started
+
+
+def _process_start(pid: int) -> float | None:
+    """When process `pid` started (Linux /proc); None where that cannot be told."""
+    try:
+        stat_fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+    except (OSError, StopIteration, IndexError, ValueError):
+        return None
+    return boot + int(stat_fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
 def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)  # the shell's convention for "killed by signal N"
 
@@ -697,7 +756,9 @@ class _Staging:
 
     def temp_for(self, final: Path) -> Path:
         final.parent.mkdir(parents=True, exist_ok=True)
-        temp = final.parent / f".{final.name}.{uuid.uuid4().hex[:8]}.graphfix-tmp"
+        if not any(final.parent == f.parent for _, f in self._pending):
+            remove_stale_temporaries(final.parent)
+        temp = temporary_name(final, "tmp")
         self._pending.append((temp, final))
         return temp
 

@@ -7,6 +7,8 @@
     op:Softmax      every node of that op type
     name:/a/b/Mul   exactly that node name (for names that look like another form)
     re:attn\\.\\d+    a regex searched in node names
+    #12             the node at position 12 of graph.node: how graphfix shows an unnamed node,
+    <MatMul #12>    as `<MatMul #12>` (the op type is then checked)
     /a/b/Mul        a node name when one node has exactly that name, else a regex
 
 An attention block selects every node of its chain (Q·Kᵀ through P·V).  An empty selector, an
@@ -34,6 +36,8 @@ from graphfix.graph.index import BoundNode
 from graphfix.model_io import LoadedModel
 
 _SHOWN = 8
+# How graphfix.graph.index.node_label shows an unnamed node, or its short form `#12`.
+_POSITION = re.compile(r"<(?P<op>[A-Za-z_][\w.]*) #(?P<at>\d+)>|#(?P<short>\d+)")
 
 
 class SelectorKind(str, Enum):
@@ -42,6 +46,7 @@ class SelectorKind(str, Enum):
     NAME = "name"  # an exact node name ("name:x", or plain text equal to a node name)
     REGEX = "regex"  # a regex searched in node names ("re:x", or plain text that names no node)
     TEXT = "text"  # plain text: an exact name if one node has it, else a regex
+    POSITION = "position"  # a node by its position in graph.node ("#12" or "<MatMul #12>")
 
 
 class Block(Protocol):
@@ -131,6 +136,9 @@ def parse_selector(text: str) -> Selector:
         return Selector(text, SelectorKind.REGEX, _compile(text, rest).pattern)
     if stripped.isdigit():
         return Selector(text, SelectorKind.BLOCK, int(stripped))
+    position = _POSITION.fullmatch(stripped)
+    if position is not None:
+        return Selector(text, SelectorKind.POSITION, int(position["at"] or position["short"]))
     return Selector(text, SelectorKind.TEXT, text)
 
 
@@ -222,6 +230,8 @@ def _resolve(
             tuple(n.position for n in path),
             (block.index,),
         )
+    if kind is SelectorKind.POSITION:
+        return _hit(graph, selector, (_position(graph, selector),))
     if kind is SelectorKind.OP:
         positions = tuple(p for p, n in enumerate(graph.node) if n.op_type == value)
         if not positions:
@@ -252,6 +262,24 @@ def _resolve(
             )
         )
     return _hit(graph, selector, positions)
+
+
+def _position(graph: onnx.GraphProto, selector: Selector) -> int:
+    position, nodes = int(selector.value), graph.node
+    if position >= len(nodes):
+        raise SelectionError(
+            f"selector {selector.text!r} names node position {position}, but the model has "
+            f"{len(nodes)} nodes (#0..#{len(nodes) - 1}); positions are graph.node's order, as "
+            "graphfix prints unnamed nodes (`<MatMul #12>`)"
+        )
+    op = _POSITION.fullmatch(selector.text.strip())["op"]
+    if op is not None and nodes[position].op_type != op:
+        raise SelectionError(
+            f"selector {selector.text!r}: node #{position} is a {nodes[position].op_type}, not "
+            f"a {op}; positions change when a model is edited: take the name from a run on "
+            "this very model"
+        )
+    return position
 
 
 def _hit(graph: onnx.GraphProto, selector: Selector, positions: Sequence[int]) -> SelectorHit:

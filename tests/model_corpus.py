@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+import cache_dirs
+
 SEED = 0
 
 Exporter = Literal["legacy", "dynamo"]
@@ -105,9 +106,9 @@ class CorpusEntry:
 
 
 def corpus_dir() -> Path:
-    """Where exported models are cached: $GRAPHFIX_CORPUS_DIR, else <repo>/.cache/corpus/."""
-    configured = os.environ.get("GRAPHFIX_CORPUS_DIR")
-    return Path(configured) if configured else REPO_ROOT / ".cache" / "corpus"
+    """Where exported models are cached, outside the source tree: $GRAPHFIX_CORPUS_DIR, else
+    ~/.cache/graphfix-tests/corpus/ (tests/cache_dirs.py)."""
+    return cache_dirs.corpus()
 
 
 def define_torchvision_ops() -> None:

@@ -2,7 +2,7 @@
 
 Used by test_plugin_host_harness.py, test_attention_plugin_host.py (host, no GPU) and
 test_plugin_gpu.py, test_attention_plugin_gpu.py (GPU). The libraries are built in
-<repo>/.cache/plugin-build-<archs>; the harnesses are plugins/tests/pluginHarness.cpp
+cache_dirs.root()/plugin-build-<archs> (outside the source tree); the harnesses are plugins/tests/pluginHarness.cpp
 (`target` None) and plugins/tests/attentionHarness.cpp (ATTENTION_HARNESS_NAME).
 """
 
@@ -14,14 +14,14 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import cache_dirs
 import numpy as np
 import pytest
+from compile_cache import owned_temp_folder
 
 from graphfix.errors import PluginBuildError
 from graphfix.plugins import build as plugin_build
 from graphfix.plugins.build import PluginLibraries, build_plugin_harness, build_plugins
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,10 @@ def require_build_tools() -> None:
 def build_tools(archs: str, target: str | None = None) -> Tools:
     """The plugin libraries for CUDA architectures `archs` and the harness `target`."""
     require_build_tools()
-    build_dir = REPO / ".cache" / f"plugin-build-{archs.replace(';', '-')}"
-    libraries = build_plugins(build_dir=build_dir, cuda_archs=archs).libraries
-    harness = build_plugin_harness(build_dir=build_dir, target=target)
+    build_dir = cache_dirs.root() / f"plugin-build-{archs.replace(';', '-')}"
+    with owned_temp_folder():  # nvcc's temporaries, removed however the build ends
+        libraries = build_plugins(build_dir=build_dir, cuda_archs=archs).libraries
+        harness = build_plugin_harness(build_dir=build_dir, target=target)
     return Tools(libraries=libraries, harness=harness)
 
 

@@ -16,9 +16,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from compile_cache import compile_once
 
 from graphfix.errors import PluginBuildError
 from graphfix.plugins import build as plugin_build
+
+pytestmark = pytest.mark.compile
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "plugins" / "graphfixAttention" / "hopper"
@@ -27,20 +30,24 @@ ROWS, KEYS = 128, 64  # 2 warpgroups x 64 query rows, 64-key tiles
 
 
 @pytest.fixture(scope="module")
-def probe(tmp_path_factory) -> Path:
+def probe() -> Path:
     try:
         nvcc = plugin_build.find_nvcc()
     except PluginBuildError as exc:
         pytest.skip(f"the Hopper plan probe is built with nvcc's host compiler: {exc}")
-    binary = tmp_path_factory.mktemp("plan") / "hopperPlanProbe"
-    command = [
-        str(nvcc), "-std=c++17", "-DGRAPHFIX_WITH_HOPPER", f"-I{SOURCE}",
-        str(REPO / "plugins" / "tests" / "hopperPlanProbe.cpp"),
-        str(SOURCE / "graphfixAttentionHopperPlan.cpp"), "-o", str(binary),
-    ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return binary
+
+    def command(binary: Path) -> list[str]:
+        return [
+            str(nvcc), "-std=c++17", "-DGRAPHFIX_WITH_HOPPER", f"-I{SOURCE}",
+            str(REPO / "plugins" / "tests" / "hopperPlanProbe.cpp"),
+            str(SOURCE / "graphfixAttentionHopperPlan.cpp"), "-o", str(binary),
+        ]  # fmt: skip
+
+    done = compile_once(
+        "hopperPlanProbe", command, read=(SOURCE.parent, REPO / "plugins" / "tests")
+    )
+    assert done.returncode == 0, done.log
+    return done.output
 
 
 def plan(probe: Path, element_bytes: int, d: int, dv: int | None = None, *, t: int = 4096,

@@ -20,6 +20,8 @@ from plugin_harness_support import Tools
 from graphfix.plugins.build import ATTENTION_HARNESS_NAME
 from graphfix.plugins.spec import ATTENTION, SOFTMAX
 
+pytestmark = pytest.mark.compile  # builds the plugin libraries and a harness with nvcc
+
 FLOAT_TYPES = ("kFLOAT", "kHALF", "kBF16")
 LOADINGS = ("static", "dynamic")
 # Q, K, V and a key-padding mask of a small grouped-query attention.

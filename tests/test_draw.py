@@ -13,8 +13,6 @@ from graphs import Variant, attention_model, non_attention_models
 import graphfix
 from graphfix.attention.draw import draw_attention_block, draw_before_after
 
-pytest.importorskip("matplotlib")
-
 # The tiny chain of tests/graphs.py with an additive mask fed straight from a graph input:
 # q_heads, k_transpose → qk → scale_div → mask_add(+mask) → softmax → pv(+v_heads) → merge_t
 BOXES_BEFORE = {
@@ -110,7 +108,6 @@ def test_before_after_shows_a_softmax_marked_as_output() -> None:
     assert after.get_title() == "after: new graph output"
 
 
-@pytest.mark.skipif("fused_plugin" not in graphfix.STRATEGIES, reason="no fused_plugin strategy")
 def test_before_after_with_the_whole_chain_in_one_node() -> None:
     model = _model()
     fixed = graphfix.break_attention_fusion(model, strategy="fused_plugin")

@@ -19,6 +19,8 @@ import graphfix
 from graphfix.attention.match_types import AttentionKind
 from graphfix.plugins.spec import ATTENTION, SOFTMAX
 
+pytestmark = pytest.mark.corpus  # the model-corpus sweep, run by `pytest -m corpus`
+
 # model → blocks labelled `self (reduced keys)` (spatial-reduction attention), counted within
 # Expected.self_attention
 REDUCED_KEYS = {"pvt_v2": 1, "segformer": 1}

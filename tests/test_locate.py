@@ -123,7 +123,6 @@ def layer_norm_model() -> onnx.ModelProto:
 
 
 def test_norm_overflow_is_repaired_by_norm_fusion_without_float32_nodes():
-    pytest.importorskip("graphfix.precision.norms", reason="norm fusion not in this build")
     from graphfix.precision.locate.candidate import build_candidate
     from graphfix.precision.locate.remedies import TrialRunner, search_remedies
     from graphfix.validation.compare import DEFAULT_TOLERANCES
@@ -188,6 +187,12 @@ def test_attention_with_large_logits_is_located_in_its_block():
     assert report.fixed is not None and report.fixed.passed
     tried = {r.kind.value for t in report.remedies_tried for r in t.remedies}
     assert "attention_strategy" in tried  # the block's strategy is tried before islands grow
+
+
+def test_the_rounding_note_names_the_type_the_candidate_computes_in():
+    report = locate(attention_model(key_offset=0.0), precision="bfloat16")
+    note = report.low_precision
+    assert note.startswith("bfloat16 materialised") and "float16" not in note.replace("bfloat16", "")
 
 
 def test_same_attention_with_ordinary_logits_does_not_diverge(capsys, tmp_path):
@@ -360,7 +365,6 @@ def test_model_onnxruntime_cannot_run_exits_3(tmp_path, capsys):
 
 
 def test_tensorrt_backend_without_tensorrt_exits_3(planted_files, capsys):
-    pytest.importorskip("polygraphy")
     try:
         import tensorrt  # noqa: F401
 

@@ -31,6 +31,8 @@ from graphfix.attention.match_types import (
 )
 from graphfix.plugins.spec import ATTENTION, SOFTMAX
 
+pytestmark = pytest.mark.corpus  # the model-corpus sweep, run by `pytest -m corpus`
+
 # Entry → (blocks expected to fall back from fused_plugin, words of the reason)
 FALLBACKS: dict[str, tuple[int, str]] = {
     "sdpa_mask-dynamo18/ort_qdq": (1, "scores are quantized"),

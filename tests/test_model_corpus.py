@@ -10,6 +10,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+pytestmark = pytest.mark.corpus  # the model-corpus sweep, run by `pytest -m corpus`
+
 SEED = 1
 
 

@@ -22,6 +22,8 @@ from norm_graphs import run
 import graphfix
 from graphfix.precision.norm_types import NormKind
 
+pytestmark = pytest.mark.corpus  # the model-corpus sweep, run by `pytest -m corpus`
+
 SEED = 3
 # Kept whatever the opset, and why (entry name → reasons, one per norm).
 KEPT = {

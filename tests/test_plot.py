@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from graphfix.validation.compare import Tolerance, compare_output
-
-pytest.importorskip("matplotlib", reason="plots need matplotlib")
-
 from graphfix.validation.plot import (
     EXACT_COLOUR,
     error_heatmap_figure,

@@ -30,6 +30,8 @@ from graphfix.plugins.build import find_plugin_libraries, trtexec_command
 from graphfix.plugins.spec import PLUGIN_NAMESPACE, PLUGIN_SPECS, SOFTMAX
 
 REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.compile  # builds the plugin libraries and a harness with nvcc
 SUPPORTED_TYPES = ("kFLOAT", "kHALF", "kBF16")
 LOADINGS = ("static", "dynamic")
 
@@ -350,11 +352,19 @@ def test_load_into_tensorrt_without_tensorrt_is_a_clear_error(tools: Tools) -> N
 
 def test_non_editable_install_ships_the_sources(tmp_path: Path) -> None:
     target = tmp_path / "site"
+    # pip builds in the source folder (build/, *.egg-info): build a copy, not the checkout.
+    copy = tmp_path / "source"
+    copy.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, copy / name)
+    for name in ("graphfix", "plugins"):
+        shutil.copytree(REPO / name, copy / name, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "build"))  # fmt: skip
     # Without setuptools here, pip fetches it into an isolated build environment.
     isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
     done = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", *isolation]
-        + ["--target", str(target), str(REPO)],
+        + ["--target", str(target), str(copy)],
         capture_output=True,
         text=True,
         check=False,

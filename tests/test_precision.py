@@ -585,6 +585,24 @@ def test_opset_option_needs_norm_fusion_and_never_lowers():
         convert_precision(model, opset=17)
 
 
+def test_an_opset_onnx_does_not_know_is_a_usage_error(tmp_path, capsys):
+    """`--opset 99` once left the model at its opset with a note; it is the user's error (exit
+    2, one line naming the opsets allowed)."""
+    from norm_graphs import NormGraph
+
+    from graphfix.cli import main
+
+    newest = onnx.defs.onnx_opset_version()
+    with pytest.raises(UsageError, match=f"up to {newest}.*from the model's 18 to {newest}"):
+        convert_precision(NormGraph(kind="rms", opset=18, inverse="div").build(), opset=99)
+    path = tmp_path / "rms.onnx"
+    onnx.save(NormGraph(kind="rms", opset=18, inverse="div").build(), path)
+    code = main(["precision", str(path), "-o", str(tmp_path / "out.onnx"), "--opset", "99"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("graphfix: error: opset 99") and err.count("\n") == 1
+    assert not (tmp_path / "out.onnx").exists()
+
+
 def test_unfused_rmsnorm_input_is_cast_up_once_at_the_island():
     from norm_graphs import NormGraph
 

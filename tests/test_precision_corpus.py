@@ -24,6 +24,8 @@ from graphfix.precision.convert import convert_precision
 from graphfix.precision.policy import Reason
 from graphfix.validation.compare import DEFAULT_TOLERANCES, compare_output
 
+pytestmark = pytest.mark.corpus  # the model-corpus sweep, run by `pytest -m corpus`
+
 _FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
 # Compute nodes that must run in float16 (the target).
 LOW_SHARE = 0.80

@@ -8,6 +8,7 @@ import time
 import numpy as np
 import onnx
 import pytest
+import qdq_corpus
 from onnx import helper, numpy_helper
 from qdq_graphs import add_pair
 
@@ -20,7 +21,6 @@ pytest.importorskip(
     "diffusers", reason="diffusers is not installed (pip install 'graphfix[models]')"
 )
 pytest.importorskip("torch", reason="torch is not installed")
-qdq_corpus = pytest.importorskip("qdq_corpus")
 
 RESNET = "/unet/down_blocks.1/resnets.0"
 PER_TENSOR_CONV = "/unet/mid_block/resnets.0/conv1/Conv"

@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import budgets
 import pytest
 
 import graphfix
@@ -165,6 +166,14 @@ def test_setup_commands_are_the_ones_ci_runs(readme: str) -> None:
         f"the README's test command must be what .ci/run runs: {install} && {pytest_line}"
     )
     assert "pip install -e . && graphfix demo" in readme
+
+
+def test_ci_and_the_readme_run_every_check_the_default_run_leaves_out(readme: str) -> None:
+    left_out = set(budgets.BUDGETS)  # what tests/conftest.py leaves out of a run without -m
+    loop = re.search(r"^for marker in (.*); do$", (REPO / ".ci" / "run").read_text(), re.M)
+    assert loop is not None and set(loop.group(1).split()) == left_out
+    for marker in left_out:
+        assert f"`python -m pytest -m {marker}`" in readme, f"the README does not name -m {marker}"
 
 
 def test_strategy_table_lists_every_strategy_and_what_is_proven(readme: str) -> None:

@@ -23,6 +23,8 @@ import pytest
 import graphfix
 from graphfix.plugins.spec import PLUGIN_DOMAIN, SOFTMAX
 
+pytestmark = pytest.mark.corpus  # the model-corpus sweep, run by `pytest -m corpus`
+
 SEED = 2
 
 # Entry name → why the matcher gets it wrong (details in notes/matcher_gaps.md).  Empty: the four

@@ -14,6 +14,8 @@ from test_real_models import SEED, TOLERANCE, _params, _run
 import graphfix
 from graphfix.plugins.spec import ATTENTION, SOFTMAX
 
+pytestmark = pytest.mark.corpus  # the model-corpus sweep, run by `pytest -m corpus`
+
 # Entry name → blocks expected to fall back, and the reason's key words.  Everything else fuses.
 FALLBACKS: dict[str, tuple[int, str]] = {}
 # Entries whose fused output is compared at a looser tolerance, and why.

@@ -1,13 +1,22 @@
-"""Selectors: every form on a minimal attention graph, positive and negative."""
+"""Selectors: every form on a minimal attention graph, positive and negative; what graphfix
+prints for an unnamed node selects it back."""
 
 from __future__ import annotations
 
+import onnx
 import pytest
 from graphs import Variant, attention_model
 
 import graphfix
 from graphfix.errors import SelectionError
-from graphfix.selectors import SelectorKind, parse_selector, parse_selectors, select_nodes
+from graphfix.graph.index import node_label
+from graphfix.selectors import (
+    Selector,
+    SelectorKind,
+    parse_selector,
+    parse_selectors,
+    select_nodes,
+)
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +78,36 @@ def test_op_name_and_regex(model, blocks):
 def test_unmatched_selector_lists_what_exists(model, blocks, text, listed):
     with pytest.raises(SelectionError, match=listed):
         select_nodes(model, [text], blocks=blocks)
+
+
+def test_position_forms_parse():
+    assert parse_selector("#12") == Selector("#12", SelectorKind.POSITION, 12)
+    assert parse_selector("<MatMul #3>").value == 3
+    assert parse_selector("name:#12").kind is SelectorKind.NAME  # a node really named "#12"
+
+
+def test_what_graphfix_prints_for_an_unnamed_node_selects_that_node(model):
+    unnamed = onnx.ModelProto()
+    unnamed.CopyFrom(model)
+    for node in unnamed.graph.node:
+        node.name = ""
+    for position, node in enumerate(unnamed.graph.node):
+        label = node_label(node, position)
+        assert label == f"<{node.op_type} #{position}>"
+        assert select_nodes(unnamed, [label]).positions == (position,)
+        assert select_nodes(unnamed, [f"#{position}"]).positions == (position,)
+    # `fix`'s report names the unnamed Softmax that way; given back, it selects its block.
+    (block,) = graphfix.fix_attention(unnamed, strategy="plugin").report.blocks
+    softmax = next(p for p, n in enumerate(unnamed.graph.node) if n.op_type == "Softmax")
+    assert block.softmax == f"<Softmax #{softmax}>"
+    blocks = graphfix.find_attention(unnamed)
+    assert select_nodes(unnamed, [block.softmax], blocks=blocks).blocks == (0,)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [("#999", r"has \d+ nodes \(#0\.\.#\d+\)"), ("<Conv #0>", r"node #0 is a \w+, not a Conv")],
+)
+def test_a_position_the_model_does_not_have_is_an_error(model, text, says):
+    with pytest.raises(SelectionError, match=says):
+        select_nodes(model, [text])

@@ -85,6 +85,7 @@ def test_polygraphy_logs_go_to_stderr_and_only_warnings(capfd):
 # --- loading the plugin library: one line with the fix -------------------------------------------
 
 
+@pytest.mark.compile  # builds the plugin libraries with nvcc
 def test_library_built_without_libnvinfer_is_explained(tmp_path):
     tools = _host_tools()
     with pytest.raises(OSError) as raised:

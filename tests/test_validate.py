@@ -356,7 +356,6 @@ def test_report_json_and_summary(bert, tmp_path):
 
 
 def test_plots_are_written(bert, tmp_path):
-    pytest.importorskip("matplotlib", reason="plots need matplotlib")
     from graphfix.validation.plot import plot_report
 
     original, fixed = bert

@@ -96,7 +96,6 @@ def test_json_report(models, capsys):
 
 
 def test_plot_writes_pngs(models, tmp_path, capsys):
-    pytest.importorskip("matplotlib", reason="plots need matplotlib")
     code, out, _ = _run(
         capsys,
         models["original"],

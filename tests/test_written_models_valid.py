@@ -26,6 +26,7 @@ from graphfix.precision.convert import convert_precision
 from graphfix.qdq.fix import fix_qdq
 
 pytest.importorskip("torch", reason="exporting the corpus needs torch")
+pytestmark = pytest.mark.corpus  # the model-corpus sweep, run by `pytest -m corpus`
 
 WRITERS = (*STRATEGIES, "float16", "bfloat16")
 CORPORA = {

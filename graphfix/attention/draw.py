@@ -25,7 +25,7 @@ import onnx
 from graphfix.attention.match_types import AttentionMatch, BiasStep, KTransposedBy, MaskStep
 from graphfix.attention.matcher import scan_attention
 from graphfix.errors import GraphfixError, SelectionError, UnsupportedModelError
-from graphfix.graph.index import GraphIndex
+from graphfix.graph.index import GraphIndex, node_label
 from graphfix.model_io import ModelArg, load_model
 from graphfix.plugins.reference import with_reference_ops
 from graphfix.plugins.spec import PLUGIN_DOMAIN
@@ -240,9 +240,7 @@ def _softmax_names(
         out = match.softmax_node.node.output[0]
         candidates = [out, *_cast_outputs(model, out)]
         node = next((producer[t] for t in candidates if t in producer), None)
-        names[match.index] = (node.name if node is not None else "") or (
-            match.softmax or f"#{match.softmax_node.position}"
-        )
+        names[match.index] = (node.name if node is not None else "") or match.softmax_node.name
     return names
 
 
@@ -322,7 +320,10 @@ def _block_graph(
 
     drawn = sorted(core | context)
     boxes = [
-        _Box(f"n{p}", nodes[p].op_type, _short(nodes[p].name) or f"#{p}", role(p), p) for p in drawn
+        _Box(
+            f"n{p}", nodes[p].op_type, _short(nodes[p].name) or node_label(nodes[p], p), role(p), p
+        )
+        for p in drawn
     ]
     edges: list[_Edge] = []
     first = min(drawn) - 0.5

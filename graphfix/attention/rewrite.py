@@ -90,7 +90,7 @@ def fix_attention(
             detail = outcome.describe()
             outcomes[match.index] = BlockOutcome(
                 index=match.index,
-                softmax=match.softmax or f"#{match.softmax_node.position}",
+                softmax=match.softmax_node.name,
                 kind=match.kind,
                 rewritten=outcome.rewritten,
                 detail=detail if not location else f"{detail} (inside {location})",
@@ -217,7 +217,7 @@ def _select(
     softmax_at = {m.softmax_node.position: m.index for m in matches if not m.location}
     for hit in selection.hits:
         if not hit.blocks and not any(p in softmax_at for p in hit.positions):
-            names = ", ".join(m.softmax or f"#{m.softmax_node.position}" for m in matches[:6])
+            names = ", ".join(m.softmax_node.name for m in matches[:6])
             raise SelectionError(
                 f"select entry {hit.selector.text!r} matches no attention block (it picks "
                 f"{len(hit.positions)} node(s), none an attention Softmax); blocks are indexed "

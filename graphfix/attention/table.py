@@ -25,8 +25,7 @@ def match_table(matches: Sequence[AttentionMatch]) -> str:
         rows.append(
             (
                 str(m.index),
-                (f"{m.location}/" if m.location else "")
-                + (m.softmax or f"#{m.softmax_node.position}"),
+                (f"{m.location}/" if m.location else "") + m.softmax_node.name,
                 m.kind.value,
                 *(_dim(x) for x in (m.heads, m.q_len, m.kv_len)),
                 scale,

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import NoReturn
 
 from graphfix.cli.options import Option, add_options, api_kwargs
 from graphfix.errors import GraphfixError, SelectionError
+from graphfix.progress import reporting
 
 # A command's modules load when it runs (and its parser is built only for it, see `main`):
 # `graphfix precision` starts without the rewrite strategies' tables, validation, locate or the
@@ -52,8 +54,8 @@ def _fix_options() -> tuple[Option, ...]:
             ("--select",),
             "select",
             "comma-separated selectors: block indices, attention:N, node names, re:REGEX, "
-            "op:OpType; a block is rewritten when picked by index or through its Softmax node "
-            "(default: every block)",
+            "op:OpType, #N (an unnamed node as graphfix shows it, <Softmax #N>); a block is "
+            "rewritten when picked by index or through its Softmax node (default: every block)",
             convert=_parse_select,
         ),
         Option(
@@ -272,7 +274,31 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     for name, module in _MODULES.items():
         if wanted(name):
             importlib.import_module(module).register(sub)
+    for command in _leaf_parsers(sub):
+        command.add_argument(
+            "--quiet",
+            "-q",
+            action="store_true",
+            help="no progress lines on stderr (they are shown only on a terminal, never with --json)",
+        )
     return parser
+
+
+def _leaf_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser]:
+    """The parsers of every command and sub-command (`qdq inspect`, `plugins build`)."""
+    leaves = []
+    for parser in dict.fromkeys(sub.choices.values()):
+        nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        leaves += [leaf for n in nested for leaf in _leaf_parsers(n)] or [parser]
+    return leaves
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised where the program is, so that its `finally` blocks clean up."""
+
+
+def _raise_terminated(signum: int, frame: object) -> NoReturn:
+    raise _Terminated
 
 
 def _command_word(argv: Sequence[str]) -> str | None:
@@ -291,8 +317,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     parser = build_parser(only=command)
     args = parser.parse_args(argv)
+    if program:  # a library caller's own signal handling is its own
+        signal.signal(signal.SIGTERM, _raise_terminated)
+    shows_progress = not (args.quiet or getattr(args, "json", False)) and sys.stderr.isatty()
     try:
-        return int(args.func(args) or 0)
+        with reporting(enabled=shows_progress):
+            return int(args.func(args) or 0)
     except GraphfixError as exc:
         print(f"graphfix: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -300,8 +330,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except KeyboardInterrupt:
-        print("graphfix: interrupted", file=sys.stderr)
-        return 130
+        print("graphfix: interrupted (SIGINT)", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except _Terminated:
+        print("graphfix: terminated (SIGTERM)", file=sys.stderr)
+        return 128 + signal.SIGTERM
     finally:
         if program and command == "precision":
             # What the command wrote is closed and in place.  The interpreter's last garbage

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from graphfix.plugins.build import (
@@ -12,6 +11,7 @@ from graphfix.plugins.build import (
     find_plugin_libraries,
     trtexec_command,
 )
+from graphfix.progress import step
 
 
 def _describe(libraries: PluginLibraries) -> str:
@@ -24,7 +24,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         build_dir=args.build_dir,
         cuda_archs=args.cuda_archs,
         jobs=args.jobs,
-        progress=lambda line: print(line, file=sys.stderr, flush=True),
+        progress=step,
     )
     print(f"built in {build.build_dir} for CUDA architectures {build.cuda_archs}")
     print(f"TensorRT headers: {build.headers.include_dir} ({build.headers.origin})")

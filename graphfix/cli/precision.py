@@ -6,12 +6,18 @@ import argparse
 import dataclasses
 import json
 import shutil
-import uuid
 from pathlib import Path
 
 from graphfix.cli.options import Option, add_options, api_kwargs
-from graphfix.model_io import check_output_path, external_data_files, load_model, save_model
+from graphfix.model_io import (
+    check_output_path,
+    external_data_files,
+    load_model,
+    save_model,
+    temporary_name,
+)
 from graphfix.precision.convert import TARGETS, convert_precision
+from graphfix.progress import step
 
 
 class _StrategyNames:
@@ -42,7 +48,8 @@ PRECISION_OPTIONS = (
         ("--keep",),
         "keep",
         "nodes to keep in float32: a block index as `graphfix inspect` numbers it, attention:N, "
-        "op:OpType, a node name or re:REGEX (repeatable)",
+        "op:OpType, a node name, re:REGEX or #N (an unnamed node as graphfix shows it, "
+        "<MatMul #N>) (repeatable)",
         {"action": "append", "metavar": "SEL"},
     ),
     Option(
@@ -113,12 +120,14 @@ def run(args: argparse.Namespace) -> int:
     stage = None
     external = None
     if external_data_files(loaded.model):
-        stage = out.parent / f".{out.name}.{uuid.uuid4().hex[:8]}.graphfix-stage"
+        stage = temporary_name(out, "stage")
         external = stage / f"{out.name}.data"
     try:
+        step(f"converting {source.name} to {args.to or 'float16'}")
         result = convert_precision(
             loaded, external_data=external, **api_kwargs(args, PRECISION_OPTIONS)
         )
+        step(f"writing {out}")
         saved = save_model(
             result.model,
             out,

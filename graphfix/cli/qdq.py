@@ -9,6 +9,7 @@ from pathlib import Path
 from graphfix.cli.options import print_json
 from graphfix.errors import CheckFailed
 from graphfix.model_io import check_output_path, load_model, save_model
+from graphfix.progress import step
 from graphfix.qdq.report import Finding, QdqReport
 from graphfix.qdq.rules import RULES_BY_ID
 
@@ -98,6 +99,7 @@ def _cmd_fix(args: argparse.Namespace) -> int:
     report = result.report
     saved = None
     if report.changes or args.always_write:
+        step(f"writing {args.output}")
         saved = save_model(result.model, args.output, source=loaded.path, overwrite=args.overwrite)
     if args.json:
         print_json(report, saved=None if saved is None else saved.path)

@@ -68,6 +68,12 @@ def _free_names(graph: onnx.GraphProto) -> set[str]:
     return read - defined
 
 
+def node_label(node: onnx.NodeProto, position: int) -> str:
+    """How graphfix shows a node: its name, or `<MatMul #12>` (its op type and position in
+    graph.node) for an unnamed one; selectors accept that back (graphfix/selectors.py)."""
+    return node.name or f"<{node.op_type} #{position}>"
+
+
 def dtype_name(elem_type: int) -> str:
     return _DTYPE_NAMES.get(elem_type, onnx.TensorProto.DataType.Name(elem_type).lower())
 
@@ -271,7 +277,7 @@ class GraphIndex:
     def bind(self, node: onnx.NodeProto) -> BoundNode:
         """`node` (one of this graph's) as a BoundNode."""
         position = self.position(node)
-        return BoundNode(position, node.name or f"<{node.op_type} #{position}>", node)
+        return BoundNode(position, node_label(node, position), node)
 
     # --- constants ----------------------------------------------------------------------------
     def is_constant(self, name: str) -> bool:

@@ -24,7 +24,7 @@ import onnx
 from graphfix.attention.matcher import scan_graph
 from graphfix.errors import UsageError
 from graphfix.float_types import LOW_PRECISIONS, FloatType, spellings
-from graphfix.graph.index import GraphIndex, all_graphs
+from graphfix.graph.index import GraphIndex, all_graphs, node_label
 from graphfix.graph.value_info import reconcile_value_info
 from graphfix.model_io import LoadedModel, load_model
 from graphfix.precision import norms, weights
@@ -43,6 +43,7 @@ from graphfix.precision.report import (
     PrecisionReport,
     PrecisionResult,
 )
+from graphfix.progress import step
 from graphfix.selectors import parse_selectors, select_nodes
 
 TARGETS = spellings(LOW_PRECISIONS)  # float16, bfloat16 (fp16, bf16 accepted too)
@@ -163,8 +164,10 @@ def _convert(
 
     norms_note, unfused = ("not run (fuse_norms=False)", ())
     if options.fuse_norms:
+        step("fusing decomposed norms")
         work, norms_note, unfused = _fuse_norms(work, options.opset)
 
+    step("finding the attention blocks and the float32 islands")
     index = GraphIndex(work, base_dir=base_dir)
     out_of_range = {**_out_of_range(index, base_dir, to), **known}
     scan = scan_graph(index)
@@ -200,6 +203,7 @@ def _convert(
         out_of_range=set(out_of_range),
     )
     before = _Snapshot.of(index, plan, out_of_range)
+    step(f"rewriting the graph and its weights in {to}")
     rewrite.apply()
     source = place_weights(rewrite, base_dir, out)
     reconcile_value_info(work, base_dir=base_dir if source is None else source.parent)
@@ -365,7 +369,7 @@ class _Snapshot:
     @staticmethod
     def of(index: GraphIndex, plan: Plan, out_of_range: dict[str, float]) -> _Snapshot:
         nodes = index.graph.node
-        labels = tuple(n.name or f"#{p}" for p, n in enumerate(nodes))
+        labels = tuple(node_label(n, p) for p, n in enumerate(nodes))
         return _Snapshot(
             labels=labels,
             op_types=tuple(n.op_type for n in nodes),

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import onnx
 
 from graphfix.attention.match_types import AttentionMatch
-from graphfix.graph.index import GraphIndex
+from graphfix.graph.index import GraphIndex, node_label
 from graphfix.precision import policy
 from graphfix.precision.policy import Reason
 
@@ -145,7 +145,7 @@ class Planner:
             square = index.producer_of(node.input[0])
             if square is None or not _is_square(square, index):
                 continue
-            label = f"statistics of the norm around {node.name or f'#{position}'}"
+            label = f"statistics of the norm around {node_label(node, position)}"
             members = [square, node]
             centred = index.producer_of(square.input[0])
             if centred is not None and centred.op_type == "Sub" and len(centred.input) == 2:
@@ -182,7 +182,7 @@ class Planner:
             if node.op_type not in _ANGLE_OPS or position not in reasons:
                 continue
             members = self._angle_sources(node)
-            label = f"computes the argument of {node.op_type} {node.name or f'#{position}'}"
+            label = f"computes the argument of {node_label(node, position)}"
             for member in members:
                 found.setdefault(member, label)
         return found

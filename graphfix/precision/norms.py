@@ -172,6 +172,13 @@ def fuse_norms(
             f"opset {opset} is below the model's opset {before}; fuse_norms never lowers an "
             f"opset: pass opset={before} or more, or None"
         )
+    newest = onnx.defs.onnx_opset_version()
+    if opset is not None and opset > newest:
+        raise UsageError(
+            f"opset {opset} is newer than any this onnx {onnx.__version__} knows (up to "
+            f"{newest}); pass an opset from the model's {before} to {newest}, e.g. 23 for "
+            "RMSNormalization, or None"
+        )
     existing = _existing(work.graph)
     index = GraphIndex(work, base_dir=loaded.base_dir)
     candidates = _find(index)

@@ -26,7 +26,7 @@ class Island:
     """A connected group of float32 nodes, the reasons it exists and the Casts it costs."""
 
     index: int
-    nodes: tuple[str, ...]  # node names (or `#position` for unnamed nodes), in graph order
+    nodes: tuple[str, ...]  # node names (or `<Op #position>` for unnamed nodes), in graph order
     reasons: tuple[IslandReason, ...]
     casts_in: int  # Casts from the target type up to float32 at the island's inputs
     casts_out: int  # Casts back down to the target type at its outputs

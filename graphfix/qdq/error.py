@@ -17,6 +17,7 @@ import onnx
 
 from graphfix.errors import EnvironmentProblem, UsageError
 from graphfix.model_io import LoadedModel, load_model
+from graphfix.progress import step
 from graphfix.qdq.report import ErrorCheck
 from graphfix.validation.low_precision import (
     LowPrecision,
@@ -89,6 +90,7 @@ class ErrorGuard:
 
     def acceptable(self, model: onnx.ModelProto) -> bool:
         self.trials += 1
+        step(f"error guard: trial {self.trials} of at most {self.max_trials} against the float model")
         worst, mean = self.error(model)
         return worst <= self.bound[0] and mean <= self.bound[1]
 

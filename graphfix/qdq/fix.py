@@ -31,6 +31,7 @@ import onnx
 from graphfix.errors import UsageError
 from graphfix.graph.value_info import reconcile_value_info
 from graphfix.model_io import LoadedModel, load_model
+from graphfix.progress import step as report_step
 from graphfix.qdq import rules
 from graphfix.qdq.lint import attention_sites, lint_view
 from graphfix.qdq.report import ErrorCheck, QdqChange, QdqFixReport, QdqFixResult
@@ -91,6 +92,7 @@ def fix_qdq(
         made_in_round: list[QdqChange] = []
         left_in_round: list[QdqChange] = []
         for step in PASSES:
+            report_step(f"Q/DQ fix, round {round_number}: {step.__name__.replace('_', ' ')}")
             if guard is None:
                 made, current = _apply(current, step, sites, _everything, loaded.base_dir)
             else:

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from graphfix.errors import EnvironmentProblem
-from graphfix.graph.index import GraphIndex
+from graphfix.graph.index import GraphIndex, node_label
 
 _ONNX_DOMAINS = ("", "ai.onnx", "com.microsoft")
 COMPUTE_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
@@ -160,7 +160,7 @@ class QdqView:
         return self.index.consumers_of(tensor)
 
     def label(self, node: onnx.NodeProto) -> str:
-        return node.name or f"<{node.op_type} #{self.index.position(node)}>"
+        return node_label(node, self.index.position(node))
 
     @staticmethod
     def is_q(node: onnx.NodeProto | None) -> bool:

@@ -30,6 +30,7 @@ from graphfix.float_types import FloatType
 from graphfix.jsonable import plain
 from graphfix.model_io import LoadedModel, ModelArg, load_model
 from graphfix.plugins.spec import PLUGIN_DOMAIN
+from graphfix.progress import step
 from graphfix.validation.backends import BackendError, InputsRejected, Runner
 from graphfix.validation.backends.tensorrt_backend import (
     EngineOptions,
@@ -306,7 +307,9 @@ def _run(plan: ValidationPlan) -> ValidationReport:
     reference_runner = _runner(plan, plan.reference, "original", backend=Backend.ONNXRUNTIME)
     candidate_runner = _runner(plan, plan.candidate, "candidate", backend=plan.backend.name)
     feeds = plan.inputs.feeds
+    step(f"running the original: {reference_runner.description}")
     reference_outputs = reference_runner.infer(feeds)  # InputsRejected here: the inputs' fault
+    step(f"running the candidate: {candidate_runner.description}")
     try:
         candidate_outputs = candidate_runner.infer(feeds)
     except InputsRejected as exc:  # the original ran on these inputs: the candidate is broken

@@ -19,6 +19,7 @@ import onnx
 
 from graphfix.attention.matcher import find_attention
 from graphfix.float_types import LOW_PRECISIONS, spellings
+from graphfix.graph.index import node_label
 from graphfix.model_io import LoadedModel
 from graphfix.precision import policy
 from graphfix.precision.locate.candidate import build_candidate
@@ -39,13 +40,13 @@ from graphfix.precision.locate.reference import (
     GraphPlan,
     TensorStreamer,
     chunk_tensors,
-    node_label,
     plan_graph,
     stream_pairs,
 )
 from graphfix.precision.locate.remedies import TrialRunner, worst_error
 from graphfix.precision.locate.report import LocateReport, with_remedies
 from graphfix.precision.locate.runners import CandidateRunner, OnnxRuntimeCandidate
+from graphfix.progress import step
 from graphfix.validation.backends.tensorrt_backend import require_tensorrt
 from graphfix.validation.compare import compare_output
 from graphfix.validation.inputs import ValueRange, cast_feeds, input_specs, make_inputs
@@ -188,6 +189,7 @@ def _localise(
     rank the suspects; also the reference's outputs, which the remedy trials are judged on."""
     start = time.perf_counter()
     reference = plan.reference
+    step(f"comparing every tensor of {plan.candidate_label} with the float32 original")
     graph = plan_graph(reference.model, plan.feeds)
     cand_tensors = {o for n in plan.candidate.model.graph.node for o in n.output if o}
     outputs = [o.name for o in reference.model.graph.output]

@@ -72,18 +72,11 @@ def build_candidate(
 def _convert(
     model: onnx.ModelProto, precision: str, keep: Sequence[str], base: str | None
 ) -> BuiltCandidate:
-    convert = _convert_precision() if base in (None, "convert_precision") else None
-    if convert is not None:
-        result = convert(model, to=precision, keep=list(keep) or None)
+    if base in (None, "convert_precision"):
+        from graphfix.precision.convert import convert_precision
+
+        result = convert_precision(model, to=precision, keep=list(keep) or None)
         return BuiltCandidate(result.model, "convert_precision")
     return BuiltCandidate(
         convert_minimal(model, to=precision, keep=keep), "graphfix's minimal converter"
     )
-
-
-def _convert_precision():
-    try:
-        from graphfix.precision.convert import convert_precision
-    except ImportError:
-        return None
-    return convert_precision

@@ -23,6 +23,7 @@ from graphfix.plugins.reference import has_plugin_ops, with_reference_ops
 from graphfix.plugins.spec import PLUGIN_DOMAIN
 from graphfix.precision.locate.candidate import BASES, build_candidate
 from graphfix.precision.locate.reference import DEFAULT_CHUNK_BYTES
+from graphfix.progress import step
 from graphfix.validation.backends.tensorrt_backend import TensorRTStatus
 from graphfix.validation.compare import (
     DEFAULT_TOLERANCES,
@@ -169,6 +170,7 @@ def candidate_of(
     or by position, checked comparable), or MODEL converted to `converted_to`."""
     if candidate is None:
         assert converted_to is not None  # check_options: one of the two
+        step(f"converting {label(reference, 'model')} to {converted_to.value}")
         built = build_candidate(reference.model, precision=converted_to.value)
         return Candidate(
             LoadedModel(built.model, None, True),

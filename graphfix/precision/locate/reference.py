@@ -27,6 +27,7 @@ from typing import Protocol
 import numpy as np
 import onnx
 
+from graphfix.graph.index import node_label
 from graphfix.model_io import LoadedModel
 from graphfix.validation.backends import BackendError
 
@@ -71,11 +72,6 @@ class GraphPlan:
             cache = {s.tensor: s for s in self.sites}
             object.__setattr__(self, "_index", cache)
         return cache
-
-
-def node_label(node: onnx.NodeProto, position: int) -> str:
-    """A node's name, or `#position op_type` for an unnamed node."""
-    return node.name or f"#{position} {node.op_type}"
 
 
 def plan_graph(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> GraphPlan:

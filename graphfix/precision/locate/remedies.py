@@ -33,6 +33,7 @@ from graphfix.precision import policy
 from graphfix.precision.locate.candidate import BuiltCandidate, build_candidate
 from graphfix.precision.locate.localise import RANGE_MAX, UNIT_ROUNDOFF, Suspect, TensorError
 from graphfix.precision.locate.reference import infer_types, node_label
+from graphfix.progress import step as report_step
 from graphfix.validation.compare import OutputComparison, Tolerance, compare_output
 from graphfix.validation.low_precision import LowPrecision
 
@@ -203,10 +204,7 @@ class TrialRunner:
 
     def norm_chains(self) -> dict[str, tuple[str, ...]]:
         """node → the nodes of the decomposed norm it belongs to (empty without norm fusion)."""
-        try:
-            report = self._norm_fusion().report
-        except ImportError:
-            return {}
+        report = self._norm_fusion().report
         return {node: tuple(f.replaced) for f in report.fused for node in f.replaced}
 
     def _norm_fusion(self):
@@ -275,6 +273,7 @@ def search_remedies(
     trials: list[Trial] = []
 
     def run(step: str, remedies: Sequence[Remedy]) -> tuple[Trial, BuiltCandidate]:
+        report_step(f"remedy trial {len(trials) + 1} of at most {max_trials} ({step})")
         trial, built = runner.trial(step, remedies)
         trials.append(trial)
         if progress is not None:

@@ -31,6 +31,7 @@ import numpy as np
 import onnx
 
 from graphfix.model_io import save_model
+from graphfix.progress import step
 from graphfix.validation.backends.tensorrt_backend import (
     TensorRTStatus,
     optimization_profiles,
@@ -223,6 +224,7 @@ class TensorRTCandidate:
                 profiles=optimization_profiles(input_specs(model), self.shapes)
             )
             start = time.perf_counter()
+            step(f"building TensorRT engine {self._builds} of {self.label}")
             engine = poly_trt.EngineFromNetwork(network, config=config)()
         return engine, time.perf_counter() - start
 

@@ -42,6 +42,7 @@ from graphfix.errors import PluginBuildError
 from graphfix.float_types import FloatType, spellings
 from graphfix.model_io import LoadedModel, external_data_files, save_model
 from graphfix.plugins.spec import PLUGIN_DOMAIN
+from graphfix.progress import step
 from graphfix.validation.backends import BackendError
 from graphfix.validation.backends.gpu import GpuIdentity, current_gpu
 from graphfix.validation.fusion_proof import EngineLayer, parse_engine_layers
@@ -426,6 +427,7 @@ class TensorRTRunner:
             profiles=optimization_profiles(self.specs, shapes),
             profiling_verbosity=self._trt.ProfilingVerbosity.DETAILED,
         )
+        step(f"building a TensorRT engine of {self.label} (minutes for a large model)")
         engine = EngineFromNetwork(network, config=config)()
         self.engine_path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.engine_path.with_suffix(f".{os.getpid()}.partial")
