@@ -375,10 +375,14 @@ def test_missing_output_folders_are_created_and_reported(source: Path, tmp_path:
 
 
 _SLOW_SAVE = """
-import sys, time
+import signal, sys, time
 from pathlib import Path
 import onnx
 from graphfix import model_io
+
+# A shell that starts a job in the background makes it ignore SIGINT, and Python then keeps
+# ignoring it: restore what an interactive Ctrl-C delivers.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 def slow_copy(source, dest):  # stage a part of the copy, then stall inside the write
     dest.write_bytes(source.read_bytes()[:100])

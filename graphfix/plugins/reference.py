@@ -11,7 +11,6 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from graphfix.attention.native.decompose import lower_native_nodes, native_forms
 from graphfix.errors import UnsupportedModelError
 from graphfix.graph.index import GraphIndex, all_graphs
 from graphfix.plugins.spec import ATTENTION, PLUGIN_DOMAIN, SOFTMAX
@@ -126,45 +125,25 @@ def _repeat_heads(add, const, tensor: str, group: int) -> str:
     return add("Reshape", [tiled, target])
 
 
-# TensorRT's attention custom ops, which onnxruntime has no kernel for (ONNX Attention it runs).
-TRT_LOWERED = ("TRT_Attention", "TRT_QuantizedAttention")
-
 # op_type → lowering; one explicit table, extended by each plugin op graphfix emits.
 LOWERINGS = {SOFTMAX.op_type: _lower_softmax, ATTENTION.op_type: _lower_attention}
 
 
-def _lower_trt_ops(model: onnx.ModelProto) -> None:
-    """TensorRT's attention custom ops in `model` lowered in place, or an error naming the form
-    graphfix cannot lower."""
-    for form in native_forms(model):
-        if form.op_type in TRT_LOWERED and form.unsupported:
-            raise UnsupportedModelError(
-                f"{form.op_type} node '{form.node}' uses {form.unsupported}; graphfix has no "
-                "reference implementation of that form, so onnxruntime cannot run the model"
-            )
-    lower_native_nodes(model, op_types=TRT_LOWERED)
+def plugin_node_count(model: onnx.ModelProto) -> int:
+    """graphfix plugin nodes in `model`, in every graph (what `with_reference_ops` lowers)."""
+    return sum(n.domain == PLUGIN_DOMAIN for g in all_graphs(model.graph) for n in g.node)
 
 
 def has_plugin_ops(model: onnx.ModelProto) -> bool:
-    return any(n.domain == PLUGIN_DOMAIN for g in all_graphs(model.graph) for n in g.node)
-
-
-def reference_node_count(model: onnx.ModelProto) -> int:
-    """Nodes onnxruntime cannot run that `with_reference_ops` lowers: graphfix plugin nodes and
-    TensorRT's attention custom ops, in every graph."""
-    graphs = list(all_graphs(model.graph))
-    plugins = sum(n.domain == PLUGIN_DOMAIN for g in graphs for n in g.node)
-    return plugins + sum(n.op_type in TRT_LOWERED for g in graphs for n in g.node)
+    return plugin_node_count(model) > 0
 
 
 def with_reference_ops(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of `model` with graphfix plugin nodes replaced by equivalent standard ONNX ops,
-    in the main graph and in every If/Loop/Scan body, and TensorRT's TRT_Attention and
-    TRT_QuantizedAttention nodes by their lowering (graphfix.attention.native)."""
+    in the main graph and in every If/Loop/Scan body.  (TensorRT's TRT_Attention and
+    TRT_QuantizedAttention nodes: `graphfix.attention.native.decompose.lower_trt_ops`.)"""
     result = onnx.ModelProto()
     result.CopyFrom(model)
-    if any(n.op_type in TRT_LOWERED for g in all_graphs(result.graph) for n in g.node):
-        _lower_trt_ops(result)
     main = GraphIndex(result)
     scopes = [(None, main), *((target, index) for _, target, index in main.subgraph_scopes())]
     for target, index in reversed(scopes):  # bodies first, written back before their parent

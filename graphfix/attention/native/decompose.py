@@ -11,6 +11,7 @@ import onnx
 
 from graphfix.attention.native.forms import NATIVE_OPS, NativeForm, is_native, read_form
 from graphfix.attention.native.lowering import lower
+from graphfix.errors import UnsupportedModelError
 from graphfix.graph.edit import GraphEdit
 from graphfix.graph.index import GraphIndex, all_graphs
 from graphfix.plugins.spec import PLUGIN_DOMAIN, ensure_plugin_opset
@@ -87,6 +88,30 @@ def lower_native_nodes(
 ) -> tuple[NativeForm, ...]:
     """`rewrite_native_nodes` without the plugin: every lowerable node lowered; their forms."""
     return rewrite_native_nodes(model, op_types=op_types).lowered
+
+
+# TensorRT's attention custom ops, which onnxruntime has no kernel for (ONNX Attention it runs).
+TRT_LOWERED = ("TRT_Attention", "TRT_QuantizedAttention")
+
+
+def trt_node_count(model: onnx.ModelProto) -> int:
+    """TensorRT attention custom ops in `model`, in every graph (what `lower_trt_ops` lowers)."""
+    return sum(n.op_type in TRT_LOWERED for g in all_graphs(model.graph) for n in g.node)
+
+
+def lower_trt_ops(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` with TensorRT's attention custom ops lowered to standard ops, so that
+    onnxruntime runs it; an error naming the form graphfix cannot lower."""
+    for form in native_forms(model):
+        if form.op_type in TRT_LOWERED and form.unsupported:
+            raise UnsupportedModelError(
+                f"{form.op_type} node '{form.node}' uses {form.unsupported}; graphfix has no "
+                "reference implementation of that form, so onnxruntime cannot run the model"
+            )
+    result = onnx.ModelProto()
+    result.CopyFrom(model)
+    lower_native_nodes(result, op_types=TRT_LOWERED)
+    return result
 
 
 def native_forms(model: onnx.ModelProto) -> tuple[NativeForm, ...]:

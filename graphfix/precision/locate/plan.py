@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from graphfix.attention.native.decompose import lower_trt_ops, trt_node_count
 from graphfix.errors import UsageError
 from graphfix.float_types import LOW_PRECISIONS, FloatType
 from graphfix.graph.index import all_graphs
@@ -180,8 +181,9 @@ def candidate_of(
         )
     cand = load_model(candidate, load_weights=True)
     notes = []
-    if has_plugin_ops(cand.model):  # as validate does without TensorRT
-        cand = LoadedModel(with_reference_ops(cand.model), cand.path, True)
+    if has_plugin_ops(cand.model) or trt_node_count(cand.model):  # as validate does
+        lowered = with_reference_ops(lower_trt_ops(cand.model))
+        cand = LoadedModel(lowered, cand.path, True)
         notes.append(
             "the candidate's plugin nodes run as graphfix's reference ops (standard ONNX), as "
             "in validate's wiring check: their kernels are not what is compared"

@@ -18,8 +18,9 @@ import onnx
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
+from graphfix.attention.native.decompose import lower_trt_ops, trt_node_count
 from graphfix.model_io import LoadedModel, fits_protobuf
-from graphfix.plugins.reference import reference_node_count, with_reference_ops
+from graphfix.plugins.reference import plugin_node_count, with_reference_ops
 from graphfix.plugins.spec import PLUGIN_DOMAIN
 from graphfix.validation.backends import BackendError, InputsRejected
 from graphfix.validation.inputs import cast_feeds, input_specs
@@ -58,7 +59,7 @@ class OnnxRuntimeRunner:
         reference_ops: bool | None = None,
         low_precision: LowPrecision | str | None = None,
     ) -> None:
-        plugin_nodes = reference_node_count(model.model)
+        plugin_nodes = plugin_node_count(model.model) + trt_node_count(model.model)
         lower = plugin_nodes > 0 if reference_ops is None else reference_ops
         mode = low_precision_mode(low_precision)
         self.label = label
@@ -75,7 +76,7 @@ class OnnxRuntimeRunner:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         options.log_severity_level = 3
         rewritten = lower or emulate
-        proto = with_reference_ops(model.model) if lower else model.model
+        proto = with_reference_ops(lower_trt_ops(model.model)) if lower else model.model
         if emulate:
             done = materialise(proto)
             proto = done.model
