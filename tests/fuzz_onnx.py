@@ -367,7 +367,10 @@ def write_case(plan: Plan, folder: Path) -> Path:
     model.ParseFromString(raw)
     path = folder / "model.onnx"
     for mutation in plan.mutations:
-        data = apply_mutation(model, mutation, folder)
+        try:
+            data = apply_mutation(model, mutation, folder)
+        except UnicodeDecodeError:  # flipped bytes broke a name: the file keeps those bytes
+            return path
         if data is not None:  # byte-level: the rest of the plan applies to what still parses
             path.write_bytes(data)
             try:
