@@ -2,7 +2,7 @@
 
 `root()`: $GRAPHFIX_TEST_CACHE, else $XDG_CACHE_HOME/graphfix-tests, else ~/.cache/graphfix-tests.
 Under it: `corpus/` (the exported models, unless $GRAPHFIX_CORPUS_DIR names another folder),
-`plugin-build-<archs>/` (the plugin libraries and harnesses) and `nvcc/` (compiles cached by
+`plugin-build-<archs>-<checkout>/` (the plugin libraries and harnesses, one per checkout) and `nvcc/` (compiles cached by
 source hash, tests/compile_cache.py).  CI may keep the folder between runs; deleting it is always
 safe (everything in it is rebuilt on demand).
 """

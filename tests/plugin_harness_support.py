@@ -2,12 +2,13 @@
 
 Used by test_plugin_host_harness.py, test_attention_plugin_host.py (host, no GPU) and
 test_plugin_gpu.py, test_attention_plugin_gpu.py (GPU). The libraries are built in
-cache_dirs.root()/plugin-build-<archs> (outside the source tree); the harnesses are plugins/tests/pluginHarness.cpp
+cache_dirs.root()/plugin-build-<archs>-<checkout> (outside the source tree); the harnesses are plugins/tests/pluginHarness.cpp
 (`target` None) and plugins/tests/attentionHarness.cpp (ATTENTION_HARNESS_NAME).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -45,7 +46,9 @@ def require_build_tools() -> None:
 def build_tools(archs: str, target: str | None = None) -> Tools:
     """The plugin libraries for CUDA architectures `archs` and the harness `target`."""
     require_build_tools()
-    build_dir = cache_dirs.root() / f"plugin-build-{archs.replace(';', '-')}"
+    # One folder per checkout: CMake refuses a build folder configured from other sources.
+    checkout = hashlib.sha1(str(plugin_build.plugin_source_dir()).encode()).hexdigest()[:10]
+    build_dir = cache_dirs.root() / f"plugin-build-{archs.replace(';', '-')}-{checkout}"
     with owned_temp_folder():  # nvcc's temporaries, removed however the build ends
         libraries = build_plugins(build_dir=build_dir, cuda_archs=archs).libraries
         harness = build_plugin_harness(build_dir=build_dir, target=target)
