@@ -6,6 +6,11 @@ fixed, seeded slice of it and replays the cases that once crashed graphfix.
 
 from __future__ import annotations
 
+import os
+import resource
+import subprocess
+import sys
+
 import fuzz_onnx
 import numpy as np
 import onnx
@@ -145,3 +150,27 @@ def test_weights_on_disk_are_not_read_to_check_the_structure(tmp_path):
     model.graph.initializer.append(numpy_helper.from_array(np.ones(3, np.float32), "extra"))
     with pytest.raises(ModelLoadError, match="nowhere"):
         load_model(_saved(model, tmp_path), load_weights=False)
+
+
+def test_fuzz_regression_under_a_memory_cap():
+    """An attribute declaring a size no memory holds: shape inference (value_info's pass in fix,
+    the Q/DQ lint's FLOP count) raised MemoryError.  Replayed in a child process under the
+    campaign's 8 GiB address-space cap, so the test process never allocates it."""
+    plan = (
+        '{"command": "qdq", "mutations": [{"a": 655, "b": 655, "c": 65535, "kind": '
+        '"attr_value"}], "seed": "sdpa_mask-ort_qdq", "strategy": "mark_output"}'
+    )
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+
+    done = subprocess.run(
+        [sys.executable, fuzz_onnx.__file__, "--replay", plan],
+        preexec_fn=cap,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]

@@ -94,8 +94,10 @@ def _inferred_types(model: onnx.ModelProto, base_dir: Path | None) -> dict[str, 
     _keep_opaque_annotations(light)  # a lowered plugin's outputs are inferred now
     try:
         light = onnx.shape_inference.infer_shapes(light, strict_mode=False)
-    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
-        return {}  # inference cannot run at all: only the opaque nodes' annotations can stay
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, MemoryError):
+        # inference cannot run at all (or would need more memory than there is, for sizes an
+        # attribute declares): only the opaque nodes' annotations can stay
+        return {}
     types: dict[str, onnx.TypeProto] = {}
     for graph in all_graphs(light.graph):
         for info in (*graph.value_info, *graph.output):

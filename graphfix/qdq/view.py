@@ -82,7 +82,12 @@ def _with_static_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         pass
     try:
         return onnx.shape_inference.infer_shapes(copy, strict_mode=False, data_prop=True)
-    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, ValueError):
+    except (
+        onnx.shape_inference.InferenceError,
+        onnx.checker.ValidationError,
+        ValueError,
+        MemoryError,  # sizes an attribute declares that no memory holds: FLOPs unknown
+    ):
         return copy
 
 
