@@ -296,6 +296,11 @@ def _check_element_types(graph: onnx.GraphProto) -> None:
                 f"graph input {value.name!r} has no element type (UNDEFINED)"
             )
     for node in graph.node:
+        names = (node.name, node.op_type, node.domain, *node.input, *node.output)
+        if any(isinstance(name, bytes) for name in names):  # protobuf's proto2 strings unchecked
+            raise onnx.checker.ValidationError(
+                f"a {node.op_type!r} node has a name, type or tensor name that is not UTF-8 text"
+            )
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
                 _check_element_types(attr.g)

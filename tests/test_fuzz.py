@@ -95,6 +95,12 @@ REGRESSIONS = [
         '"kind": "softmax_axis"}], "seed": "sdpa_causal_dynamic-legacy17", "strategy": "plugin"}',
         [("inspect", 2)],
     ),
+    (  # flipped bytes in a name (not UTF-8): inspect --json and the Q/DQ lint met bytes
+        '{"command": "precision", "mutations": [{"a": 1192, "b": 1192, "c": 24596, "kind": '
+        '"dup_output"}, {"a": 2724, "b": 1919, "c": 346, "kind": "flip_bytes"}], "seed": '
+        '"vit_demo", "strategy": "native_attention"}',
+        [("inspect", 2)],
+    ),
     (  # a graph input 2**40 long, through locate's reference run
         '{"command": "locate", "mutations": [{"a": 144, "b": 9759, "c": 9499, "kind": "dim"}], '
         '"seed": "moe_router-legacy17", "strategy": "mark_output"}',
