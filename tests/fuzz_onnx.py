@@ -169,7 +169,7 @@ def apply_mutation(model, m: Mutation, folder: Path) -> bytes | None:
     kind = m.kind
     if kind in ("truncate", "flip_bytes"):
         data = bytearray(model.SerializeToString())
-        if kind == "truncate":
+        if kind == "truncate" or not data:  # (an earlier truncation may have left nothing)
             return bytes(data[: m.a % max(len(data), 1)])
         for j in range(1 + m.c % 4):
             position = (m.a + j * 7919 * (m.b + 1)) % len(data)
@@ -293,7 +293,14 @@ def apply_mutation(model, m: Mutation, folder: Path) -> bytes | None:
             for node in g.node:
                 node.input[:] = [value.name if i == old else i for i in node.input]
     elif kind == "values":  # extreme but well-formed weights: NaN, inf, 1e30, zeros
-        init = _pick([t for t in g.initializer if t.data_type in (1, 10, 16, 11, 7, 6)], m.a)
+        init = _pick(
+            [
+                t
+                for t in g.initializer
+                if t.data_type in (1, 10, 16, 11, 7, 6) and t.data_location != t.EXTERNAL
+            ],
+            m.a,
+        )
         if init is not None:
             from onnx import numpy_helper
 
