@@ -227,6 +227,7 @@ def check_well_formed(proto: onnx.ModelProto, path: Path | str) -> None:
                 onnx.checker.check_tensor(tensor, context)
             _check_data_length(tensor)
         onnx.checker.check_model(_without_weights(proto))
+        _check_text(proto)
         _check_element_types(proto.graph)
     except (onnx.checker.ValidationError, ValueError) as exc:
         raise ModelLoadError(
@@ -274,6 +275,16 @@ def _check_data_length(tensor: onnx.TensorProto) -> None:
             f"{onnx.helper.tensor_dtype_to_string(kind)} and shape {list(tensor.dims)} need "
             f"{expected}"
         )
+
+
+def _check_text(proto: onnx.ModelProto) -> None:
+    """The model's and graph's own string fields and the graph's tensor names are UTF-8 text
+    (protobuf does not check proto2 strings; they come back as bytes)."""
+    g = proto.graph
+    values = (*g.input, *g.output, *g.value_info, *g.initializer)
+    fields = [v for m in (proto, g) for _, v in m.ListFields()] + [v.name for v in values]
+    if any(isinstance(v, bytes) for v in fields):
+        raise onnx.checker.ValidationError("a name or text field is not UTF-8 text")
 
 
 # Attributes of ai.onnx ops holding an element type (the checker sees only an INT there).

@@ -101,6 +101,11 @@ REGRESSIONS = [
         '"vit_demo", "strategy": "native_attention"}',
         [("inspect", 2)],
     ),
+    (  # a byte flip in the graph's own text: shape inference's copy of the graph decoded it
+        '{"command": "fix", "mutations": [{"a": 4, "b": 295, "c": 24399, "kind": '
+        '"flip_bytes"}], "seed": "vit_demo", "strategy": "plugin"}',
+        [("inspect", 2)],
+    ),
     (  # a graph input 2**40 long, through locate's reference run
         '{"command": "locate", "mutations": [{"a": 144, "b": 9759, "c": 9499, "kind": "dim"}], '
         '"seed": "moe_router-legacy17", "strategy": "mark_output"}',
