@@ -163,12 +163,6 @@ __device__ __forceinline__ void namedBarrier(uint32_t id, uint32_t threads)
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-//! This thread's arrival at named barrier `id` of `threads` threads, not waiting for it.
-__device__ __forceinline__ void namedBarrierArrive(uint32_t id, uint32_t threads)
-{
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 //! One box of a 4-d tensor map into shared memory, completing on `bar` (bytes counted there).
 __device__ __forceinline__ void tmaLoad(
     uint32_t shared, CUtensorMap const* map, int32_t c1, int32_t c3, uint32_t bar)
@@ -673,7 +667,7 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
 //! warpgroup runs the overlap of hopperAttentionKernel (S_j+1 and P_j V_j issued together, the
 //! softmax of S_j+1 under P_j V_j; bfloat16, whose split P doubles the P registers, waits for
 //! both first, kWAIT_PV's reason).
-template <typename T, int32_t kD, int32_t kN, int32_t kSTAGES, bool kPINGPONG>
+template <typename T, int32_t kD, int32_t kN, int32_t kSTAGES>
 __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restrict__ q, T const* __restrict__ k,
     T const* __restrict__ v, T* __restrict__ out, AttentionShape const shape, AttentionParams const givenParams,
     int32_t const qTiles, int32_t const variant, __grid_constant__ HopperMaps const maps)
@@ -806,10 +800,6 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
     float alpha[2];
     uint32_t p[kN / 16][4];
     uint32_t lo[kN / 16][4];
-    if (kPINGPONG && group == 1)
-    {
-        namedBarrierArrive(2, 256); // warpgroup 0 issues first
-    }
     if (keyTiles > 0)
     {
         mbarrierWait(barrierQ, 0);
@@ -871,16 +861,8 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
         // between the two wgmma issues made ptxas serialise them, C7513.)
         mbarrierWait(fullK(j + 1), parity(j + 1));
         mbarrierWait(fullV(j), parity(j));
-        if constexpr (kPINGPONG)
-        {
-            namedBarrier(2 + group, 256); // this warpgroup's turn on the tensor cores
-        }
         issueScores(s, j + 1); // S_j+1 on the tensor cores, then P_j V_j, while ...
         issueValues(j);
-        if constexpr (kPINGPONG)
-        {
-            namedBarrierArrive(3 - group, 256); // the other's turn
-        }
         if constexpr (kSPLIT_P<T>)
         {
             wgmmaWait<0>();
@@ -989,11 +971,10 @@ cudaError_t withProducerKernel(HopperPlan const& plan, F&& f)
     {
         return cudaErrorInvalidConfiguration;
     }
-    bool const pingpong = (plan.variant & kHOPPER_VARIANT_PINGPONG) != 0;
     switch (plan.paddedDim)
     {
-    case 64: return pingpong ? f(hopperProducerKernel<T, 64, kN, 2, true>) : f(hopperProducerKernel<T, 64, kN, 2, false>);
-    case 128: return pingpong ? f(hopperProducerKernel<T, 128, kN, 2, true>) : f(hopperProducerKernel<T, 128, kN, 2, false>);
+    case 64: return f(hopperProducerKernel<T, 64, kN, 2>);
+    case 128: return f(hopperProducerKernel<T, 128, kN, 2>);
     default: return cudaErrorInvalidConfiguration;
     }
 }

@@ -59,9 +59,6 @@ constexpr int32_t kHOPPER_VARIANT_TMA{16};
 //! (hopperProducerKernel: a producer warpgroup, 128-key tiles) where the plan has one
 //! (HopperPlan::producerStages); else the kernel above.
 constexpr int32_t kHOPPER_VARIANT_PRODUCER{32};
-//! The warp-specialised kernel's two consumer warpgroups take turns issuing their wgmmas (named
-//! barriers), so that one's softmax runs under the other's products.
-constexpr int32_t kHOPPER_VARIANT_PINGPONG{64};
 //! The options the plan takes unless GRAPHFIX_ATTENTION_HOPPER_VARIANT says otherwise; bfloat16 adds
 //! kHOPPER_VARIANT_LATE_LOADS except at head dim 80 (hopperPlanFor in graphfixAttentionPlugin.cpp;
 //! moot while TMA loads are on); the float32 kernel and shapes whose maps the driver rejects drop
