@@ -90,12 +90,12 @@ def producer_bytes(padded: int) -> int:
 
 @pytest.mark.parametrize(
     ("d", "padded", "stages"),
-    [(40, 64, 2), (64, 64, 2), (72, 80, 0), (96, 96, 0), (128, 128, 2), (256, 256, 0)],
-)
-def test_sixteen_bit_head_dims_64_and_128_have_the_warp_specialised_kernel(probe, d, padded, stages):
-    """Shapes without mask and softcap at padded head dims 64 and 128 run the warp-specialised
-    kernel (hopperProducerKernel: 128-key tiles, two K/V stages); the others, and float32, have
-    none."""
+    [(40, 64, 0), (64, 64, 0), (72, 80, 0), (96, 96, 0), (104, 128, 2), (128, 128, 2), (256, 256, 0)],
+)  # fmt: skip
+def test_sixteen_bit_head_dim_128_has_the_warp_specialised_kernel(probe, d, padded, stages):
+    """Shapes without mask and softcap at padded head dim 128 run the warp-specialised kernel
+    (hopperProducerKernel: 128-key tiles, two K/V stages; measured slower at 64); the others, and
+    float32, have none."""
     got = plan(probe, 2, d)
     assert (got["padded_dim"], got["producer_stages"]) == (padded, stages)
     assert got["producer_shared_bytes"] == (producer_bytes(padded) if stages else 0)

@@ -5,7 +5,9 @@
  * element type (graphfixAttentionHopper{Half,BFloat16}.cu), which CMake compiles for sm_90a only
  * (-gencode=arch=compute_90a,code=sm_90a): wgmma exists nowhere else.
  *
- * Per block: kWG warpgroups x 64 query rows (2 x 64 as built), tiles of kN = 64 keys. All
+ * hopperAttentionKernel, per block: kWG warpgroups x 64 query rows (2 x 64 as built), tiles of
+ * kN = 64 keys (hopperProducerKernel, the warp-specialised kernel for unmasked shapes at head dim
+ * 128, is described where it is defined). All
  * threads load with cp.async, K one tile ahead of V (two stages each); or (kTMA, the default
  * where the tensor maps can be encoded) thread 0 issues TMA box loads of the same tiles right
  * after the barrier and every thread waits on the stage's mbarrier instead of its own cp.async
@@ -971,12 +973,7 @@ cudaError_t withProducerKernel(HopperPlan const& plan, F&& f)
     {
         return cudaErrorInvalidConfiguration;
     }
-    switch (plan.paddedDim)
-    {
-    case 64: return f(hopperProducerKernel<T, 64, kN, 2>);
-    case 128: return f(hopperProducerKernel<T, 128, kN, 2>);
-    default: return cudaErrorInvalidConfiguration;
-    }
+    return plan.paddedDim == 128 ? f(hopperProducerKernel<T, 128, kN, 2>) : cudaErrorInvalidConfiguration;
 }
 
 } // namespace

@@ -16,6 +16,10 @@
  * flash kernel: masks, causal, softcap, mask_fill, nan_to_zero); the probabilities become the
  * register A operand of O += P V_j (wgmma with V N-major in shared memory). float16 rounds P
  * once; bfloat16 splits it into two terms, as the mma.sync kernel does (kSPLIT_P).
+ * At padded head dim 128 without mask and softcap a warp-specialised kernel runs instead
+ * (hopperProducerKernel, kHOPPER_VARIANT_PRODUCER): a producer warpgroup issues the TMA loads of
+ * 128-key tiles into a two-stage ring paced by mbarriers, and the two consumer warpgroups run at
+ * 240 registers (setmaxnreg) with no block-wide barrier per tile.
  *
  * Built only when the build's CUDA architectures include 90 (GRAPHFIX_WITH_HOPPER); otherwise
  * planHopperAttention always answers keys = 0, and the mma.sync flash kernel runs instead.
