@@ -223,6 +223,76 @@ __device__ __forceinline__ void loadChunkMajor(T* shared, T const* global, int64
     }
 }
 
+template <int32_t kN>
+__device__ __forceinline__ void clearAccumulators(float (&o)[kN][4])
+{
+#pragma unroll
+    for (int32_t n = 0; n < kN; ++n)
+    {
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.F;
+    }
+}
+
+//! S = Q K_jᵀ into s, issued and committed (not waited for): one chain of wgmma with both
+//! operands in shared memory, 2 chunks of 8 head-dim elements a step. Q (A, K-major, kRows rows
+//! in the block): LBO = the next 8 head-dim elements (kRows rows of 16 bytes), SBO = 8 rows;
+//! K (B, K-major, N = kN keys): LBO = kN rows of 16 bytes, SBO = 8 rows.
+template <typename T, int32_t kD, int32_t kN, int32_t kRows>
+__device__ __forceinline__ void issueScoreChain(float (&s)[kN / 8][4], uint64_t qDesc, uint64_t kDesc)
+{
+    fenceOperands(s);
+    wgmmaFence();
+#pragma unroll
+    for (int32_t kk = 0; kk < kD / 16; ++kk)
+    {
+        hp::Wgmma<T, kN>::ss(
+            s, qDesc + static_cast<uint64_t>(2 * kk * kRows), kDesc + static_cast<uint64_t>(2 * kk * kN), kk > 0);
+    }
+    wgmmaCommit();
+}
+
+//! O += P V_j, issued and committed: p (and with kSPLIT_P<T> lo, first) as the register A operand,
+//! V (B, N-major, N = the value dim) in shared memory: LBO = the next 8 keys (128 bytes), SBO =
+//! the next 8 value-dim elements (kN keys of 16 bytes); 16 keys a step = 256 bytes.
+template <typename T, int32_t kD, int32_t kN>
+__device__ __forceinline__ void issueValueChain(
+    float (&o)[kD / 8][4], uint32_t (&p)[kN / 16][4], uint32_t (&lo)[kN / 16][4], uint64_t vDesc)
+{
+    fenceOperands(o);
+    fenceOperands(p);
+    if constexpr (kSPLIT_P<T>)
+    {
+        fenceOperands(lo);
+    }
+    wgmmaFence();
+#pragma unroll
+    for (int32_t kk = 0; kk < kN / 16; ++kk)
+    {
+        if constexpr (kSPLIT_P<T>)
+        {
+            hp::Wgmma<T, kD>::rs(o, lo[kk], vDesc + static_cast<uint64_t>(kk * 16), true);
+        }
+        hp::Wgmma<T, kD>::rs(o, p[kk], vDesc + static_cast<uint64_t>(kk * 16), true);
+    }
+    wgmmaCommit();
+}
+
+//! The probabilities in s as P·V's register A operand: keys 16 kk .. 16 kk + 15 are the scores'
+//! tiles 2 kk and 2 kk + 1 (float16: rounded once into p; bfloat16: hi in p, lo in lo).
+template <typename T, int32_t kN>
+__device__ __forceinline__ void probabilityFragments(
+    float const (&s)[kN / 8][4], uint32_t (&p)[kN / 16][4], uint32_t (&lo)[kN / 16][4])
+{
+#pragma unroll
+    for (int32_t kk = 0; kk < kN / 16; ++kk)
+    {
+        probabilityPair<T>(s[2 * kk][0], s[2 * kk][1], p[kk][0], lo[kk][0]);
+        probabilityPair<T>(s[2 * kk][2], s[2 * kk][3], p[kk][1], lo[kk][1]);
+        probabilityPair<T>(s[2 * kk + 1][0], s[2 * kk + 1][1], p[kk][2], lo[kk][2]);
+        probabilityPair<T>(s[2 * kk + 1][2], s[2 * kk + 1][3], p[kk][3], lo[kk][3]);
+    }
+}
+
 //! The output of one warp's 16 rows (o / sum, NaN or 0 where no key was allowed) into shared
 //! memory, row-major with rows padded by 16 bytes (conflict-free pair writes); `row` is the
 //! thread's first row there (its second is 8 on).
@@ -425,30 +495,16 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
     uint64_t const qDesc = descriptor(qAddress, kRows * 16, 128);
 
     float o[kD / 8][4];
-#pragma unroll
-    for (int32_t n = 0; n < kD / 8; ++n)
-    {
-        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.F;
-    }
+    clearAccumulators(o);
     OnlineSoftmax softmax;
     int64_t const warpRow0 = block.q0 + warp * 16;
 
-    // S = Q K_jᵀ into s (issued, not waited for). K (B, K-major, N = keys): LBO = kN rows of 16
-    // bytes, SBO = 8 rows; 2 chunks of 8 head-dim elements per step.
+    // S = Q K_jᵀ into s (issued, not waited for), K_j in stage j % 2
     auto const issueScores = [&](float (&s)[kN / 8][4], int32_t j) {
-        uint64_t const kDesc = descriptor(kAddress + static_cast<uint32_t>((j % 2) * kTILE * 2), kN * 16, 128);
-        fenceOperands(s);
-        wgmmaFence();
-#pragma unroll
-        for (int32_t kk = 0; kk < kD / 16; ++kk)
-        {
-            hp::Wgmma<T, kN>::ss(s, qDesc + static_cast<uint64_t>(2 * kk * kRows),
-                kDesc + static_cast<uint64_t>(2 * kk * kN), kk > 0);
-        }
-        wgmmaCommit();
+        issueScoreChain<T, kD, kN, kRows>(
+            s, qDesc, descriptor(kAddress + static_cast<uint32_t>((j % 2) * kTILE * 2), kN * 16, 128));
     };
-    // The online softmax of tile j's scores, then P as the A operand: keys 16 kk .. 16 kk + 15
-    // are the scores' tiles 2 kk and 2 kk + 1 (float16: rounded once; bfloat16: hi + lo).
+    // The online softmax of tile j's scores, then P as the A operand (probabilityFragments).
     auto const probabilities = [&](float (&s)[kN / 8][4], float (&alpha)[2], uint32_t (&p)[kN / 16][4],
                                    uint32_t (&lo)[kN / 16][4], int32_t j) {
         int64_t const k0 = static_cast<int64_t>(j) * kN;
@@ -482,14 +538,7 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
             softmax.template update<true>(
                 s, alpha, warpRow0 + lane / 4, k0, mask, block.maskBase, shape, params, checkEach);
         }
-#pragma unroll
-        for (int32_t kk = 0; kk < kN / 16; ++kk)
-        {
-            probabilityPair<T>(s[2 * kk][0], s[2 * kk][1], p[kk][0], lo[kk][0]);
-            probabilityPair<T>(s[2 * kk][2], s[2 * kk][3], p[kk][1], lo[kk][1]);
-            probabilityPair<T>(s[2 * kk + 1][0], s[2 * kk + 1][1], p[kk][2], lo[kk][2]);
-            probabilityPair<T>(s[2 * kk + 1][2], s[2 * kk + 1][3], p[kk][3], lo[kk][3]);
-        }
+        probabilityFragments<T, kN>(s, p, lo);
     };
 
     float s[kN / 8][4];
@@ -514,10 +563,8 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
         fenceOperands(s);
         probabilities(s, alpha, p, lo, 0);
     }
-    // O += P_j V_j (issued and committed). V (B, N-major, N = value dim): LBO = the next 8 keys
-    // (128 bytes), SBO = the next 8 value-dim elements (kN keys of 16 bytes); 16 keys a step =
-    // 256 bytes. The probabilities are copied first: the softmax of the next tile rewrites p and
-    // lo while this product still reads its registers.
+    // O += P_j V_j (issued and committed, issueValueChain). The probabilities are copied first:
+    // the softmax of the next tile rewrites p and lo while this product still reads them.
     uint32_t pv[kN / 16][4];
     uint32_t lov[kN / 16][4];
     auto const issueValues = [&](int32_t j) {
@@ -535,23 +582,7 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
                 }
             }
         }
-        fenceOperands(o);
-        fenceOperands(pv);
-        if constexpr (kSPLIT_P<T>)
-        {
-            fenceOperands(lov);
-        }
-        wgmmaFence();
-#pragma unroll
-        for (int32_t kk = 0; kk < kN / 16; ++kk)
-        {
-            if constexpr (kSPLIT_P<T>)
-            {
-                hp::Wgmma<T, kD>::rs(o, lov[kk], vDesc + static_cast<uint64_t>(kk * 16), true);
-            }
-            hp::Wgmma<T, kD>::rs(o, pv[kk], vDesc + static_cast<uint64_t>(kk * 16), true);
-        }
-        wgmmaCommit();
+        issueValueChain<T, kD, kN>(o, pv, lov, vDesc);
     };
     // Waits for this thread's loads, publishes them to the tensor cores, and meets the block.
     auto const tileBarrier = [&]() {
@@ -760,42 +791,21 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
     uint32_t const vAddress = sharedAddress(sV);
 
     float o[kD / 8][4];
-#pragma unroll
-    for (int32_t n = 0; n < kD / 8; ++n)
-    {
-        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.F;
-    }
+    clearAccumulators(o);
     OnlineSoftmax softmax;
     int64_t const warpRow0 = block.q0 + warp * 16;
 
-    // S = Q K_jᵀ into s (issued, not waited for). K (B, K-major, N = keys): LBO = kN rows of 16
-    // bytes, SBO = 8 rows; 2 chunks of 8 head-dim elements per step.
+    // S = Q K_jᵀ into s (issued, not waited for), K_j in stage j % kSTAGES
     auto const issueScores = [&](float (&s)[kN / 8][4], int32_t j) {
-        uint64_t const kDesc
-            = descriptor(kAddress + static_cast<uint32_t>((j % kSTAGES) * kTILE_BYTES), kN * 16, 128);
-        fenceOperands(s);
-        wgmmaFence();
-#pragma unroll
-        for (int32_t kk = 0; kk < kD / 16; ++kk)
-        {
-            hp::Wgmma<T, kN>::ss(s, qDesc + static_cast<uint64_t>(2 * kk * kRows),
-                kDesc + static_cast<uint64_t>(2 * kk * kN), kk > 0);
-        }
-        wgmmaCommit();
+        issueScoreChain<T, kD, kN, kRows>(
+            s, qDesc, descriptor(kAddress + static_cast<uint32_t>((j % kSTAGES) * kTILE_BYTES), kN * 16, 128));
     };
     auto const probabilities = [&](float (&s)[kN / 8][4], float (&alpha)[2], uint32_t (&p)[kN / 16][4],
                                    uint32_t (&lo)[kN / 16][4], int32_t j) {
         int64_t const k0 = static_cast<int64_t>(j) * kN;
         bool const checkEach = k0 + kN > shape.seqK || (params.causal && k0 + kN - 1 > warpRow0);
         softmax.template update<true>(s, alpha, warpRow0 + lane / 4, k0, noMask, 0, shape, params, checkEach);
-#pragma unroll
-        for (int32_t kk = 0; kk < kN / 16; ++kk)
-        {
-            probabilityPair<T>(s[2 * kk][0], s[2 * kk][1], p[kk][0], lo[kk][0]);
-            probabilityPair<T>(s[2 * kk][2], s[2 * kk][3], p[kk][1], lo[kk][1]);
-            probabilityPair<T>(s[2 * kk + 1][0], s[2 * kk + 1][1], p[kk][2], lo[kk][2]);
-            probabilityPair<T>(s[2 * kk + 1][2], s[2 * kk + 1][3], p[kk][3], lo[kk][3]);
-        }
+        probabilityFragments<T, kN>(s, p, lo);
     };
 
     float s[kN / 8][4];
@@ -812,14 +822,17 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
         release(emptyK(0));
         probabilities(s, alpha, p, lo, 0);
     }
-    // O += P_j V_j (issued and committed). V (B, N-major, N = value dim): LBO = the next 8 keys
-    // (128 bytes), SBO = the next 8 value-dim elements (kN keys of 16 bytes); 16 keys a step =
-    // 256 bytes. float16 copies P first (the softmax of the next tile rewrites p while this
-    // product still reads it); bfloat16 reads p and lo in place and waits before that softmax.
+    // O += P_j V_j (issued and committed, issueValueChain). float16 copies P first (the softmax of
+    // the next tile rewrites p while this product still reads it); bfloat16 reads p and lo in
+    // place and waits before that softmax.
     uint32_t pv[kN / 16][4];
     auto const issueValues = [&](int32_t j) {
         uint64_t const vDesc = descriptor(vAddress + static_cast<uint32_t>((j % kSTAGES) * kTILE_BYTES), 128, kN * 16);
-        if constexpr (!kSPLIT_P<T>)
+        if constexpr (kSPLIT_P<T>)
+        {
+            issueValueChain<T, kD, kN>(o, p, lo, vDesc);
+        }
+        else
         {
 #pragma unroll
             for (int32_t kk = 0; kk < kN / 16; ++kk)
@@ -830,32 +843,8 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
                     pv[kk][e] = p[kk][e];
                 }
             }
+            issueValueChain<T, kD, kN>(o, pv, pv, vDesc);
         }
-        fenceOperands(o);
-        if constexpr (kSPLIT_P<T>)
-        {
-            fenceOperands(p);
-            fenceOperands(lo);
-        }
-        else
-        {
-            fenceOperands(pv);
-        }
-        wgmmaFence();
-#pragma unroll
-        for (int32_t kk = 0; kk < kN / 16; ++kk)
-        {
-            if constexpr (kSPLIT_P<T>)
-            {
-                hp::Wgmma<T, kD>::rs(o, lo[kk], vDesc + static_cast<uint64_t>(kk * 16), true);
-                hp::Wgmma<T, kD>::rs(o, p[kk], vDesc + static_cast<uint64_t>(kk * 16), true);
-            }
-            else
-            {
-                hp::Wgmma<T, kD>::rs(o, pv[kk], vDesc + static_cast<uint64_t>(kk * 16), true);
-            }
-        }
-        wgmmaCommit();
     };
     for (int32_t j = 0; j + 1 < keyTiles; ++j)
     {
