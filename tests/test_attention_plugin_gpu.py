@@ -250,6 +250,19 @@ CASES = (
     # with a value dim below the head dim
     Case("causal_gqa_d128", (2, 3, 300, 128), 1, 300, 128, causal=True),
     Case("plain_d96_dv64", (1, 2, 130, 96), 2, 77, 64),
+    # float32 above head dim 128 (the flash kernel, two warps per 16 rows, each taking half of
+    # every 64-key tile, merged at the end): blocked rows (no key in either half), and 20 keys
+    # (none in the second half)
+    Case(
+        "blocked_d256",
+        (1, 4, 100, 256),
+        2,
+        150,
+        256,
+        mask="blocked_rows",
+        mask_shape=(1, 1, 100, 150),
+    ),
+    Case("few_keys_d256", (1, 2, 70, 256), 1, 20, 256),
     # float32's persistent short-key Hopper kernel (keys in <= 2 tiles, head dims <= 64): on a
     # 132-SM H200, 2 x 10 x 7 query tiles are 140 work items, 2 per block, and block 3's run
     # (items 6, 7) crosses from (0, 0) to (0, 1); pairs of heads share K and V (GQA, kept loaded
