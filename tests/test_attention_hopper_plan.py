@@ -111,7 +111,7 @@ def float32_wide_bytes(padded: int) -> int:
      (64, 128, 128)],
 )  # fmt: skip
 def test_float32_heads_above_72_run_the_wide_head_kernel(probe, d, dv, padded) -> None:
-    """Two stages of 64-key tiles would need 320 KB at 80: above 72 the wide-head kernel's
+    """Two stages of 64-key tiles would need 240 KB at 80: above 72 the wide-head kernel's
     32-key tiles, one stage and a staging buffer, short keys or not."""
     for t in (77, 4096):
         got = plan(probe, 4, d, dv, t=t)

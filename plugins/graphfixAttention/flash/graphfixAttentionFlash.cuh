@@ -23,7 +23,8 @@
  * hi + lo in 4 instructions (3 products); for P·V the 8 keys of a step are taken in the order
  * 0,2,4,6,1,3,5,7 (a permutation of the summation index, the same for P and V), which makes the
  * scores' accumulator layout the TF32 A fragment without shuffles; 8-key tiles past the end of K
- * or the causal diagonal are skipped; register-capped to 3 blocks per SM up to head dim 80.
+ * or the causal diagonal are skipped; register-capped to 3 blocks per SM up to head dim 80; above
+ * head dim 128 two warps per 16 rows, each taking half of every key tile (kKEY_HALVES_F32).
  * Two other float32 designs were built, measured on the H200 and not kept: K and V split once per
  * tile by the block (slower: its hi/lo tiles leave room for two blocks per SM, not three) and two
  * 8-key P·V steps summed in one accumulator (faster on Llama, up to 1.2x the error);
