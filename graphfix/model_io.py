@@ -228,7 +228,7 @@ def check_well_formed(proto: onnx.ModelProto, path: Path | str) -> None:
             _check_data_length(tensor)
         onnx.checker.check_model(_without_weights(proto))
         _check_text(proto)
-        _check_element_types(proto.graph)
+        _check_nodes(proto.graph)
     except (onnx.checker.ValidationError, ValueError) as exc:
         raise ModelLoadError(
             f"{path} is not a valid ONNX model: {str(exc).strip().splitlines()[0]}; "
@@ -291,9 +291,11 @@ def _check_text(proto: onnx.ModelProto) -> None:
 _TYPE_ATTRIBUTES = {"to", "dtype", "output_dtype"}
 
 
-def _check_element_types(graph: onnx.GraphProto) -> None:
+def _check_nodes(graph: onnx.GraphProto) -> None:
     """Every declared tensor type and every type-valued attribute names an ONNX element type
-    (the checker leaves both unchecked), in `graph` and the bodies inside it."""
+    (the checker leaves both unchecked), and every Split's `num_outputs` is its output count
+    (fewer outputs abort the process in onnx's shape inference, onnx/onnx#8255), in `graph` and
+    the bodies inside it."""
     defined = onnx.TensorProto.DataType.values()
     for value in (*graph.input, *graph.output, *graph.value_info):
         if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type not in defined:
@@ -314,10 +316,20 @@ def _check_element_types(graph: onnx.GraphProto) -> None:
             )
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
-                _check_element_types(attr.g)
+                _check_nodes(attr.g)
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 for body in attr.graphs:
-                    _check_element_types(body)
+                    _check_nodes(body)
+            elif (
+                attr.name == "num_outputs"
+                and node.op_type == "Split"
+                and node.domain in ("", "ai.onnx")
+                and attr.i != len(node.output)
+            ):
+                raise onnx.checker.ValidationError(
+                    f"Split node {node.name!r} has num_outputs={attr.i} but "
+                    f"{len(node.output)} outputs"
+                )
             elif (
                 attr.name in _TYPE_ATTRIBUTES
                 and node.domain in ("", "ai.onnx")
