@@ -477,8 +477,12 @@ def _worker(cases: int, seed: int, log: Path, limit: float) -> None:
     import faulthandler
     import resource
 
+    import cache_dirs
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hypothesis_seed
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    set_hypothesis_home_dir(cache_dirs.root() / "hypothesis")  # not ./.hypothesis in the checkout
 
     # A case that asks for gigabytes fails here with MemoryError (a finding) instead of
     # swapping the machine: graphfix must refuse absurd sizes before allocating.
