@@ -142,24 +142,19 @@ HopperPlan planHopperAttention(AttentionShape const& shape, int32_t elementBytes
             return plan;
         }
         plan.blockRows = kHOPPER_ROWS;
-        if (plan.paddedDim > kHOPPER_TF32_WIDEST_LONG)
-        {
-            // Q hi/lo, one stage of K and Vᵀ hi/lo and the staging buffer for the next raw K and Vᵀ
-            plan.keys = kHOPPER_TF32_WIDE_KEYS;
-            plan.sharedBytes = (2 * plan.blockRows + 6 * plan.keys) * plan.paddedDim * elementBytes;
-            if (plan.sharedBytes > maxSharedBytes)
-            {
-                plan.keys = 0;
-                plan.reason = "the Hopper kernel's tiles need more shared memory than this GPU has";
-            }
-            return plan;
-        }
-        plan.keys = kHOPPER_KEYS;
-        plan.sharedBytes = (2 * plan.blockRows + 8 * plan.keys) * plan.paddedDim * elementBytes;
+        bool const wide = plan.paddedDim > kHOPPER_TF32_WIDEST_LONG;
+        // above 72: Q hi/lo, one stage of K and Vᵀ hi/lo and the staging buffer for the next raw K
+        // and Vᵀ (32 keys each)
+        plan.keys = wide ? kHOPPER_TF32_WIDE_KEYS : kHOPPER_KEYS;
+        plan.sharedBytes = (2 * plan.blockRows + (wide ? 6 : 8) * plan.keys) * plan.paddedDim * elementBytes;
         if (plan.sharedBytes > maxSharedBytes)
         {
             plan.keys = 0;
             plan.reason = "the Hopper kernel's tiles need more shared memory than this GPU has";
+            return plan;
+        }
+        if (wide)
+        {
             return plan;
         }
         // every key in at most two tiles (SDXL's cross-attention, 77 keys): the persistent
