@@ -18,6 +18,7 @@ import re
 import shutil
 import signal
 import stat
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
@@ -228,7 +229,7 @@ def check_well_formed(proto: onnx.ModelProto, path: Path | str) -> None:
             _check_data_length(tensor)
         onnx.checker.check_model(_without_weights(proto))
         _check_text(proto)
-        _check_element_types(proto.graph)
+        _check_nodes(proto.graph)
     except (onnx.checker.ValidationError, ValueError) as exc:
         raise ModelLoadError(
             f"{path} is not a valid ONNX model: {str(exc).strip().splitlines()[0]}; "
@@ -291,9 +292,11 @@ def _check_text(proto: onnx.ModelProto) -> None:
 _TYPE_ATTRIBUTES = {"to", "dtype", "output_dtype"}
 
 
-def _check_element_types(graph: onnx.GraphProto) -> None:
+def _check_nodes(graph: onnx.GraphProto) -> None:
     """Every declared tensor type and every type-valued attribute names an ONNX element type
-    (the checker leaves both unchecked), in `graph` and the bodies inside it."""
+    (the checker leaves both unchecked), and every Split's `num_outputs` is its output count
+    (fewer outputs abort the process in onnx's shape inference, onnx/onnx#8255), in `graph` and
+    the bodies inside it."""
     defined = onnx.TensorProto.DataType.values()
     for value in (*graph.input, *graph.output, *graph.value_info):
         if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type not in defined:
@@ -314,10 +317,20 @@ def _check_element_types(graph: onnx.GraphProto) -> None:
             )
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
-                _check_element_types(attr.g)
+                _check_nodes(attr.g)
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 for body in attr.graphs:
-                    _check_element_types(body)
+                    _check_nodes(body)
+            elif (
+                attr.name == "num_outputs"
+                and node.op_type == "Split"
+                and node.domain in ("", "ai.onnx")
+                and attr.i != len(node.output)
+            ):
+                raise onnx.checker.ValidationError(
+                    f"Split node {node.name!r} has num_outputs={attr.i} but "
+                    f"{len(node.output)} outputs"
+                )
             elif (
                 attr.name in _TYPE_ATTRIBUTES
                 and node.domain in ("", "ai.onnx")
@@ -680,8 +693,22 @@ def _stream_copy(source_file: Path, dest: Path) -> None:
 
 
 # graphfix's own temporaries next to an output: `.NAME.PID-XXXXXXXX.graphfix-tmp` (a staged file)
-# or `…graphfix-stage` (a folder `graphfix precision` stages converted weights in).
+# or `…graphfix-stage` (a folder `graphfix precision` stages converted weights in); and in the
+# system temp folder, `graphfix-KIND-PID-XXXXXXXX` (`system_temporary_prefix`).
 _TEMPORARY = re.compile(r"\..+\.(?P<pid>\d+)-[0-9a-f]{8}\.graphfix-(?:tmp|stage)")
+_SYSTEM_KINDS = ("precision", "locate", "locate-trt", "ort", "trt")
+_SYSTEM_TEMPORARY = re.compile(
+    rf"graphfix-(?:{'|'.join(_SYSTEM_KINDS)})-(?P<pid>\d+)-[a-z0-9_]{{8}}"
+)
+
+
+def system_temporary_prefix(kind: str) -> str:
+    """The name prefix of a `kind` folder this process makes in the system temp folder
+    (`tempfile.mkdtemp(prefix=…)`): it carries the process id, so that a later run can tell
+    the folder of a killed run (SIGKILL gives it no chance to clean up) and removes those first."""
+    assert kind in _SYSTEM_KINDS, kind
+    remove_stale_temporaries(Path(tempfile.gettempdir()))
+    return f"graphfix-{kind}-{os.getpid()}-"
 
 
 def temporary_name(final: Path, kind: Literal["tmp", "stage"]) -> Path:
@@ -692,12 +719,13 @@ def temporary_name(final: Path, kind: Literal["tmp", "stage"]) -> Path:
 
 def remove_stale_temporaries(folder: Path) -> tuple[Path, ...]:
     """Delete the temporaries in `folder` that a killed graphfix left (SIGKILL gives a save no
-    chance to clean up): only names `temporary_name` makes, and only those whose process is gone
+    chance to clean up): only names `temporary_name` and `system_temporary_prefix` make, and only
+    those whose process is gone
     or is a newer process with a reused id.  Returns what was deleted."""
     removed = []
     with contextlib.suppress(OSError), os.scandir(folder) as entries:
         for entry in entries:
-            match = _TEMPORARY.fullmatch(entry.name)
+            match = _TEMPORARY.fullmatch(entry.name) or _SYSTEM_TEMPORARY.fullmatch(entry.name)
             if match is None or not _maker_is_gone(int(match["pid"]), entry):
                 continue
             with contextlib.suppress(OSError):

@@ -9,7 +9,8 @@ strategy) → precision → qdq inspect → validate/locate.  Hypothesis draws t
 A case passes when every command ends in success or in graphfix's one-line error with a documented
 exit code (DESIGN.md: 1 check failed, 2 input/options, 3 environment) and no traceback on stderr.
 Anything else escaping a command is a *traceback* finding; a case running past its time limit is a
-*hang* (a faulthandler watchdog ends the worker process, and the campaign records the case).
+*hang* (a faulthandler watchdog ends the worker process, and the campaign records the case); a case
+whose worker dies another way (an abort inside a native library) is a *crash*.
 
     python tests/fuzz_onnx.py --cases 20000            # the campaign, chunks in worker processes
     python tests/fuzz_onnx.py --replay '{"seed": …}'   # one case, its output shown
@@ -112,7 +113,7 @@ class Plan:
 
 @dataclasses.dataclass(frozen=True)
 class Finding:
-    kind: str  # "traceback", "hang", "exit" (an undocumented exit code or a missing error
+    kind: str  # "traceback", "hang", "crash", "exit" (an undocumented exit code or a missing error
     # line); "harness" for a mutation this file failed to make (its bug, not graphfix's)
     command: str
     detail: str
@@ -476,8 +477,12 @@ def _worker(cases: int, seed: int, log: Path, limit: float) -> None:
     import faulthandler
     import resource
 
+    import cache_dirs
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hypothesis_seed
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    set_hypothesis_home_dir(cache_dirs.root() / "hypothesis")  # not ./.hypothesis in the checkout
 
     # A case that asks for gigabytes fails here with MemoryError (a finding) instead of
     # swapping the machine: graphfix must refuse absurd sizes before allocating.
@@ -516,7 +521,9 @@ def _worker(cases: int, seed: int, log: Path, limit: float) -> None:
 
 
 def summarise(log: Path) -> dict:
-    """Cases, tracebacks and hangs recorded in a campaign log."""
+    """Cases, tracebacks, hangs and crashes recorded in a campaign log: a case that started and
+    never ended is a hang if the watchdog ended its worker, a crash if the worker died another way
+    (an abort inside a native library, a signal), as the parent's `died` record says."""
     started: dict[str, int] = {}
     ended = 0
     findings: list[dict] = []
@@ -524,6 +531,11 @@ def summarise(log: Path) -> dict:
         record = json.loads(line)
         if "start" in record:
             started[record["start"]] = started.get(record["start"], 0) + 1
+        elif "died" in record:
+            ended += 1
+            started[record["died"]] -= 1
+            kind = "hang" if _WATCHDOG in record["detail"] else "crash"
+            findings.append({"plan": record["died"], "kind": kind, "command": "?", **record})
         else:
             ended += 1
             started[record["end"]] -= 1
@@ -535,13 +547,31 @@ def summarise(log: Path) -> dict:
     return {"cases": ended + len(hangs), "findings": findings}
 
 
+# What faulthandler's watchdog prints before it ends a worker.
+_WATCHDOG = "Timeout ("
+
+
+def _record_death(log: Path, returncode: int, stderr: str) -> None:
+    """The worker ended without finishing its case: record the open case with how it died."""
+    open_: dict[str, int] = {}
+    for line in log.read_text().splitlines():
+        record = json.loads(line)
+        plan = record.get("start") or record.get("end") or record["died"]
+        open_[plan] = open_.get(plan, 0) + (1 if "start" in record else -1)
+    with log.open("a") as stream:
+        for plan, count in open_.items():
+            for _ in range(count):
+                record = {"died": plan, "returncode": returncode, "detail": stderr[-4000:]}
+                stream.write(json.dumps(record) + "\n")
+
+
 def campaign(cases: int, *, chunk: int, seed: int, log: Path, limit: float) -> dict:
     done = 0
     round_ = 0
     while done < cases:
         size = min(chunk, cases - done)
         before = summarise(log)["cases"] if log.exists() else 0
-        subprocess.run(
+        worker = subprocess.run(
             [
                 sys.executable,
                 __file__,
@@ -556,7 +586,12 @@ def campaign(cases: int, *, chunk: int, seed: int, log: Path, limit: float) -> d
             ],
             check=False,
             stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
         )
+        if worker.returncode != 0:
+            _record_death(log, worker.returncode, worker.stderr)
         after = summarise(log)["cases"]
         done += max(after - before, 1)
         round_ += 1

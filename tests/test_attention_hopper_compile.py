@@ -42,24 +42,25 @@ SOURCES = {
 KERNEL = {
     "float16": "hopperAttentionKernel",
     "bfloat16": "hopperAttentionKernel",
-    "float32": "hopperTf32(?:Short)?Kernel",
+    "float32": "hopperTf32(?:Short|Wide)?Kernel",
 }
 INSTANCE = {
     "float16": r"__halfLi(\d+)ELi\d+ELi\d+ELb[01]",
     "bfloat16": r"13__nv_bfloat16Li(\d+)ELi\d+ELi\d+ELb[01]",
-    "float32": r"hopperTf32(?:Short)?KernelILi(\d+)E(?:Li\d+ELi\d+E)?Lb[01]",
+    "float32": r"hopperTf32(?:Short|Wide)?KernelILi(\d+)E(?:Li\d+ELi\d+E)?Lb[01]",
 }
 # Head dims each type's kernel is built for (72 is padded to 80 in 16 bits, exact in float32).
 WIDE = {160, 192, 256}
 DIMS = {
     "float16": {64, 80, 96, 128} | WIDE,
     "bfloat16": {64, 80, 96, 128} | WIDE,
-    "float32": {32, 64, 72},
+    "float32": {32, 64, 72, 96, 128},
 }
 # 16-bit: the 8 padded head dims x plain, key-mask and general x loads by cp.async early or late,
-# or by TMA (72); float32: its 3 head dims x plain and masked (6), and the persistent short-key
-# kernel (keys in at most two tiles) at head dims 32 and 64 x plain and masked (4).
-ENTRIES = {"float16": 72, "bfloat16": 72, "float32": 10}
+# or by TMA (72); float32: its 3 head dims x plain and masked (6), the persistent short-key
+# kernel (keys in at most two tiles) at head dims 32 and 64 x plain and masked (4), and the
+# wide-head kernel at 96 and 128 x plain and masked (4).
+ENTRIES = {"float16": 72, "bfloat16": 72, "float32": 14}
 # The float32 short-key kernel's head dims (its third Q buffer does not fit at 72).
 SHORT_DIMS = {32, 64}
 # The 16-bit warp-specialised kernel (hopperProducerKernel, shapes without mask and softcap):
@@ -103,7 +104,7 @@ def compiled(request) -> tuple[Path, str, str]:
 def test_every_hopper_kernel_instance_compiles_for_sm_90a(compiled):
     """Compile-only: every head dim (16-bit: 32/64/80/96/128/160/192/256, 72 padded to 80, plain, key-mask
     and general kernels, cp.async loads early or late or TMA loads; float32: 32/64/72, plain and
-    masked, and the short-key kernel at 32/64)."""
+    masked, the short-key kernel at 32/64 and the wide-head kernel at 96/128)."""
     _, log, dtype = compiled
     entries = re.findall(
         r"Compiling entry function '(\w*" + KERNEL[dtype] + r"\w*)' for 'sm_90a'", log

@@ -125,6 +125,31 @@ def test_float32_heads_up_to_72_run_the_tf32_kernel_unpadded_at_72(probe, d, pad
     assert got["short_keys"] is False
 
 
+WIDE_KEYS = 32  # the float32 wide-head kernel's key tiles (hopperTf32WideKernel)
+
+
+def float32_wide_bytes(padded: int) -> int:
+    """Q hi and lo (128 rows), one stage of K hi, K lo, Vᵀ hi, Vᵀ lo and the staging buffer of the
+    next raw K and Vᵀ (32 keys each): (2 x 128 + 6 x 32) x padded x 4, 224 KB at 128."""
+    return (2 * ROWS + 6 * WIDE_KEYS) * padded * 4
+
+
+@pytest.mark.parametrize(
+    ("d", "dv", "padded"),
+    [(80, 80, 96), (76, 76, 96), (96, 96, 96), (104, 104, 128), (128, 128, 128), (128, 64, 128),
+     (64, 128, 128)],
+)  # fmt: skip
+def test_float32_heads_above_72_run_the_wide_head_kernel(probe, d, dv, padded) -> None:
+    """Two stages of 64-key tiles would need 240 KB at 80: above 72 the wide-head kernel's
+    32-key tiles, one stage and a staging buffer, short keys or not."""
+    for t in (77, 4096):
+        got = plan(probe, 4, d, dv, t=t)
+        assert got["reason"] == ""
+        assert (got["padded_dim"], got["block_rows"], got["keys"]) == (padded, ROWS, WIDE_KEYS)
+        assert got["shared_bytes"] == float32_wide_bytes(padded) <= H100_SHARED
+        assert got["short_keys"] is False
+
+
 @pytest.mark.parametrize(
     ("d", "t", "short", "padded"),
     [(64, 77, True, 64), (64, 128, True, 64), (20, 1, True, 32), (64, 129, False, 64),
@@ -150,7 +175,8 @@ def test_float32_short_keys_need_the_room_for_the_third_q_buffer(probe) -> None:
 @pytest.mark.parametrize(
     ("element_bytes", "d", "cc", "shared", "reason"),
     [
-        (4, 80, (9, 0), H100_SHARED, "float32 head dimensions above 72"),
+        (4, 136, (9, 0), H100_SHARED, "float32 head dimensions above 128"),
+        (4, 128, (9, 0), 229375, "more shared memory than this GPU has"),
         (4, 22, (9, 0), H100_SHARED, "head dimensions not multiples of 4"),
         (2, 20, (9, 0), H100_SHARED, "head dimensions not multiples of 8"),
         (2, 264, (9, 0), H100_SHARED, "head dimensions above 256"),

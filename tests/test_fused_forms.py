@@ -344,6 +344,47 @@ def test_shape_of_the_scores_is_recomputed_from_q_and_k() -> None:
     _fused(model, _feeds(model))
 
 
+WIDENING = """
+  kt = Transpose<perm=[0,1,3,2]>(k)
+  s = MatMul(q, kt)
+  c = Constant<value=float {0.35}>()
+  ss = Mul(s, c)
+  sm = Add(ss, mask)
+  dims = Shape(sm)
+  p = Softmax<axis=-1>(sm)
+  y = MatMul(p, v)"""
+
+
+def test_a_mask_that_widens_the_batch_falls_back() -> None:
+    """A [3, 1, 4, 6] mask on scores of batch 1: the chain's output has batch 3, the node's
+    would have Q's (and its Shape reader, recomputed from Q and K, said 1)."""
+    model = _model(
+        "float[1,2,4,8] q, float[1,2,6,8] k, float[1,2,6,8] v, float[3,1,4,6] mask"
+        " => (float[3,2,4,8] y, int64[4] dims)",
+        WIDENING,
+    )
+    assert "broadcasts the scores [1, 2, 4, 6] to [3, 2, 4, 6]" in _fell_back(model)
+    (block,) = graphfix.fix_attention(model, strategy="native_attention").report.blocks
+    assert not block.rewritten and "broadcasts the scores" in block.detail
+
+
+def test_a_shape_reader_after_a_mask_sees_the_mask_broadcast() -> None:
+    """Run-time dims hide whether the mask widens the scores, so the rewrite goes ahead; the
+    recomputed Shape then takes the mask's dims into account as the chain's Add did."""
+    model = _model(
+        "float[B,2,4,8] q, float[B,2,6,8] k, float[B,2,6,8] v, float[M,1,4,6] mask"
+        " => (float[M,2,4,8] y, int64[4] dims)",
+        WIDENING,
+    )
+    given = {
+        "q": np.ones((1, 2, 4, 8), np.float32),
+        "k": np.ones((1, 2, 6, 8), np.float32),
+        "v": np.ones((1, 2, 6, 8), np.float32),
+        "mask": np.zeros((3, 1, 4, 6), np.float32),
+    }
+    _fused(model, _feeds(model, **given))
+
+
 # --- Q and K in float32, V in float16 -------------------------------------------------------------
 def test_float16_v_after_float32_scores_is_widened_for_the_node() -> None:
     """The original rounds P to float16 for P·V; the node keeps it in float32."""

@@ -6,6 +6,7 @@ fixed, seeded slice of it and replays the cases that once crashed graphfix.
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import subprocess
@@ -163,6 +164,49 @@ def test_weights_on_disk_are_not_read_to_check_the_structure(tmp_path):
         load_model(_saved(model, tmp_path), load_weights=False)
 
 
+def test_split_with_fewer_outputs_than_num_outputs_is_a_load_error(tmp_path):
+    """onnx's shape inference aborts the whole process on such a Split (onnx/onnx#8255): load
+    refuses it first.  (In-process is safe: load itself runs no shape inference.)"""
+    value = helper.make_tensor_value_info
+    split = helper.make_node("Split", ["x"], ["a", "b", "c"], axis=1, num_outputs=1, name="cut")
+    graph = helper.make_graph(
+        [split],
+        "g",
+        [value("x", TensorProto.FLOAT, [2, 6])],
+        [value(name, TensorProto.FLOAT, [2, 2]) for name in "abc"],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(ModelLoadError, match="'cut' has num_outputs=1 but 3 outputs"):
+        load_model(_saved(model, tmp_path), load_weights=False)
+
+
+def _replay_in_child(plan: str, *, preexec_fn=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, fuzz_onnx.__file__, "--replay", plan],
+        preexec_fn=preexec_fn,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        check=False,
+    )
+
+
+def test_fuzz_regression_that_aborted_the_process():
+    """The campaign's crash: an attribute change left a Split with num_outputs=1 and two
+    outputs, and onnx's shape inference (inspect's matcher) aborted the process.  Replayed in a
+    child process, so a regression fails this test instead of killing the test run."""
+    plan = (
+        '{"command": "inspect", "mutations": [{"a": 790, "b": 3503, "c": 3503, "kind": '
+        '"attr_value"}, {"a": 790, "b": 13262, "c": 3503, "kind": "attr_value"}], "seed": '
+        '"sdpa_mask-dynamo23", "strategy": "plugin"}'
+    )
+    done = _replay_in_child(plan)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    replayed = json.loads(done.stdout)
+    assert replayed["findings"] == [] and ["inspect", 2] in replayed["exits"], replayed
+
+
 def test_fuzz_regression_under_a_memory_cap():
     """An attribute declaring a size no memory holds: shape inference (value_info's pass in fix,
     the Q/DQ lint's FLOP count) raised MemoryError.  Replayed in a child process under the
@@ -175,13 +219,20 @@ def test_fuzz_regression_under_a_memory_cap():
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
 
-    done = subprocess.run(
-        [sys.executable, fuzz_onnx.__file__, "--replay", plan],
-        preexec_fn=cap,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-        check=False,
-    )
+    done = _replay_in_child(plan, preexec_fn=cap)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def test_campaign_tells_a_crash_from_a_hang(tmp_path):
+    """A worker that died inside a case is recorded with how it died: the watchdog's timeout is
+    a hang, an abort a crash (the campaign once called the Split abort above a hang)."""
+    log = tmp_path / "log.jsonl"
+    aborted, slow = '{"seed": "a"}', '{"seed": "b"}'
+    log.write_text(json.dumps({"start": aborted}) + "\n")
+    fuzz_onnx._record_death(log, -6, "Fatal Python error: Aborted")
+    with log.open("a") as stream:
+        stream.write(json.dumps({"start": slow}) + "\n")
+    fuzz_onnx._record_death(log, 1, "Timeout (0:02:00)!\nThread 0x1 (most recent call first):")
+    kinds = {f["plan"]: f["kind"] for f in fuzz_onnx.summarise(log)["findings"]}
+    assert kinds == {aborted: "crash", slow: "hang"}
+    assert fuzz_onnx.summarise(log)["cases"] == 2

@@ -11,6 +11,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,7 +22,11 @@ from qdq_graphs import residual_block
 
 from graphfix.attention.rewrite import fix_attention
 from graphfix.cli.main import build_parser
-from graphfix.model_io import remove_stale_temporaries, temporary_name
+from graphfix.model_io import (
+    remove_stale_temporaries,
+    system_temporary_prefix,
+    temporary_name,
+)
 from graphfix.precision.locate import locate
 from graphfix.progress import reporting, step
 from graphfix.qdq.fix import PASSES, fix_qdq
@@ -191,6 +196,24 @@ def test_a_reused_process_id_does_not_protect_an_older_temporary(tmp_path: Path)
     (orphan / "o.onnx.data").write_bytes(b"weights")
     assert sorted(remove_stale_temporaries(tmp_path)) == sorted([stale, orphan])
     assert fresh.exists()
+
+
+def test_system_temp_folders_of_killed_runs_are_removed(tmp_path: Path, monkeypatch) -> None:
+    """validate, locate and precision keep intermediate models in the system temp folder; one a
+    SIGKILLed run left is removed by the next run that makes one, a live run's is kept."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    killed = tmp_path / f"graphfix-ort-{int(gone.stdout)}-k1ll_d0n"
+    (killed / "model.onnx").parent.mkdir()
+    (killed / "model.onnx").write_bytes(b"a big intermediate model")
+    live = Path(tempfile.mkdtemp(prefix=system_temporary_prefix("locate")))
+    others = [tmp_path / f"graphfix-fuzz-{int(gone.stdout)}-k1ll_d0n", tmp_path / "unrelated"]
+    for folder in others:
+        folder.mkdir()
+    assert not killed.exists()
+    assert live.exists() and all(folder.exists() for folder in others)
+    assert live.name.startswith(f"graphfix-locate-{os.getpid()}-")
 
 
 def _steps(run) -> list[str]:

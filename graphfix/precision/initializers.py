@@ -15,6 +15,7 @@ from typing import BinaryIO
 
 import onnx
 
+from graphfix.model_io import system_temporary_prefix
 from graphfix.precision import weights
 from graphfix.precision.apply import PlanApplier
 
@@ -43,7 +44,7 @@ class WeightsOut:
             return None
         folder = None
         if external_data is None:
-            folder = Path(tempfile.mkdtemp(prefix="graphfix-precision-"))
+            folder = Path(tempfile.mkdtemp(prefix=system_temporary_prefix("precision")))
             data_file = folder / "model.onnx.data"
         else:
             data_file = external_data

@@ -11,7 +11,7 @@
  *  - cudnn/: cuDNN's fused SDPA for float16/bfloat16 without softcap, with no mask, an additive
  *    mask of Q's type, or a bool mask whose fill is -inf; cuDNN is loaded at run time, graphs are
  *    built once per shape in onShapeChange and cached;
- *  - hopper/: the own wgmma kernels on sm_90 (16-bit head dims up to 256, float32 up to 72);
+ *  - hopper/: the own wgmma kernels on sm_90 (16-bit head dims up to 256, float32 up to 128);
  *  - flash/: the own mma.sync kernels on sm_80+ (head dims up to 256 in multiples of 8, or 4 for
  *    float32, where their tiles fit the GPU's shared memory) for the rest;
  *  - fallback/: the fallback kernel for what the others cannot run.

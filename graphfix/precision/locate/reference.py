@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 
 from graphfix.graph.index import node_label
-from graphfix.model_io import LoadedModel
+from graphfix.model_io import LoadedModel, system_temporary_prefix
 from graphfix.validation.backends import BackendError
 
 DEFAULT_CHUNK_BYTES = 256 << 20
@@ -138,7 +138,7 @@ class TensorStreamer:
             onnx.load_external_data_for_model(proto, str(model.base_dir))
         self._folder: tempfile.TemporaryDirectory[str] | None = None
         if proto.ByteSize() > in_memory_bytes:
-            self._folder = tempfile.TemporaryDirectory(prefix="graphfix-locate-")
+            self._folder = tempfile.TemporaryDirectory(prefix=system_temporary_prefix("locate"))
             folder = Path(self._folder.name)
             onnx.save(
                 proto,

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from graphfix.model_io import save_model
+from graphfix.model_io import save_model, system_temporary_prefix
 from graphfix.progress import step
 from graphfix.validation.backends.tensorrt_backend import (
     TensorRTStatus,
@@ -157,7 +157,7 @@ class TensorRTCandidate:
             {o for n in model.graph.node for o in n.output if o}
             | {i.name for i in model.graph.input}
         )
-        self._folder = tempfile.TemporaryDirectory(prefix="graphfix-locate-trt-")
+        self._folder = tempfile.TemporaryDirectory(prefix=system_temporary_prefix("locate-trt"))
         self._builds = 0
         self.engine, self.build_seconds = self._build(model, debug_tensors=problem is None)
         self.debug_tensors = problem is None

@@ -19,7 +19,7 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from graphfix.attention.native.decompose import lower_trt_ops, trt_node_count
-from graphfix.model_io import LoadedModel, fits_protobuf
+from graphfix.model_io import LoadedModel, fits_protobuf, system_temporary_prefix
 from graphfix.plugins.reference import plugin_node_count, with_reference_ops
 from graphfix.plugins.spec import PLUGIN_DOMAIN
 from graphfix.validation.backends import BackendError, InputsRejected
@@ -101,7 +101,7 @@ class OnnxRuntimeRunner:
             elif fits_protobuf(proto):
                 self.session = _session(proto.SerializeToString(), options)
             else:  # too large for one protobuf: onnxruntime reads it from a folder we keep
-                self._folder = tempfile.TemporaryDirectory(prefix="graphfix-ort-")
+                self._folder = tempfile.TemporaryDirectory(prefix=system_temporary_prefix("ort"))
                 path = Path(self._folder.name) / "model.onnx"
                 onnx.save(proto, path, save_as_external_data=True, location="model.onnx.data")
                 self.session = _session(str(path), options)

@@ -40,7 +40,12 @@ import onnx
 
 from graphfix.errors import PluginBuildError
 from graphfix.float_types import FloatType, spellings
-from graphfix.model_io import LoadedModel, external_data_files, save_model
+from graphfix.model_io import (
+    LoadedModel,
+    external_data_files,
+    save_model,
+    system_temporary_prefix,
+)
 from graphfix.plugins.spec import PLUGIN_DOMAIN
 from graphfix.progress import step
 from graphfix.validation.backends import BackendError
@@ -488,7 +493,7 @@ def _onnx_file(model: LoadedModel) -> Iterator[Path]:
     if model.path is not None:
         yield model.path
         return
-    with tempfile.TemporaryDirectory(prefix="graphfix-trt-") as folder:
+    with tempfile.TemporaryDirectory(prefix=system_temporary_prefix("trt")) as folder:
         path = Path(folder) / "model.onnx"
         save_model(model.model, path)  # over 2 GB: model.onnx.data, the caller's proto untouched
         yield path

@@ -23,7 +23,8 @@
  * hi + lo in 4 instructions (3 products); for P·V the 8 keys of a step are taken in the order
  * 0,2,4,6,1,3,5,7 (a permutation of the summation index, the same for P and V), which makes the
  * scores' accumulator layout the TF32 A fragment without shuffles; 8-key tiles past the end of K
- * or the causal diagonal are skipped; register-capped to 3 blocks per SM up to head dim 80.
+ * or the causal diagonal are skipped; register-capped to 3 blocks per SM up to head dim 80; above
+ * head dim 128 two warps per 16 rows, each taking half of every key tile (kKEY_HALVES_F32).
  * Two other float32 designs were built, measured on the H200 and not kept: K and V split once per
  * tile by the block (slower: its hi/lo tiles leave room for two blocks per SM, not three) and two
  * 8-key P·V steps summed in one accumulator (faster on Llama, up to 1.2x the error);
@@ -281,13 +282,13 @@ struct BlockSetup
 
 //! Copies rows [row0, row0 + kRows) x [0, cols) of a [rows, cols] matrix into shared memory with
 //! row length kRow (elements), zeros for rows past `rows`; columns cols..kD-1 are left alone.
-template <typename T, int32_t kD, int32_t kRow, int32_t kRows>
+template <typename T, int32_t kD, int32_t kRow, int32_t kRows, int32_t kThreads = kTHREADS>
 __device__ __forceinline__ void loadTileAsync(T* shared, T const* global, int64_t row0, int64_t rows, int32_t cols)
 {
     constexpr int32_t kPER_CHUNK = 16 / static_cast<int32_t>(sizeof(T));
     constexpr int32_t kCHUNKS = kD / kPER_CHUNK;
 #pragma unroll 4
-    for (int32_t c = static_cast<int32_t>(threadIdx.x); c < kRows * kCHUNKS; c += kTHREADS)
+    for (int32_t c = static_cast<int32_t>(threadIdx.x); c < kRows * kCHUNKS; c += kThreads)
     {
         int32_t const r = c / kCHUNKS;
         int32_t const col = (c - r * kCHUNKS) * kPER_CHUNK;
@@ -301,11 +302,11 @@ __device__ __forceinline__ void loadTileAsync(T* shared, T const* global, int64_
 }
 
 //! Zeros columns [from, kD) of `rows` shared rows (the head-dimension padding).
-template <typename T, int32_t kD, int32_t kRow>
+template <typename T, int32_t kD, int32_t kRow, int32_t kThreads = kTHREADS>
 __device__ __forceinline__ void zeroPadding(T* shared, int32_t rows, int32_t from)
 {
     int32_t const width = kD - from;
-    for (int32_t e = static_cast<int32_t>(threadIdx.x); e < rows * width; e += kTHREADS)
+    for (int32_t e = static_cast<int32_t>(threadIdx.x); e < rows * width; e += kThreads)
     {
         int32_t const r = e / width;
         shared[r * kRow + from + (e - r * width)] = T{};
@@ -778,6 +779,19 @@ constexpr bool kBOTH_PATHS_F32 = kD <= 128;
 template <int32_t kD>
 constexpr int32_t kMIN_BLOCKS_F32 = kD <= 80 ? 3 : 1;
 
+//! Warps per 16 query rows of the float32 kernel: above head dim 128 its tiles leave room for one
+//! block per SM, and 4 warps there left the tensor cores waiting on latency (Gemma-2-like causal,
+//! head dim 256: 0.98 ms, about 40 cycles per mma.sync against 20 at head dim 128 with 8 warps per
+//! SM); so two warps share each 16 rows, one taking keys 0-31 of every 64-key tile, the other keys
+//! 32-63, each with its own online softmax, merged at the end (mergeKeyHalves).
+constexpr int32_t keyHalvesF32(int32_t paddedDim)
+{
+    return paddedDim > 128 ? 2 : 1;
+}
+
+template <int32_t kD>
+constexpr int32_t kKEY_HALVES_F32 = keyHalvesF32(kD);
+
 //! c += (the products already in step): one float32 add per accumulator element.
 __device__ __forceinline__ void addStep(float (&c)[4], float const (&step)[4])
 {
@@ -815,8 +829,8 @@ __device__ __forceinline__ void mma3xTf32(float (&c)[4], uint32_t const (&aHi)[4
 //! first two) and step 2m + 1 (the last two), both into one zeroed accumulator (6 products, then
 //! one float32 add: a 16-term step; the fastest on the H200 with errors below the unfused float32
 //! chain's, see notes/attention_plugin.md). Q rows g, g + 8 of the warp at qRow, K rows n·8 + g.
-template <int32_t kD, bool kPARTIAL, int32_t kRowQK>
-__device__ __forceinline__ void scoresTf32(float (&s)[kKEY_TILES][4], float const* qRow, float const* kRow0,
+template <int32_t kD, bool kPARTIAL, int32_t kRowQK, int32_t kTILES>
+__device__ __forceinline__ void scoresTf32(float (&s)[kTILES][4], float const* qRow, float const* kRow0,
     int32_t liveTiles)
 {
 #pragma unroll 1
@@ -835,7 +849,7 @@ __device__ __forceinline__ void scoresTf32(float (&s)[kKEY_TILES][4], float cons
         splitTf32(qa.w, aHi[1][2], aLo[1][2]);
         splitTf32(qb.w, aHi[1][3], aLo[1][3]);
 #pragma unroll
-        for (int32_t n = 0; n < kKEY_TILES; ++n)
+        for (int32_t n = 0; n < kTILES; ++n)
         {
             if (kPARTIAL && n >= liveTiles)
             {
@@ -878,13 +892,13 @@ __device__ __forceinline__ void valueFragment(float const* vRow, uint32_t (&bHi)
 //! o += P·V_j for the 8-key tiles kk < liveTiles (all when !kPARTIAL), one 8-key step per
 //! accumulator add (merging two steps was faster on Llama but up to 1.2x the error, see
 //! notes/attention_plugin.md). vRows: V row 2t, column g.
-template <int32_t kD, bool kPARTIAL>
+template <int32_t kD, bool kPARTIAL, int32_t kTILES>
 __device__ __forceinline__ void valuesTf32(
-    float (&o)[kD / 8][4], float const (&s)[kKEY_TILES][4], float const* vRows, int32_t liveTiles)
+    float (&o)[kD / 8][4], float const (&s)[kTILES][4], float const* vRows, int32_t liveTiles)
 {
     constexpr int32_t kRowV = kROW_V_F32<kD>;
 #pragma unroll
-    for (int32_t kk = 0; kk < kKEY_TILES; ++kk)
+    for (int32_t kk = 0; kk < kTILES; ++kk)
     {
         if (kPARTIAL && kk >= liveTiles)
         {
@@ -904,12 +918,76 @@ __device__ __forceinline__ void valuesTf32(
     }
 }
 
+//! With two key halves (kKEY_HALVES_F32): the second half's warps hand their output rows and
+//! softmax statistics to the first half's through shared memory (sO: [4 warps][kD / 8][4][32
+//! lanes], sStats: [4 warps][2 rows][max, sum][32 lanes]; the K and V tiles' room, free once every
+//! warp is done with them); the first half's warps merge them into theirs (both rescaled to the
+//! larger maximum) and return true: they store the rows.
+template <int32_t kD>
+__device__ __forceinline__ bool mergeKeyHalves(float (&o)[kD / 8][4], OnlineSoftmax& softmax, float* sO, float* sStats)
+{
+    int32_t const warp = static_cast<int32_t>(threadIdx.x / 32);
+    int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
+    int32_t const rowWarp = warp % kWARPS;
+    float* const oAt = sO + rowWarp * (kD / 8) * 4 * 32 + lane;
+    float* const statsAt = sStats + rowWarp * 2 * 2 * 32 + lane;
+    bool const first = warp < kWARPS;
+    if (!first)
+    {
+#pragma unroll
+        for (int32_t n = 0; n < kD / 8; ++n)
+        {
+#pragma unroll
+            for (int32_t e = 0; e < 4; ++e)
+            {
+                oAt[(n * 4 + e) * 32] = o[n][e];
+            }
+        }
+#pragma unroll
+        for (int32_t i = 0; i < 2; ++i)
+        {
+            statsAt[(i * 2) * 32] = softmax.rowMax[i];
+            statsAt[(i * 2 + 1) * 32] = softmax.rowSum[i];
+        }
+    }
+    __syncthreads();
+    if (!first)
+    {
+        return false;
+    }
+    float mine[2];
+    float theirs[2];
+#pragma unroll
+    for (int32_t i = 0; i < 2; ++i)
+    {
+        float const otherMax = statsAt[(i * 2) * 32];
+        float const otherSum = statsAt[(i * 2 + 1) * 32];
+        float const newMax = fmaxf(softmax.rowMax[i], otherMax);
+        // a half with no allowed key has sum 0 and output 0: its factor is moot, kept finite
+        mine[i] = softmax.rowMax[i] == kNEGATIVE_INFINITY ? 0.F : exp2Approx((softmax.rowMax[i] - newMax) * kLOG2E);
+        theirs[i] = otherMax == kNEGATIVE_INFINITY ? 0.F : exp2Approx((otherMax - newMax) * kLOG2E);
+        softmax.rowMax[i] = newMax;
+        softmax.rowSum[i] = softmax.rowSum[i] * mine[i] + otherSum * theirs[i];
+    }
+#pragma unroll
+    for (int32_t n = 0; n < kD / 8; ++n)
+    {
+#pragma unroll
+        for (int32_t e = 0; e < 4; ++e)
+        {
+            o[n][e] = o[n][e] * mine[e / 2] + oAt[(n * 4 + e) * 32] * theirs[e / 2];
+        }
+    }
+    return true;
+}
+
 //! One warp: 16 query rows; per 64-key tile, the 8-key tiles past the last key the warp can use
 //! (the end of K, or its last row under causal) are skipped: SDXL's 77 keys take 64 + 16 keys.
 //! kRowQK: Q and K's shared row length, kROW_QK_F32 (conflict-free), or kD + 4 where that does
 //! not fit the GPU's shared memory (compactSharedBytesF32: D = 128 on sm_86/sm_89, 99 KB per block).
 template <int32_t kD, int32_t kRowQK = kROW_QK_F32<kD>>
-__global__ void __launch_bounds__(kTHREADS, kMIN_BLOCKS_F32<kD>) flashTf32x3Kernel(float const* __restrict__ q,
+__global__ void __launch_bounds__(kTHREADS* kKEY_HALVES_F32<kD>, kMIN_BLOCKS_F32<kD>) flashTf32x3Kernel(
+    float const* __restrict__ q,
     float const* __restrict__ k, float const* __restrict__ v, AttentionMaskView const mask, float* __restrict__ out,
     AttentionShape const shape, AttentionParams const params, int32_t const qTiles)
 {
@@ -917,6 +995,13 @@ __global__ void __launch_bounds__(kTHREADS, kMIN_BLOCKS_F32<kD>) flashTf32x3Kern
     static_assert(kRowQK % 4 == 0, "16-byte rows");
     constexpr int32_t kRowV = kROW_V_F32<kD>;
     constexpr int32_t kRows = kBLOCK_ROWS<1>;
+    constexpr int32_t kHALVES = kKEY_HALVES_F32<kD>;
+    constexpr int32_t kThreads = kTHREADS * kHALVES;
+    constexpr int32_t kTILES = kKEY_TILES / kHALVES; // 8-key tiles of a warp per 64-key tile
+    constexpr int32_t kHALF_KEYS = kBLOCK_KEYS / kHALVES;
+    static_assert(kHALVES == 1
+            || (kWARPS * (kD / 8) * 4 * 32 <= kBLOCK_KEYS * kRowQK && kWARPS * 2 * 2 * 32 <= kBLOCK_KEYS * kRowV),
+        "the merge's room");
     extern __shared__ __align__(16) unsigned char sharedRaw[];
     float* const sQ = reinterpret_cast<float*>(sharedRaw);
     float* const sK = sQ + kRows * kRowQK;
@@ -932,26 +1017,29 @@ __global__ void __launch_bounds__(kTHREADS, kMIN_BLOCKS_F32<kD>) flashTf32x3Kern
     int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
     int32_t const g = lane / 4;
     int32_t const t = lane % 4;
+    // which keys of each tile this warp takes: [half * kHALF_KEYS, + kHALF_KEYS); its 16 rows
+    int32_t const half = kHALVES == 1 ? 0 : warp / kWARPS;
+    int32_t const rowWarp = kHALVES == 1 ? warp : warp % kWARPS;
 
     if (headDim < kD)
     {
-        zeroPadding<float, kD, kRowQK>(sQ, kRows + kBLOCK_KEYS, headDim); // sQ and sK are adjacent
+        zeroPadding<float, kD, kRowQK, kThreads>(sQ, kRows + kBLOCK_KEYS, headDim); // sQ and sK are adjacent
     }
     if (valueDim < kD)
     {
-        zeroPadding<float, kD, kRowV>(sV, kBLOCK_KEYS, valueDim);
+        zeroPadding<float, kD, kRowV, kThreads>(sV, kBLOCK_KEYS, valueDim);
     }
     int32_t const keyTiles = static_cast<int32_t>((block.keyEnd + kBLOCK_KEYS - 1) / kBLOCK_KEYS);
-    loadTileAsync<float, kD, kRowQK, kRows>(sQ, block.qBase, block.q0, shape.seqQ, headDim);
+    loadTileAsync<float, kD, kRowQK, kRows, kThreads>(sQ, block.qBase, block.q0, shape.seqQ, headDim);
     if (keyTiles > 0)
     {
-        loadTileAsync<float, kD, kRowQK, kBLOCK_KEYS>(sK, block.kBase, 0, shape.seqK, headDim);
+        loadTileAsync<float, kD, kRowQK, kBLOCK_KEYS, kThreads>(sK, block.kBase, 0, shape.seqK, headDim);
     }
     commitAsync();
     waitAsync<0>();
     __syncthreads();
 
-    int32_t const warpRow = warp * 16;
+    int32_t const warpRow = rowWarp * 16;
     float o[kD / 8][4];
 #pragma unroll
     for (int32_t n = 0; n < kD / 8; ++n)
@@ -963,62 +1051,71 @@ __global__ void __launch_bounds__(kTHREADS, kMIN_BLOCKS_F32<kD>) flashTf32x3Kern
     // the keys this warp's rows can use: all of K, or under causal up to its last row
     int64_t const warpKeyEnd = params.causal && warpRow0 + 16 < block.keyEnd ? warpRow0 + 16 : block.keyEnd;
     float const* const qRow = sQ + (warpRow + g) * kRowQK + 4 * t;
-    float const* const kRow0 = sK + g * kRowQK + 4 * t;
-    float const* const vRows = sV + 2 * t * kRowV + g;
+    float const* const kRow0 = sK + (half * kHALF_KEYS + g) * kRowQK + 4 * t;
+    float const* const vRows = sV + (half * kHALF_KEYS + 2 * t) * kRowV + g;
 
     for (int32_t j = 0; j < keyTiles; ++j)
     {
-        int64_t const k0 = static_cast<int64_t>(j) * kBLOCK_KEYS;
-        loadTileAsync<float, kD, kRowV, kBLOCK_KEYS>(sV, block.vBase, k0, shape.seqK, valueDim);
+        int64_t const tileKey0 = static_cast<int64_t>(j) * kBLOCK_KEYS;
+        int64_t const k0 = tileKey0 + half * kHALF_KEYS; // this warp's first key
+        loadTileAsync<float, kD, kRowV, kBLOCK_KEYS, kThreads>(sV, block.vBase, tileKey0, shape.seqK, valueDim);
         commitAsync();
         waitAsync<1>(); // K_j
         __syncthreads();
 
         // 8-key tiles holding a key the warp can use (none for a warp past the last query row)
         int64_t const live = warpRow0 < shape.seqQ ? (warpKeyEnd - k0 + 7) / 8 : 0;
-        int32_t const liveTiles = live < 0 ? 0 : (live > kKEY_TILES ? kKEY_TILES : static_cast<int32_t>(live));
-        float s[kKEY_TILES][4];
+        int32_t const liveTiles = live < 0 ? 0 : (live > kTILES ? kTILES : static_cast<int32_t>(live));
+        float s[kTILES][4];
 #pragma unroll
-        for (int32_t n = 0; n < kKEY_TILES; ++n)
+        for (int32_t n = 0; n < kTILES; ++n)
         {
             s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.F;
         }
-        if (kBOTH_PATHS_F32<kD> && liveTiles == kKEY_TILES)
+        if (kBOTH_PATHS_F32<kD> && liveTiles == kTILES)
         {
-            scoresTf32<kD, false, kRowQK>(s, qRow, kRow0, liveTiles);
+            scoresTf32<kD, false, kRowQK, kTILES>(s, qRow, kRow0, liveTiles);
         }
         else
         {
-            scoresTf32<kD, true, kRowQK>(s, qRow, kRow0, liveTiles);
+            scoresTf32<kD, true, kRowQK, kTILES>(s, qRow, kRow0, liveTiles);
         }
         __syncthreads(); // every warp is done with K_j
         if (j + 1 < keyTiles)
         {
-            loadTileAsync<float, kD, kRowQK, kBLOCK_KEYS>(sK, block.kBase, k0 + kBLOCK_KEYS, shape.seqK, headDim);
+            loadTileAsync<float, kD, kRowQK, kBLOCK_KEYS, kThreads>(
+                sK, block.kBase, tileKey0 + kBLOCK_KEYS, shape.seqK, headDim);
         }
         commitAsync();
 
         // the skipped 8-key tiles hold only keys past seqK or past the diagonal: checkEach is
         // then true and blocks them
-        bool const checkEach = k0 + kBLOCK_KEYS > shape.seqK || (params.causal && k0 + kBLOCK_KEYS - 1 > warpRow0);
+        bool const checkEach = k0 + kHALF_KEYS > shape.seqK || (params.causal && k0 + kHALF_KEYS - 1 > warpRow0);
         float alpha[2];
         softmax.template update<false>(s, alpha, warpRow0 + g, k0, mask, block.maskBase, shape, params, checkEach);
         rescale(o, alpha);
 
         waitAsync<1>(); // V_j
         __syncthreads();
-        if (kBOTH_PATHS_F32<kD> && liveTiles == kKEY_TILES)
+        if (kBOTH_PATHS_F32<kD> && liveTiles == kTILES)
         {
-            valuesTf32<kD, false>(o, s, vRows, liveTiles);
+            valuesTf32<kD, false, kTILES>(o, s, vRows, liveTiles);
         }
         else
         {
-            valuesTf32<kD, true>(o, s, vRows, liveTiles);
+            valuesTf32<kD, true, kTILES>(o, s, vRows, liveTiles);
         }
         __syncthreads(); // every warp is done with V_j
     }
     waitAsync<0>();
     softmax.finish();
+    if constexpr (kHALVES == 2)
+    {
+        if (!mergeKeyHalves<kD>(o, softmax, sK, sV))
+        {
+            return;
+        }
+    }
     storeOutput<float, kD>(o, softmax, block.outBase, warpRow0 + g, shape, params);
 #endif
 }
@@ -1158,8 +1255,9 @@ cudaError_t launchFlashAttention(T const* q, T const* k, T const* v, AttentionMa
         return grid.status;
     }
     size_t const sharedSize = static_cast<size_t>(plan.sharedBytes);
+    uint32_t const threads = kTHREADS * (std::is_same_v<T, float> ? keyHalvesF32(plan.paddedDim) : 1);
     return withKernel<T>(plan, [&](auto kernel) {
-        kernel<<<static_cast<uint32_t>(grid.blocks), kTHREADS, sharedSize, stream>>>(
+        kernel<<<static_cast<uint32_t>(grid.blocks), threads, sharedSize, stream>>>(
             q, k, v, mask, out, shape, params, static_cast<int32_t>(grid.qTiles));
         return cudaGetLastError();
     });

@@ -34,8 +34,10 @@
  *
  * Shared memory: Q hi, Q lo (128 rows), K hi, K lo, V hi, V lo (64 keys, two stages each):
  * (2 x 128 + 8 x 64) x D x 4 bytes, 192 KB at D = 64, 216 KB at D = 72; one block per SM.
- * Head dims up to 72 (32, 64, 72 as built; 80 would need 240 KB): wider heads and other GPUs run
- * the mma.sync flash kernel (flashTf32x3Kernel).
+ * Head dims up to 72 (32, 64, 72 as built; 80 would need 240 KB). Above 72, up to 128 (96 and 128
+ * as built), hopperTf32WideKernel runs the same steps on 32-key tiles with one stage of K and V
+ * hi / lo and a staging buffer for the next raw tiles (224 KB at 128). Wider heads and other GPUs
+ * run the mma.sync flash kernel (flashTf32x3Kernel).
  *
  * Short key sequences (every key in at most two tiles, T <= 128; head dims 32 and 64): the
  * persistent hopperTf32ShortKernel (below) runs instead. One block per SM walks a contiguous run
@@ -60,17 +62,19 @@ namespace
 constexpr int32_t kTF32_WG{2};
 constexpr int32_t kTF32_KEYS{64};
 
-//! x = hi + lo, each a TF32 value (see splitTf32), hi written over x in place.
-__device__ __forceinline__ void splitInPlace(float* hiAt, float* loAt)
+//! x = hi + lo, each a TF32 value (see splitTf32): x read at `at`, hi and lo written at hiAt and
+//! loAt (hiAt may be `at`: in place).
+__device__ __forceinline__ void splitInto(float const* at, float* hiAt, float* loAt)
 {
     uint32_t hi;
     uint32_t lo;
-    splitTf32(*hiAt, hi, lo);
+    splitTf32(*at, hi, lo);
     *hiAt = __uint_as_float(hi);
     *loAt = __uint_as_float(lo);
 }
 
-__device__ __forceinline__ void splitInPlace4(float const* at, float* hiAt, float* loAt)
+//! The same for 4 consecutive floats (16-byte accesses).
+__device__ __forceinline__ void splitInto4(float const* at, float* hiAt, float* loAt)
 {
     float4 const x = *reinterpret_cast<float4 const*>(at);
     uint32_t hi[4];
@@ -122,7 +126,7 @@ __device__ __forceinline__ void chunkMajorF32(
         int32_t const at = at0 + i * 2 * kSTEP * kRows * 4;
         if constexpr (kSPLIT)
         {
-            splitInPlace4(shared + at, (hi != nullptr ? hi : shared) + at, lo + at);
+            splitInto4(shared + at, (hi != nullptr ? hi : shared) + at, lo + at);
         }
         else
         {
@@ -137,22 +141,23 @@ __device__ __forceinline__ void chunkMajorF32(
 //! P·V (N = the value dimension, K = keys): chunk 2m + (key % 2) of 8-key group m holds keys
 //! 8m + {0, 2, 4, 6} (even) or {1, 3, 5, 7} (odd), position key % 8 / 2, for every value row:
 //! the order in which P's accumulator layout gives the keys (see the file comment). Zeros past
-//! `keys` and `cols`. Warp w takes chunks w and w + warps, 8 value rows at a time: four 32-byte
+//! `keys` and `cols`. Warp w takes chunks w, w + warps, ..., 8 value rows at a time: four 32-byte
 //! pieces of global rows, 32 consecutive words of shared memory. kSPLIT: split this thread's
-//! elements instead.
+//! elements instead (hi in place, or at hi when given).
 template <int32_t kD, int32_t kN, int32_t kThreads, bool kSPLIT>
 __device__ __forceinline__ void transposedF32(
-    float* shared, float* lo, float const* global, int64_t key0, int64_t keys, int32_t cols)
+    float* shared, float* lo, float const* global, int64_t key0, int64_t keys, int32_t cols, float* hi = nullptr)
 {
     constexpr int32_t kWARPS = kThreads / 32;
-    static_assert(kN / 4 == 2 * kWARPS && kD % 8 == 0, "two chunks per warp");
+    constexpr int32_t kPER_WARP = kN / 4 / kWARPS;
+    static_assert(kN / 4 == kPER_WARP * kWARPS && kWARPS % 2 == 0 && kD % 8 == 0, "whole chunks per warp");
     int32_t const warp = static_cast<int32_t>(threadIdx.x / 32);
     int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
     int32_t const position = lane / 8;
     int32_t const at0 = (warp * kD + lane % 8) * 4 + position;
     int64_t const keyOf0 = key0 + (warp / 2) * 8 + 2 * position + warp % 2;
 #pragma unroll
-    for (int32_t c2 = 0; c2 < 2; ++c2)
+    for (int32_t c2 = 0; c2 < kPER_WARP; ++c2)
     {
 #pragma unroll
         for (int32_t db = 0; db < kD / 8; ++db)
@@ -160,7 +165,7 @@ __device__ __forceinline__ void transposedF32(
             int32_t const at = at0 + c2 * kWARPS * kD * 4 + db * 32;
             if constexpr (kSPLIT)
             {
-                splitInPlace(shared + at, lo + at);
+                splitInto(shared + at, (hi != nullptr ? hi : shared) + at, lo + at);
             }
             else
             {
@@ -482,6 +487,175 @@ __global__ void __launch_bounds__(kWG * 128, kWG == 1 ? 2 : 1) hopperTf32Kernel(
 #endif
 }
 
+//! Head dims above 72 (96 and 128 as built): Q hi / lo of 128 rows alone take 128 KB at 128, so the
+//! two stages of K and V hi / lo of hopperTf32Kernel (256 KB more) do not fit. This kernel keeps one
+//! stage of K and Vᵀ hi / lo of kTF32_WIDE_KEYS = 32 keys and lands the next tiles' raw K and Vᵀ
+//! in a staging buffer (cp.async) while the current ones compute: (2 x 128 + 6 x 32) x D x 4 bytes,
+//! 224 KB at D = 128. Per tile, in each warpgroup, with K_j and V_j-1 split in shared memory, P_j-1
+//! split in registers, raw K_j+1 and V_j on their way into the staging buffer:
+//!
+//!   issue S_j and T = P_j-1 V_j-1 | wait S_j, online softmax of S_j | wait T, O = (O + T) alpha,
+//!   split P_j | block barrier | split this thread's K_j+1, V_j from the staging buffer
+//!   | fence.proxy.async | load K_j+2, V_j+1 into it | block barrier
+//!
+//! Each thread splits only the staging chunks its own cp.async brought, so the staging buffer needs
+//! no barrier of its own. The products and accumulator splits are hopperTf32Kernel's (S in two
+//! accumulators, P V over 32 keys into a zeroed accumulator added in float32): the same error
+//! bound. Causal blocks run heavy-first over all (batch, head)s (one block per SM).
+constexpr int32_t kTF32_WIDE_KEYS{kHOPPER_TF32_WIDE_KEYS};
+
+template <int32_t kD, bool kPLAIN>
+__global__ void __launch_bounds__(kTF32_WG * 128, 1) hopperTf32WideKernel(float const* __restrict__ q,
+    float const* __restrict__ k, float const* __restrict__ v, AttentionMaskView const givenMask,
+    float* __restrict__ out, AttentionShape const shape, AttentionParams const givenParams, int32_t const qTiles)
+{
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    AttentionMaskView const noMask{};
+    AttentionMaskView const& mask = kPLAIN ? noMask : givenMask;
+    AttentionParams params = givenParams;
+    if constexpr (kPLAIN)
+    {
+        params.softcap = 0.F;
+    }
+    constexpr int32_t kWG = kTF32_WG;
+    constexpr int32_t kN = kTF32_WIDE_KEYS;
+    constexpr int32_t kThreads = kWG * 128;
+    constexpr int32_t kRows = kWG * 64;
+    constexpr int32_t kTILE = kN * kD;
+    constexpr int32_t kPV_STEPS = kN / 8;
+    extern __shared__ __align__(128) unsigned char sharedRaw[];
+    float* const sQ = reinterpret_cast<float*>(sharedRaw); // hi
+    float* const sQlo = sQ + kRows * kD;
+    float* const sK = sQlo + kRows * kD; // hi
+    float* const sKlo = sK + kTILE;
+    float* const sV = sKlo + kTILE; // Vᵀ hi
+    float* const sVlo = sV + kTILE;
+    float* const sKraw = sVlo + kTILE; // the next K tile as loaded
+    float* const sVraw = sKraw + kTILE; // the next Vᵀ tile as loaded
+
+    BlockSetup<float> const block(q, k, v, out, mask, shape, params, kRows, qTiles, params.causal);
+    int32_t const headDim = static_cast<int32_t>(shape.headDim);
+    int32_t const valueDim = static_cast<int32_t>(shape.valueDim);
+    int32_t const warp = static_cast<int32_t>(threadIdx.x / 32);
+    int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
+    int32_t const group = warp / 4;
+    int32_t const keyTiles = static_cast<int32_t>((block.keyEnd + kN - 1) / kN);
+
+    auto const loadK = [&](int32_t j) {
+        chunkMajorF32<kD, kN, kThreads, false>(
+            sKraw, nullptr, block.kBase, static_cast<int64_t>(j) * kN, shape.seqK, headDim);
+    };
+    auto const loadV = [&](int32_t j) {
+        transposedF32<kD, kN, kThreads, false>(
+            sVraw, nullptr, block.vBase, static_cast<int64_t>(j) * kN, shape.seqK, valueDim);
+    };
+    auto const splitK = [&] { chunkMajorF32<kD, kN, kThreads, true>(sKraw, sKlo, nullptr, 0, 0, 0, sK); };
+    auto const splitV = [&] { transposedF32<kD, kN, kThreads, true>(sVraw, sVlo, nullptr, 0, 0, 0, sV); };
+
+    // Q and K_0, each split by the thread that loaded it; then V_0 and K_1 into the staging buffer.
+    chunkMajorF32<kD, kRows, kThreads, false>(sQ, nullptr, block.qBase, block.q0, shape.seqQ, headDim);
+    if (keyTiles > 0)
+    {
+        loadK(0);
+    }
+    commitAsync();
+    waitAsync<0>();
+    chunkMajorF32<kD, kRows, kThreads, true>(sQ, sQlo, nullptr, 0, 0, 0);
+    if (keyTiles > 0)
+    {
+        splitK();
+        loadV(0);
+    }
+    if (keyTiles > 1)
+    {
+        loadK(1);
+    }
+    commitAsync();
+    fenceProxyAsync();
+    __syncthreads();
+
+    uint32_t const qOffset = static_cast<uint32_t>(group * 64 * 16);
+    uint64_t const qHiDesc = descriptor(sharedAddress(sQ) + qOffset, kRows * 16, 128);
+    uint64_t const qLoDesc = descriptor(sharedAddress(sQlo) + qOffset, kRows * 16, 128);
+    uint64_t const kHiDesc = descriptor(sharedAddress(sK), kN * 16, 128);
+    uint64_t const kLoDesc = descriptor(sharedAddress(sKlo), kN * 16, 128);
+    uint64_t const vHiDesc = descriptor(sharedAddress(sV), kD * 16, 128);
+    uint64_t const vLoDesc = descriptor(sharedAddress(sVlo), kD * 16, 128);
+
+    float o[kD / 8][4];
+#pragma unroll
+    for (int32_t n = 0; n < kD / 8; ++n)
+    {
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.F;
+    }
+    OnlineSoftmax softmax;
+    int64_t const warpRow0 = block.q0 + warp * 16;
+    auto const softmaxOf = [&](float (&acc)[2][kN / 8][4], float (&alpha)[2], int32_t j, auto wait) {
+        wait();
+        addScoreSums<kN>(acc);
+        int64_t const k0 = static_cast<int64_t>(j) * kN;
+        bool const checkEach = k0 + kN > shape.seqK || (params.causal && k0 + kN - 1 > warpRow0);
+        softmax.template update<false>(acc[0], alpha, warpRow0 + lane / 4, k0, mask, block.maskBase, shape,
+            params, checkEach);
+    };
+    // The block's next K and V from the staging buffer once every warpgroup is done with the last
+    // ones (each waited for all its wgmmas), and the loads of the tiles after them.
+    auto const nextTiles = [&](int32_t j) {
+        __syncthreads();
+        waitAsync<0>();
+        if (j + 1 < keyTiles)
+        {
+            splitK();
+        }
+        splitV();
+        fenceProxyAsync();
+        if (j + 2 < keyTiles)
+        {
+            loadK(j + 2);
+        }
+        if (j + 1 < keyTiles)
+        {
+            loadV(j + 1);
+        }
+        commitAsync();
+        __syncthreads();
+    };
+
+    float s[2][kN / 8][4];
+    float t[kD / 8][4];
+    float alpha[2];
+    uint32_t pHi[kN / 8][4];
+    uint32_t pLo[kN / 8][4];
+    if (keyTiles > 0)
+    {
+        issueTf32Scores<kD, kN, kRows>(s, qHiDesc, qLoDesc, kHiDesc, kLoDesc);
+        softmaxOf(s, alpha, 0, [] { wgmmaWait<0>(); });
+        splitProbabilities<kN>(s[0], pHi, pLo);
+        nextTiles(0);
+    }
+    for (int32_t j = 1; j < keyTiles; ++j)
+    {
+        issueTf32Scores<kD, kN, kRows>(s, qHiDesc, qLoDesc, kHiDesc, kLoDesc);
+        issueTf32Values<kD, kN>(t, pHi, pLo, vHiDesc, vLoDesc, 0, kPV_STEPS);
+        softmaxOf(s, alpha, j, [] { wgmmaWait<1>(); }); // while P_j-1 V_j-1 runs
+        addValuesInto<kD>(o, t);
+        fenceOperands(pHi);
+        fenceOperands(pLo);
+        rescale(o, alpha);
+        splitProbabilities<kN>(s[0], pHi, pLo);
+        nextTiles(j);
+    }
+    if (keyTiles > 0)
+    {
+        issueTf32Values<kD, kN>(t, pHi, pLo, vHiDesc, vLoDesc, 0, kPV_STEPS);
+        addValuesInto<kD>(o, t);
+    }
+    waitAsync<0>();
+    softmax.finish();
+    storeOutput<float, kD>(o, softmax, block.outBase, warpRow0 + lane / 4, shape, params);
+#endif
+}
+
 //! Where one work item of the short-key kernel (query tile `tile` of (batch, head) `bh`) reads and
 //! writes: BlockSetup's fields for an item number instead of blockIdx (tiles in order, no
 //! heavy-first order: with all keys in at most two tiles, causal items differ little).
@@ -727,6 +901,16 @@ cudaError_t withTf32Tiles(HopperPlan const& plan, bool plain, F&& f)
     return cudaErrorInvalidConfiguration;
 }
 
+template <int32_t kD, typename F>
+cudaError_t withTf32WideTiles(HopperPlan const& plan, bool plain, F&& f)
+{
+    if (plan.keys == kTF32_WIDE_KEYS && plan.blockRows == kTF32_WG * 64)
+    {
+        return plain ? f(hopperTf32WideKernel<kD, true>, kTF32_WG) : f(hopperTf32WideKernel<kD, false>, kTF32_WG);
+    }
+    return cudaErrorInvalidConfiguration;
+}
+
 //! Calls f(kernel, warpgroups) with the kernel for the plan, or returns cudaErrorInvalidConfiguration.
 template <typename F>
 cudaError_t withHopperTf32Kernel(HopperPlan const& plan, bool plain, F&& f)
@@ -736,6 +920,8 @@ cudaError_t withHopperTf32Kernel(HopperPlan const& plan, bool plain, F&& f)
     case 32: return withTf32Tiles<32>(plan, plain, f);
     case 64: return withTf32Tiles<64>(plan, plain, f);
     case 72: return withTf32Tiles<72>(plan, plain, f);
+    case 96: return withTf32WideTiles<96>(plan, plain, f);
+    case 128: return withTf32WideTiles<128>(plan, plain, f);
     default: return cudaErrorInvalidConfiguration;
     }
 }

@@ -20,9 +20,11 @@ namespace
 {
 
 constexpr int32_t kHOPPER_DIMS[]{32, 64, 80, 96, 128, 160, 192, 256};
-//! The float32 kernel's head dims: tf32 steps are 8 wide, so 72 needs no padding; 80 and above
-//! would not fit its shared memory (graphfixAttentionHopperFloat.cu).
-constexpr int32_t kHOPPER_TF32_DIMS[]{32, 64, 72};
+//! The float32 kernels' head dims: tf32 steps are 8 wide, so 72 needs no padding; above 72 the
+//! wide-head kernel (32-key tiles, one stage and a staging buffer) takes 96 and 128, since two
+//! stages of 64-key tiles would not fit (graphfixAttentionHopperFloat.cu).
+constexpr int32_t kHOPPER_TF32_DIMS[]{32, 64, 72, 96, 128};
+constexpr int32_t kHOPPER_TF32_WIDEST_LONG{72};
 
 #if CUDART_VERSION >= 12000
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, cuuint64_t const*,
@@ -119,7 +121,8 @@ HopperPlan planHopperAttention(AttentionShape const& shape, int32_t elementBytes
     int64_t const widest = std::max(shape.headDim, shape.valueDim);
     if (elementBytes == 4)
     {
-        // float32: 3xTF32; Q hi/lo (128 rows) and two stages of K and Vᵀ hi/lo (64 keys each)
+        // float32: 3xTF32; Q hi/lo (128 rows) and two stages of K and Vᵀ hi/lo (64 keys each) up to
+        // head dim 72
         if (shape.headDim % 4 != 0 || shape.valueDim % 4 != 0)
         {
             plan.reason = "head dimensions not multiples of 4";
@@ -135,16 +138,23 @@ HopperPlan planHopperAttention(AttentionShape const& shape, int32_t elementBytes
         }
         if (plan.paddedDim == 0)
         {
-            plan.reason = "float32 head dimensions above 72";
+            plan.reason = "float32 head dimensions above 128";
             return plan;
         }
-        plan.keys = kHOPPER_KEYS;
         plan.blockRows = kHOPPER_ROWS;
-        plan.sharedBytes = (2 * plan.blockRows + 8 * plan.keys) * plan.paddedDim * elementBytes;
+        bool const wide = plan.paddedDim > kHOPPER_TF32_WIDEST_LONG;
+        // above 72: Q hi/lo, one stage of K and Vᵀ hi/lo and the staging buffer for the next raw K
+        // and Vᵀ (32 keys each)
+        plan.keys = wide ? kHOPPER_TF32_WIDE_KEYS : kHOPPER_KEYS;
+        plan.sharedBytes = (2 * plan.blockRows + (wide ? 6 : 8) * plan.keys) * plan.paddedDim * elementBytes;
         if (plan.sharedBytes > maxSharedBytes)
         {
             plan.keys = 0;
             plan.reason = "the Hopper kernel's tiles need more shared memory than this GPU has";
+            return plan;
+        }
+        if (wide)
+        {
             return plan;
         }
         // every key in at most two tiles (SDXL's cross-attention, 77 keys): the persistent

@@ -59,6 +59,8 @@ def plan_mask(
     biases = [s for s in match.steps if isinstance(s, BiasStep)]
     if not wheres and not biases:
         return MaskPlan(None, None)
+    for step in (*wheres, *biases):
+        _refuse_widening(index, step)
     if windows and wheres:
         raise Unsupported(
             FallbackKind.MASK, "a Where mask in a chain with Swin's window view of the scores"
@@ -178,6 +180,28 @@ def plan_mask(
     ):
         return MaskPlan(None, None, causal=True)
     return plan
+
+
+def _refuse_widening(index: GraphIndex, step: MaskStep | BiasStep) -> None:
+    """The node's output takes its batch axes from Q and K: a mask or bias that broadcasts the
+    scores wider (a [3, 1, S, T] mask on scores of batch 1) has no place in it.  Refused where
+    the inferred shapes show it; unknown dims are taken to match, as exports' masks do."""
+    node = step.node.node
+    operands = {step.source, *((step.fill_tensor,) if isinstance(step, MaskStep) else ())}
+    scores = next((t for t in node.input if t not in operands), None)
+    before, after = index.shape(scores) if scores else None, index.shape(step.output)
+    if before is None or after is None:
+        return
+    wider = len(after) > len(before) or any(
+        isinstance(a, int) and isinstance(b, int) and a != b
+        for a, b in zip(after[::-1], before[::-1], strict=False)
+    )
+    if wider:
+        raise Unsupported(
+            FallbackKind.MASK,
+            f"'{step.node}' broadcasts the scores {list(before)} to {list(after)}: the node's "
+            "output takes its batch and heads from Q and K",
+        )
 
 
 def _later_scales(match: AttentionMatch) -> dict[int, float]:
