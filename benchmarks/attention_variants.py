@@ -2,7 +2,8 @@
 
 For each shape and 16-bit dtype of attention_bench.py: the own path (GRAPHFIX_ATTENTION_BACKEND=
 portable) once per distinct variant (bits that cannot change a shape's kernel are dropped: the
-causal order only on causal shapes, the key-mask kernel only on masked ones), each timed by CUDA
+causal order only on causal shapes, the key-mask kernel only on masked ones, the warp-specialised
+kernel only on unmasked ones), each timed by CUDA
 events and CUDA-graph replay through the host harness, with its max abs error against float64;
 torch's cuDNN SDPA timed the same two ways in the same run. Prints one table (graphs ms, own/cudnn)
 and writes JSON.
@@ -46,7 +47,7 @@ from graphfix.plugins.build import (  # noqa: E402
     cudnn_runtime_environment,
 )
 
-CAUSAL_ORDER, KEY_MASK, LATE_LOADS, TMA = 2, 4, 8, 16
+CAUSAL_ORDER, KEY_MASK, LATE_LOADS, TMA, PRODUCER = 2, 4, 8, 16, 32
 NCU_SECTIONS = (
     "SpeedOfLight",
     "ComputeWorkloadAnalysis",
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                 | TMA
                 | (CAUSAL_ORDER if shape.causal else 0)
                 | (KEY_MASK if shape.padding_mask else 0)
+                | (0 if shape.padding_mask else PRODUCER)
             )
             mine = sorted({v & relevant for v in variants})
             for dtype in args.dtypes.split(","):

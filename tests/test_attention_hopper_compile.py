@@ -63,6 +63,10 @@ DIMS = {
 ENTRIES = {"float16": 72, "bfloat16": 72, "float32": 14}
 # The float32 short-key kernel's head dims (its third Q buffer does not fit at 72).
 SHORT_DIMS = {32, 64}
+# The 16-bit warp-specialised kernel (hopperProducerKernel, shapes without mask and softcap):
+# padded head dim, keys per tile, K/V stages.
+PRODUCER_INSTANCE = r"hopperProducerKernelI(?:6__half|13__nv_bfloat16)Li(\d+)ELi(\d+)ELi(\d+)E"
+PRODUCER_BUILT = {(128, 128, 2)}
 # Kernels left serialised on purpose, with the measurement that chose it: bfloat16's plain
 # head-dim-80 kernels keep two blocks of 128 registers, where ptxas serialises them whether or not
 # they wait (kWAIT_PV in graphfixAttentionHopper.cuh); SigLIP-384 b32 on the H200: 0.487 ms
@@ -115,13 +119,30 @@ def test_every_hopper_kernel_instance_compiles_for_sm_90a(compiled):
         assert short == SHORT_DIMS, entries
 
 
+def test_the_warp_specialised_kernels_compile_without_spills(compiled):
+    """16-bit: the warp-specialised kernel at padded head dim 128 (128-key tiles, two K/V
+    stages), with no spills: its consumers run at the 240 registers setmaxnreg gives them
+    (ptxas reports the 168 of the launch)."""
+    _, log, dtype = compiled
+    if dtype == "float32":
+        pytest.skip("16-bit only")
+    properties = re.findall(
+        r"Compiling entry function '\w*(" + PRODUCER_INSTANCE + r")\w*' for 'sm_90a'\n"
+        r"[^\n]*\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores",
+        log,
+    )
+    built = {(int(d), int(n), int(st)) for _, d, n, st, _, _ in properties}
+    assert built == PRODUCER_BUILT, properties
+    assert all(stack == "0" and spills == "0" for *_, stack, spills in properties), properties
+
+
 def test_ptxas_does_not_serialise_the_wgmma_chains(compiled):
     """ptxas serialises wgmma (correct, slower: every wgmma then waits for the one before) when
     an accumulator crosses a function boundary, registers run short (C7512) or an input register
     is written while a wgmma may still read it (C7513, which the bfloat16 kernels had)."""
     _, log, dtype = compiled
     serialised = {
-        re.search(INSTANCE[dtype], line).group(0)
+        (re.search(INSTANCE[dtype], line) or re.search(PRODUCER_INSTANCE, line)).group(0)
         for line in log.splitlines()
         if re.search(r"C751\d|wgmma\.mma_async instructions are serialized", line)
     }

@@ -27,6 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "plugins" / "graphfixAttention" / "hopper"
 H100_SHARED = 232448  # cudaDevAttrMaxSharedMemoryPerBlockOptin on H100/H200 (227 KB)
 ROWS, KEYS = 128, 64  # 2 warpgroups x 64 query rows, 64-key tiles
+PRODUCER_KEYS = 128  # the warp-specialised kernel's key tiles (kHOPPER_PRODUCER_KEYS)
+PRODUCER_BIT = 32  # kHOPPER_VARIANT_PRODUCER
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +81,33 @@ def test_sixteen_bit_heads_take_the_next_built_dim(probe, d: int, dv: int, padde
     assert got["reason"] == ""
     assert (got["padded_dim"], got["block_rows"], got["keys"]) == (padded, ROWS, KEYS)
     assert got["shared_bytes"] == sixteen_bit_bytes(padded)
+
+
+def producer_bytes(padded: int) -> int:
+    """The warp-specialised kernel: Q (128 rows) and two stages each of K and V (128 keys)."""
+    return (ROWS + 4 * PRODUCER_KEYS) * padded * 2
+
+
+@pytest.mark.parametrize(
+    ("d", "padded", "stages"),
+    [(40, 64, 0), (64, 64, 0), (72, 80, 0), (96, 96, 0), (104, 128, 2), (128, 128, 2), (256, 256, 0)],
+)  # fmt: skip
+def test_sixteen_bit_head_dim_128_has_the_warp_specialised_kernel(probe, d, padded, stages):
+    """Shapes without mask and softcap at padded head dim 128 run the warp-specialised kernel
+    (hopperProducerKernel: 128-key tiles, two K/V stages; measured slower at 64); the others, and
+    float32, have none."""
+    got = plan(probe, 2, d)
+    assert (got["padded_dim"], got["producer_stages"]) == (padded, stages)
+    assert got["producer_shared_bytes"] == (producer_bytes(padded) if stages else 0)
+    assert got["producer_shared_bytes"] <= H100_SHARED
+    assert got["variant"] & PRODUCER_BIT
+    assert plan(probe, 4, 64)["producer_stages"] == 0
+
+
+def test_the_warp_specialised_kernel_needs_its_shared_memory(probe) -> None:
+    """A device with room for the 64-key kernel's tiles but not for 128-key ones keeps that."""
+    got = plan(probe, 2, 128, shared=producer_bytes(128) - 1)
+    assert (got["keys"], got["producer_stages"]) == (KEYS, 0)
 
 
 def float32_short_bytes(padded: int) -> int:

@@ -129,6 +129,11 @@ CASES = (
     # too wide for the tensor-core variant of the fallback kernel: its CUDA-core variant runs
     Case("d640", (1, 2, 40, 640), 2, 50, 64, cudnn_eligible=False),
     Case("long_wide", (1, 2, 16, 64), 2, 2048, 64, magnitude=3.0),
+    # the 16-bit Hopper kernel's warp-specialised variant (no mask, no softcap, padded head dim
+    # 128: 128-row blocks, 128-key tiles in a ring of two stages): several query tiles, key tiles
+    # wrapping the ring three times with a partial last one, grouped heads; and causal
+    Case("ring_gqa_d128", (2, 2, 260, 128), 1, 700, 128),
+    Case("ring_causal_d128", (1, 4, 300, 128), 2, 300, 128, causal=True),
     Case("rand_bool", (2, 4, 64, 80), 4, 80, 64, mask="rand_bool", mask_shape=(2, 4, 64, 80)),
     Case("add_q", (2, 4, 64, 80), 4, 80, 64, mask="add_q", mask_shape=(2, 1, 1, 80)),
     Case("add_q_direct", (2, 4, 64, 64), 4, 64, 64, mask="add_q", mask_shape=(2, 1, 64, 64)),

@@ -334,7 +334,7 @@ HopperPlan hopperPlanFor(AttentionProblem const& p)
         // them again with the real ones and loads with cp.async should that fail)
         HopperMaps maps{};
         void const* const aligned = reinterpret_cast<void const*>(uintptr_t{256});
-        if (p.type == DataType::kFLOAT || !encodeHopperMaps(maps, aligned, aligned, aligned, p.shape, plan))
+        if (p.type == DataType::kFLOAT || !encodeHopperMaps(maps, aligned, aligned, aligned, p.shape, plan, plan.keys))
         {
             plan.variant &= ~kHOPPER_VARIANT_TMA;
         }
@@ -363,6 +363,12 @@ std::string hopperText(HopperPlan const& plan, DataType type)
         + ", head dim padded to " + std::to_string(plan.paddedDim) + ", " + std::to_string(plan.blockRows) + "x"
         + std::to_string(plan.keys) + " tiles, " + std::to_string(plan.sharedBytes) + " bytes of shared memory"
         + (plan.shortKeys ? ", persistent over query tiles (keys in <= 2 tiles)" : "")
+        + (plan.producerStages > 0 && (plan.variant & kHOPPER_VARIANT_PRODUCER) != 0
+                  && (plan.variant & kHOPPER_VARIANT_TMA) != 0
+              ? ", warp-specialised without mask or softcap (" + std::to_string(plan.blockRows) + "x"
+                  + std::to_string(kHOPPER_PRODUCER_KEYS) + " tiles, " + std::to_string(plan.producerStages)
+                  + " K/V stages, " + std::to_string(plan.producerSharedBytes) + " bytes)"
+              : "")
         + ((plan.variant & kHOPPER_VARIANT_TMA) != 0 ? ", TMA loads" : "");
 }
 

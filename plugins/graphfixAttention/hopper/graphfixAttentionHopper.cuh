@@ -5,7 +5,9 @@
  * element type (graphfixAttentionHopper{Half,BFloat16}.cu), which CMake compiles for sm_90a only
  * (-gencode=arch=compute_90a,code=sm_90a): wgmma exists nowhere else.
  *
- * Per block: kWG warpgroups x 64 query rows (2 x 64 as built), tiles of kN = 64 keys. All
+ * hopperAttentionKernel, per block: kWG warpgroups x 64 query rows (2 x 64 as built), tiles of
+ * kN = 64 keys (hopperProducerKernel, the warp-specialised kernel for unmasked shapes at head dim
+ * 128, is described where it is defined). All
  * threads load with cp.async, K one tile ahead of V (two stages each); or (kTMA, the default
  * where the tensor maps can be encoded) thread 0 issues TMA box loads of the same tiles right
  * after the barrier and every thread waits on the stage's mbarrier instead of its own cp.async
@@ -136,6 +138,33 @@ __device__ __forceinline__ void mbarrierWait(uint32_t bar, uint32_t parity)
         : "memory");
 }
 
+//! This thread's arrival (no transactions): a consumer thread done reading a stage. Every
+//! consumer thread arrives: one lane per warp, predicated, made ptxas serialise the float16
+//! kernels' wgmmas (C7513).
+__device__ __forceinline__ void mbarrierArrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+//! The warpgroup's registers a thread lowered (producer) or raised (consumers) to kREGISTERS.
+template <int32_t kREGISTERS>
+__device__ __forceinline__ void lowerRegisters()
+{
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kREGISTERS));
+}
+
+template <int32_t kREGISTERS>
+__device__ __forceinline__ void raiseRegisters()
+{
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kREGISTERS));
+}
+
+//! A barrier of `threads` threads on hardware barrier `id` (1-15; 0 is __syncthreads').
+__device__ __forceinline__ void namedBarrier(uint32_t id, uint32_t threads)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 //! One box of a 4-d tensor map into shared memory, completing on `bar` (bytes counted there).
 __device__ __forceinline__ void tmaLoad(
     uint32_t shared, CUtensorMap const* map, int32_t c1, int32_t c3, uint32_t bar)
@@ -191,6 +220,123 @@ __device__ __forceinline__ void loadChunkMajor(T* shared, T const* global, int64
         bool const valid = r <= last && columnPresent;
         int32_t const offset = (r < last ? r : last) * cols + (columnPresent ? c * 8 : 0);
         copyAsync16(shared + (c * kRows + r) * 8, tile + offset, valid);
+    }
+}
+
+template <int32_t kN>
+__device__ __forceinline__ void clearAccumulators(float (&o)[kN][4])
+{
+#pragma unroll
+    for (int32_t n = 0; n < kN; ++n)
+    {
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.F;
+    }
+}
+
+//! S = Q K_jᵀ into s, issued and committed (not waited for): one chain of wgmma with both
+//! operands in shared memory, 2 chunks of 8 head-dim elements a step. Q (A, K-major, kRows rows
+//! in the block): LBO = the next 8 head-dim elements (kRows rows of 16 bytes), SBO = 8 rows;
+//! K (B, K-major, N = kN keys): LBO = kN rows of 16 bytes, SBO = 8 rows.
+template <typename T, int32_t kD, int32_t kN, int32_t kRows>
+__device__ __forceinline__ void issueScoreChain(float (&s)[kN / 8][4], uint64_t qDesc, uint64_t kDesc)
+{
+    fenceOperands(s);
+    wgmmaFence();
+#pragma unroll
+    for (int32_t kk = 0; kk < kD / 16; ++kk)
+    {
+        hp::Wgmma<T, kN>::ss(
+            s, qDesc + static_cast<uint64_t>(2 * kk * kRows), kDesc + static_cast<uint64_t>(2 * kk * kN), kk > 0);
+    }
+    wgmmaCommit();
+}
+
+//! O += P V_j, issued and committed: p (and with kSPLIT_P<T> lo, first) as the register A operand,
+//! V (B, N-major, N = the value dim) in shared memory: LBO = the next 8 keys (128 bytes), SBO =
+//! the next 8 value-dim elements (kN keys of 16 bytes); 16 keys a step = 256 bytes.
+template <typename T, int32_t kD, int32_t kN>
+__device__ __forceinline__ void issueValueChain(
+    float (&o)[kD / 8][4], uint32_t (&p)[kN / 16][4], uint32_t (&lo)[kN / 16][4], uint64_t vDesc)
+{
+    fenceOperands(o);
+    fenceOperands(p);
+    if constexpr (kSPLIT_P<T>)
+    {
+        fenceOperands(lo);
+    }
+    wgmmaFence();
+#pragma unroll
+    for (int32_t kk = 0; kk < kN / 16; ++kk)
+    {
+        if constexpr (kSPLIT_P<T>)
+        {
+            hp::Wgmma<T, kD>::rs(o, lo[kk], vDesc + static_cast<uint64_t>(kk * 16), true);
+        }
+        hp::Wgmma<T, kD>::rs(o, p[kk], vDesc + static_cast<uint64_t>(kk * 16), true);
+    }
+    wgmmaCommit();
+}
+
+//! The probabilities in s as P·V's register A operand: keys 16 kk .. 16 kk + 15 are the scores'
+//! tiles 2 kk and 2 kk + 1 (float16: rounded once into p; bfloat16: hi in p, lo in lo).
+template <typename T, int32_t kN>
+__device__ __forceinline__ void probabilityFragments(
+    float const (&s)[kN / 8][4], uint32_t (&p)[kN / 16][4], uint32_t (&lo)[kN / 16][4])
+{
+#pragma unroll
+    for (int32_t kk = 0; kk < kN / 16; ++kk)
+    {
+        probabilityPair<T>(s[2 * kk][0], s[2 * kk][1], p[kk][0], lo[kk][0]);
+        probabilityPair<T>(s[2 * kk][2], s[2 * kk][3], p[kk][1], lo[kk][1]);
+        probabilityPair<T>(s[2 * kk + 1][0], s[2 * kk + 1][1], p[kk][2], lo[kk][2]);
+        probabilityPair<T>(s[2 * kk + 1][2], s[2 * kk + 1][3], p[kk][3], lo[kk][3]);
+    }
+}
+
+//! The output of one warp's 16 rows (o / sum, NaN or 0 where no key was allowed) into shared
+//! memory, row-major with rows padded by 16 bytes (conflict-free pair writes); `row` is the
+//! thread's first row there (its second is 8 on).
+template <typename T, int32_t kD>
+__device__ __forceinline__ void stageOutput(
+    float const (&o)[kD / 8][4], OnlineSoftmax const& softmax, T* sOut, int32_t row, bool nanToZero)
+{
+    constexpr int32_t kOUT_ROW = kD + 8;
+    int32_t const t = static_cast<int32_t>(threadIdx.x % 4);
+    float const blocked = nanToZero ? 0.F : CUDART_NAN_F;
+#pragma unroll
+    for (int32_t i = 0; i < 2; ++i)
+    {
+        float const sum = softmax.rowSum[i];
+        float const inverse = sum > 0.F ? 1.F / sum : 0.F;
+#pragma unroll
+        for (int32_t n = 0; n < kD / 8; ++n)
+        {
+            float const a = sum > 0.F ? o[n][2 * i] * inverse : blocked;
+            float const b = sum > 0.F ? o[n][2 * i + 1] * inverse : blocked;
+            storePair(sOut + (row + 8 * i) * kOUT_ROW + n * 8 + 2 * t, a, b);
+        }
+    }
+}
+
+//! The block's kRows staged output rows (stageOutput) to global memory in 16-byte coalesced
+//! stores, by `threads` threads of which this is `thread`.
+template <typename T, int32_t kD, int32_t kRows>
+__device__ __forceinline__ void storeStagedOutput(
+    T const* sOut, BlockSetup<T> const& block, AttentionShape const& shape, int32_t thread, int32_t threads)
+{
+    constexpr int32_t kOUT_ROW = kD + 8;
+    constexpr int32_t kCHUNKS = kD / 8;
+    int32_t const valueDim = static_cast<int32_t>(shape.valueDim);
+    for (int32_t u = thread; u < kRows * kCHUNKS; u += threads)
+    {
+        int32_t const r = u / kCHUNKS;
+        int32_t const c = u - r * kCHUNKS;
+        int64_t const row = block.q0 + r;
+        if (row < shape.seqQ && c * 8 < valueDim)
+        {
+            *reinterpret_cast<uint4*>(block.outBase + row * valueDim + c * 8)
+                = *reinterpret_cast<uint4 const*>(sOut + r * kOUT_ROW + c * 8);
+        }
     }
 }
 
@@ -349,30 +495,16 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
     uint64_t const qDesc = descriptor(qAddress, kRows * 16, 128);
 
     float o[kD / 8][4];
-#pragma unroll
-    for (int32_t n = 0; n < kD / 8; ++n)
-    {
-        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.F;
-    }
+    clearAccumulators(o);
     OnlineSoftmax softmax;
     int64_t const warpRow0 = block.q0 + warp * 16;
 
-    // S = Q K_jᵀ into s (issued, not waited for). K (B, K-major, N = keys): LBO = kN rows of 16
-    // bytes, SBO = 8 rows; 2 chunks of 8 head-dim elements per step.
+    // S = Q K_jᵀ into s (issued, not waited for), K_j in stage j % 2
     auto const issueScores = [&](float (&s)[kN / 8][4], int32_t j) {
-        uint64_t const kDesc = descriptor(kAddress + static_cast<uint32_t>((j % 2) * kTILE * 2), kN * 16, 128);
-        fenceOperands(s);
-        wgmmaFence();
-#pragma unroll
-        for (int32_t kk = 0; kk < kD / 16; ++kk)
-        {
-            hp::Wgmma<T, kN>::ss(s, qDesc + static_cast<uint64_t>(2 * kk * kRows),
-                kDesc + static_cast<uint64_t>(2 * kk * kN), kk > 0);
-        }
-        wgmmaCommit();
+        issueScoreChain<T, kD, kN, kRows>(
+            s, qDesc, descriptor(kAddress + static_cast<uint32_t>((j % 2) * kTILE * 2), kN * 16, 128));
     };
-    // The online softmax of tile j's scores, then P as the A operand: keys 16 kk .. 16 kk + 15
-    // are the scores' tiles 2 kk and 2 kk + 1 (float16: rounded once; bfloat16: hi + lo).
+    // The online softmax of tile j's scores, then P as the A operand (probabilityFragments).
     auto const probabilities = [&](float (&s)[kN / 8][4], float (&alpha)[2], uint32_t (&p)[kN / 16][4],
                                    uint32_t (&lo)[kN / 16][4], int32_t j) {
         int64_t const k0 = static_cast<int64_t>(j) * kN;
@@ -406,14 +538,7 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
             softmax.template update<true>(
                 s, alpha, warpRow0 + lane / 4, k0, mask, block.maskBase, shape, params, checkEach);
         }
-#pragma unroll
-        for (int32_t kk = 0; kk < kN / 16; ++kk)
-        {
-            probabilityPair<T>(s[2 * kk][0], s[2 * kk][1], p[kk][0], lo[kk][0]);
-            probabilityPair<T>(s[2 * kk][2], s[2 * kk][3], p[kk][1], lo[kk][1]);
-            probabilityPair<T>(s[2 * kk + 1][0], s[2 * kk + 1][1], p[kk][2], lo[kk][2]);
-            probabilityPair<T>(s[2 * kk + 1][2], s[2 * kk + 1][3], p[kk][3], lo[kk][3]);
-        }
+        probabilityFragments<T, kN>(s, p, lo);
     };
 
     float s[kN / 8][4];
@@ -438,10 +563,8 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
         fenceOperands(s);
         probabilities(s, alpha, p, lo, 0);
     }
-    // O += P_j V_j (issued and committed). V (B, N-major, N = value dim): LBO = the next 8 keys
-    // (128 bytes), SBO = the next 8 value-dim elements (kN keys of 16 bytes); 16 keys a step =
-    // 256 bytes. The probabilities are copied first: the softmax of the next tile rewrites p and
-    // lo while this product still reads its registers.
+    // O += P_j V_j (issued and committed, issueValueChain). The probabilities are copied first:
+    // the softmax of the next tile rewrites p and lo while this product still reads them.
     uint32_t pv[kN / 16][4];
     uint32_t lov[kN / 16][4];
     auto const issueValues = [&](int32_t j) {
@@ -459,23 +582,7 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
                 }
             }
         }
-        fenceOperands(o);
-        fenceOperands(pv);
-        if constexpr (kSPLIT_P<T>)
-        {
-            fenceOperands(lov);
-        }
-        wgmmaFence();
-#pragma unroll
-        for (int32_t kk = 0; kk < kN / 16; ++kk)
-        {
-            if constexpr (kSPLIT_P<T>)
-            {
-                hp::Wgmma<T, kD>::rs(o, lov[kk], vDesc + static_cast<uint64_t>(kk * 16), true);
-            }
-            hp::Wgmma<T, kD>::rs(o, pv[kk], vDesc + static_cast<uint64_t>(kk * 16), true);
-        }
-        wgmmaCommit();
+        issueValueChain<T, kD, kN>(o, pv, lov, vDesc);
     };
     // Waits for this thread's loads, publishes them to the tensor cores, and meets the block.
     auto const tileBarrier = [&]() {
@@ -572,43 +679,221 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
     waitAsync<0>();
     softmax.finish();
 
-    // The output through shared memory (row-major, rows padded by 16 bytes: conflict-free pair
-    // writes), then 16-byte coalesced stores. Every warpgroup is done with K and V after the barrier.
-    constexpr int32_t kOUT_ROW = kD + 8;
-    static_assert(kRows * kOUT_ROW <= 4 * kTILE, "the output fits where K and V were");
+    // The output through shared memory, where K and V were: every warpgroup is done with them
+    // after the barrier.
+    static_assert(kRows * (kD + 8) <= 4 * kTILE, "the output fits where K and V were");
     T* const sOut = sK;
     __syncthreads();
+    stageOutput<T, kD>(o, softmax, sOut, warp * 16 + lane / 4, params.nanToZero);
+    __syncthreads();
+    storeStagedOutput<T, kD, kRows>(sOut, block, shape, static_cast<int32_t>(threadIdx.x), kThreads);
+#endif
+}
+
+//! The warp-specialised kernel (FlashAttention-3's structure) for what needs neither mask nor
+//! softcap, loads by TMA: warpgroup 0 is the producer, whose one thread issues every TMA load
+//! into a ring of kSTAGES K and kSTAGES V stages (a "full" mbarrier per stage that the load
+//! completes, an "empty" one that each consumer thread arrives on once the wgmma reading the
+//! stage has completed), and lowers its registers to 24 so that warpgroups 1 and 2, 64 query rows each,
+//! run at 240: enough for 128-key tiles (S is 64 registers a thread) beside O at head dim 128.
+//! No block-wide barrier per tile: a consumer waits only for the stages it reads. Each consumer
+//! warpgroup runs the overlap of hopperAttentionKernel (S_j+1 and P_j V_j issued together, the
+//! softmax of S_j+1 under P_j V_j; bfloat16, whose split P doubles the P registers, waits for
+//! both first, kWAIT_PV's reason).
+template <typename T, int32_t kD, int32_t kN, int32_t kSTAGES>
+__global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restrict__ q, T const* __restrict__ k,
+    T const* __restrict__ v, T* __restrict__ out, AttentionShape const shape, AttentionParams const givenParams,
+    int32_t const qTiles, int32_t const variant, __grid_constant__ HopperMaps const maps)
+{
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int32_t kRows = 128; // two consumer warpgroups
+    constexpr int32_t kTILE = kN * kD;
+    constexpr uint32_t kTILE_BYTES = kTILE * sizeof(T);
+    extern __shared__ __align__(128) unsigned char sharedRaw[];
+    T* const sQ = reinterpret_cast<T*>(sharedRaw);
+    T* const sK = sQ + kRows * kD; // kSTAGES stages
+    T* const sV = sK + kSTAGES * kTILE;
+    // Q's; then per stage: K full, V full, K empty, V empty
+    __shared__ __align__(8) uint64_t barriers[1 + 4 * kSTAGES];
+    AttentionParams params = givenParams;
+    params.softcap = 0.F;
+    AttentionMaskView const noMask{};
+    BlockSetup<T> const block(q, k, v, out, noMask, shape, params, kRows, qTiles,
+        params.causal && (variant & kHOPPER_VARIANT_CAUSAL_ORDER) != 0);
+    int32_t const keyTiles = static_cast<int32_t>((block.keyEnd + kN - 1) / kN);
+    uint32_t const barrierQ = sharedAddress(barriers);
+    auto const fullK = [&](int32_t j) { return barrierQ + static_cast<uint32_t>(8 + 8 * (j % kSTAGES)); };
+    auto const fullV = [&](int32_t j) { return fullK(j) + 8U * kSTAGES; };
+    auto const emptyK = [&](int32_t j) { return fullK(j) + 16U * kSTAGES; };
+    auto const emptyV = [&](int32_t j) { return fullK(j) + 24U * kSTAGES; };
+    // tile j is its stage's (j / kSTAGES)-th use: that phase of its full barrier, and the phase
+    // before of its empty one
+    auto const parity = [](int32_t j) { return static_cast<uint32_t>((j / kSTAGES) % 2); };
+    if (threadIdx.x == 0)
     {
-        int32_t const t = lane % 4;
-        float const blocked = params.nanToZero ? 0.F : CUDART_NAN_F;
+        mbarrierInit(barrierQ, 1);
 #pragma unroll
-        for (int32_t i = 0; i < 2; ++i)
+        for (int32_t i = 0; i < kSTAGES; ++i)
         {
-            int32_t const row = warp * 16 + lane / 4 + 8 * i;
-            float const sum = softmax.rowSum[i];
-            float const inverse = sum > 0.F ? 1.F / sum : 0.F;
-#pragma unroll
-            for (int32_t n = 0; n < kD / 8; ++n)
-            {
-                float const a = sum > 0.F ? o[n][2 * i] * inverse : blocked;
-                float const b = sum > 0.F ? o[n][2 * i + 1] * inverse : blocked;
-                storePair(sOut + row * kOUT_ROW + n * 8 + 2 * t, a, b);
-            }
+            mbarrierInit(fullK(i), 1);
+            mbarrierInit(fullV(i), 1);
+            mbarrierInit(emptyK(i), 256); // the consumer threads
+            mbarrierInit(emptyV(i), 256);
         }
+        fenceBarrierInit();
     }
     __syncthreads();
-    constexpr int32_t kCHUNKS = kD / 8;
-    for (int32_t u = static_cast<int32_t>(threadIdx.x); u < kRows * kCHUNKS; u += kThreads)
+
+    if (threadIdx.x < 128)
     {
-        int32_t const r = u / kCHUNKS;
-        int32_t const c = u - r * kCHUNKS;
-        int64_t const row = block.q0 + r;
-        if (row < shape.seqQ && c * 8 < valueDim)
+        lowerRegisters<24>();
+        if (threadIdx.x == 0 && keyTiles > 0)
         {
-            *reinterpret_cast<uint4*>(block.outBase + row * valueDim + c * 8)
-                = *reinterpret_cast<uint4 const*>(sOut + r * kOUT_ROW + c * 8);
+            prefetchTensorMap(&maps.q);
+            prefetchTensorMap(&maps.k);
+            prefetchTensorMap(&maps.v);
+            // the maps' (batch, head) coordinate of this block's Q and of its K/V (GQA: the KV head)
+            int32_t const qHead = static_cast<int32_t>((block.qBase - q) / (shape.seqQ * shape.headDim));
+            int32_t const kvHead = static_cast<int32_t>((block.kBase - k) / (shape.seqK * shape.headDim));
+            mbarrierArriveExpect(barrierQ, kRows * kD * sizeof(T));
+            tmaLoad(sharedAddress(sQ), &maps.q, static_cast<int32_t>(block.q0), qHead, barrierQ);
+            auto const load = [&](CUtensorMap const* map, T* stages, uint32_t full, uint32_t empty, int32_t j) {
+                if (j >= kSTAGES)
+                {
+                    mbarrierWait(empty, parity(j) ^ 1U);
+                }
+                mbarrierArriveExpect(full, kTILE_BYTES);
+                tmaLoad(sharedAddress(stages + (j % kSTAGES) * kTILE), map, j * kN, kvHead, full);
+            };
+            // in the order the consumers read them: K_j+1 before V_j
+            for (int32_t j = 0; j < keyTiles; ++j)
+            {
+                load(&maps.k, sK, fullK(j), emptyK(j), j);
+                if (j > 0)
+                {
+                    load(&maps.v, sV, fullV(j - 1), emptyV(j - 1), j - 1);
+                }
+            }
+            load(&maps.v, sV, fullV(keyTiles - 1), emptyV(keyTiles - 1), keyTiles - 1);
         }
+        return;
     }
+
+    raiseRegisters<240>();
+    int32_t const group = static_cast<int32_t>(threadIdx.x / 128) - 1;
+    int32_t const warp = static_cast<int32_t>(threadIdx.x / 32) - 4; // of the 8 consumer warps
+    int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
+    // a consumer thread done with tile j's K or V (the wgmma that read it has completed)
+    auto const release = [&](uint32_t empty) { mbarrierArrive(empty); };
+    // Q (A, K-major): LBO = the next 8 head-dim elements (kRows rows of 16 bytes), SBO = 8 rows.
+    uint64_t const qDesc = descriptor(sharedAddress(sQ) + static_cast<uint32_t>(group * 64 * 16), kRows * 16, 128);
+    uint32_t const kAddress = sharedAddress(sK);
+    uint32_t const vAddress = sharedAddress(sV);
+
+    float o[kD / 8][4];
+    clearAccumulators(o);
+    OnlineSoftmax softmax;
+    int64_t const warpRow0 = block.q0 + warp * 16;
+
+    // S = Q K_jᵀ into s (issued, not waited for), K_j in stage j % kSTAGES
+    auto const issueScores = [&](float (&s)[kN / 8][4], int32_t j) {
+        issueScoreChain<T, kD, kN, kRows>(
+            s, qDesc, descriptor(kAddress + static_cast<uint32_t>((j % kSTAGES) * kTILE_BYTES), kN * 16, 128));
+    };
+    auto const probabilities = [&](float (&s)[kN / 8][4], float (&alpha)[2], uint32_t (&p)[kN / 16][4],
+                                   uint32_t (&lo)[kN / 16][4], int32_t j) {
+        int64_t const k0 = static_cast<int64_t>(j) * kN;
+        bool const checkEach = k0 + kN > shape.seqK || (params.causal && k0 + kN - 1 > warpRow0);
+        softmax.template update<true>(s, alpha, warpRow0 + lane / 4, k0, noMask, 0, shape, params, checkEach);
+        probabilityFragments<T, kN>(s, p, lo);
+    };
+
+    float s[kN / 8][4];
+    float alpha[2];
+    uint32_t p[kN / 16][4];
+    uint32_t lo[kN / 16][4];
+    if (keyTiles > 0)
+    {
+        mbarrierWait(barrierQ, 0);
+        mbarrierWait(fullK(0), 0);
+        issueScores(s, 0);
+        wgmmaWait<0>();
+        fenceOperands(s);
+        release(emptyK(0));
+        probabilities(s, alpha, p, lo, 0);
+    }
+    // O += P_j V_j (issued and committed, issueValueChain). float16 copies P first (the softmax of
+    // the next tile rewrites p while this product still reads it); bfloat16 reads p and lo in
+    // place and waits before that softmax.
+    uint32_t pv[kN / 16][4];
+    auto const issueValues = [&](int32_t j) {
+        uint64_t const vDesc = descriptor(vAddress + static_cast<uint32_t>((j % kSTAGES) * kTILE_BYTES), 128, kN * 16);
+        if constexpr (kSPLIT_P<T>)
+        {
+            issueValueChain<T, kD, kN>(o, p, lo, vDesc);
+        }
+        else
+        {
+#pragma unroll
+            for (int32_t kk = 0; kk < kN / 16; ++kk)
+            {
+#pragma unroll
+                for (int32_t e = 0; e < 4; ++e)
+                {
+                    pv[kk][e] = p[kk][e];
+                }
+            }
+            issueValueChain<T, kD, kN>(o, pv, pv, vDesc);
+        }
+    };
+    for (int32_t j = 0; j + 1 < keyTiles; ++j)
+    {
+        // Here: P_j in p (O already scaled to its maximum). (V_j waited for with K_j+1: a wait
+        // between the two wgmma issues made ptxas serialise them, C7513.)
+        mbarrierWait(fullK(j + 1), parity(j + 1));
+        mbarrierWait(fullV(j), parity(j));
+        issueScores(s, j + 1); // S_j+1 on the tensor cores, then P_j V_j, while ...
+        issueValues(j);
+        if constexpr (kSPLIT_P<T>)
+        {
+            wgmmaWait<0>();
+            fenceOperands(p);
+            fenceOperands(lo);
+            release(emptyV(j));
+        }
+        else
+        {
+            wgmmaWait<1>();
+        }
+        fenceOperands(s);
+        release(emptyK(j + 1));
+        probabilities(s, alpha, p, lo, j + 1); // ... the softmax of S_j+1 runs here (float16)
+        wgmmaWait<0>();
+        fenceOperands(o);
+        if constexpr (!kSPLIT_P<T>)
+        {
+            fenceOperands(pv);
+            release(emptyV(j));
+        }
+        rescale(o, alpha);
+    }
+    if (keyTiles > 0)
+    {
+        mbarrierWait(fullV(keyTiles - 1), parity(keyTiles - 1));
+        issueValues(keyTiles - 1);
+        wgmmaWait<0>();
+        fenceOperands(o);
+    }
+    softmax.finish();
+
+    // The output through shared memory, where K and V were: both consumer warpgroups are done
+    // with them after the barrier, and every load was waited for.
+    static_assert(kRows * (kD + 8) <= 2 * kSTAGES * kTILE, "the output fits where K and V were");
+    T* const sOut = sK;
+    namedBarrier(1, 256);
+    stageOutput<T, kD>(o, softmax, sOut, warp * 16 + lane / 4, params.nanToZero);
+    namedBarrier(1, 256);
+    storeStagedOutput<T, kD, kRows>(sOut, block, shape, static_cast<int32_t>(threadIdx.x) - 128, 256);
 #endif
 }
 
@@ -667,6 +952,19 @@ cudaError_t withHopperKernel(HopperPlan const& plan, HopperKind kind, bool tma, 
     }
 }
 
+//! Calls f with the warp-specialised kernel for the plan (plan.producerStages > 0), or returns
+//! cudaErrorInvalidConfiguration.
+template <typename T, typename F>
+cudaError_t withProducerKernel(HopperPlan const& plan, F&& f)
+{
+    constexpr int32_t kN = kHOPPER_PRODUCER_KEYS;
+    if (plan.producerStages != 2 || plan.blockRows != kHOPPER_ROWS)
+    {
+        return cudaErrorInvalidConfiguration;
+    }
+    return plan.paddedDim == 128 ? f(hopperProducerKernel<T, 128, kN, 2>) : cudaErrorInvalidConfiguration;
+}
+
 } // namespace
 
 template <typename T>
@@ -681,6 +979,16 @@ cudaError_t prepareHopperAttention(HopperPlan const& plan) noexcept
         }
         return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.sharedBytes);
     };
+    if (plan.producerStages > 0)
+    {
+        cudaError_t const status = withProducerKernel<T>(plan, [&](auto kernel) {
+            return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.producerSharedBytes);
+        });
+        if (status != cudaSuccess)
+        {
+            return status;
+        }
+    }
     for (HopperKind const kind : {HopperKind::kPlain, HopperKind::kKeyMask, HopperKind::kGeneral})
     {
         // the cp.async kernels always (an enqueue whose maps cannot be encoded falls back to them)
@@ -717,8 +1025,19 @@ cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionM
     // TMA where the plan asks for it and the maps can be made (else cp.async): encoded here, on
     // the host, per enqueue (no allocation; the values travel in the launch)
     HopperMaps maps{};
-    bool const tma = (plan.variant & kHOPPER_VARIANT_TMA) != 0 && encodeHopperMaps(maps, q, k, v, shape, plan);
-    return withHopperKernel<T>(plan, kind, tma, [&](auto kernel) {
+    bool const tma = (plan.variant & kHOPPER_VARIANT_TMA) != 0;
+    if (tma && kind == HopperKind::kPlain && plan.producerStages > 0
+        && (plan.variant & kHOPPER_VARIANT_PRODUCER) != 0
+        && encodeHopperMaps(maps, q, k, v, shape, plan, kHOPPER_PRODUCER_KEYS))
+    {
+        return withProducerKernel<T>(plan, [&](auto kernel) {
+            kernel<<<static_cast<uint32_t>(grid.blocks), 384U, static_cast<size_t>(plan.producerSharedBytes),
+                stream>>>(q, k, v, out, shape, params, static_cast<int32_t>(grid.qTiles), plan.variant, maps);
+            return cudaGetLastError();
+        });
+    }
+    bool const tmaMaps = tma && encodeHopperMaps(maps, q, k, v, shape, plan, plan.keys);
+    return withHopperKernel<T>(plan, kind, tmaMaps, [&](auto kernel) {
         kernel<<<static_cast<uint32_t>(grid.blocks), threads, static_cast<size_t>(plan.sharedBytes), stream>>>(
             q, k, v, mask, out, shape, params, static_cast<int32_t>(grid.qTiles), plan.variant, maps);
         return cudaGetLastError();

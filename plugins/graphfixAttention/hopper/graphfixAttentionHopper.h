@@ -16,6 +16,10 @@
  * flash kernel: masks, causal, softcap, mask_fill, nan_to_zero); the probabilities become the
  * register A operand of O += P V_j (wgmma with V N-major in shared memory). float16 rounds P
  * once; bfloat16 splits it into two terms, as the mma.sync kernel does (kSPLIT_P).
+ * At padded head dim 128 without mask and softcap a warp-specialised kernel runs instead
+ * (hopperProducerKernel, kHOPPER_VARIANT_PRODUCER): a producer warpgroup issues the TMA loads of
+ * 128-key tiles into a two-stage ring paced by mbarriers, and the two consumer warpgroups run at
+ * 240 registers (setmaxnreg) with no block-wide barrier per tile.
  *
  * Built only when the build's CUDA architectures include 90 (GRAPHFIX_WITH_HOPPER); otherwise
  * planHopperAttention always answers keys = 0, and the mma.sync flash kernel runs instead.
@@ -58,11 +62,18 @@ constexpr int32_t kHOPPER_VARIANT_LATE_LOADS{8};
 //! mbarrier per stage) instead of every thread's cp.async; the load order bit (8) is then moot.
 //! Falls back to cp.async where the tensor maps cannot be encoded (encodeHopperMaps).
 constexpr int32_t kHOPPER_VARIANT_TMA{16};
+//! Shapes without mask and softcap, loaded by TMA, run the warp-specialised kernel
+//! (hopperProducerKernel: a producer warpgroup, 128-key tiles) where the plan has one
+//! (HopperPlan::producerStages); else the kernel above.
+constexpr int32_t kHOPPER_VARIANT_PRODUCER{32};
 //! The options the plan takes unless GRAPHFIX_ATTENTION_HOPPER_VARIANT says otherwise; bfloat16 adds
 //! kHOPPER_VARIANT_LATE_LOADS except at head dim 80 (hopperPlanFor in graphfixAttentionPlugin.cpp;
 //! moot while TMA loads are on); the float32 kernel and shapes whose maps the driver rejects drop
 //! kHOPPER_VARIANT_TMA there.
-constexpr int32_t kHOPPER_DEFAULT_VARIANT{kHOPPER_VARIANT_CAUSAL_ORDER | kHOPPER_VARIANT_KEY_MASK | kHOPPER_VARIANT_TMA};
+constexpr int32_t kHOPPER_DEFAULT_VARIANT{
+    kHOPPER_VARIANT_CAUSAL_ORDER | kHOPPER_VARIANT_KEY_MASK | kHOPPER_VARIANT_TMA | kHOPPER_VARIANT_PRODUCER};
+//! The warp-specialised kernel's key tiles (its query rows: kHOPPER_ROWS).
+constexpr int32_t kHOPPER_PRODUCER_KEYS{128};
 
 //! What planHopperAttention chose; `keys` 0 means the Hopper kernel does not run (see reason).
 struct HopperPlan
@@ -75,6 +86,10 @@ struct HopperPlan
     //! float32 only: every key in at most two tiles (T <= 128) at head dims up to 64: the
     //! persistent short-key kernel (hopperTf32ShortKernel) runs, sharedBytes is its 3 Q buffers'
     bool shortKeys{false};
+    //! 16-bit only: the K and V stages of the warp-specialised kernel (kHOPPER_VARIANT_PRODUCER;
+    //! 0: none for this head dim) and its dynamic shared memory
+    int32_t producerStages{0};
+    int32_t producerSharedBytes{0};
     char const* reason{""}; //!< why not, when keys is 0
 };
 
@@ -93,12 +108,13 @@ struct HopperMaps
 //! Encodes the tensor maps of 16-bit q, k, v for `plan` (cuTensorMapEncodeTiled, found through
 //! cudaGetDriverEntryPointByVersion; no allocation). Each matrix [B*H, T, D] is described as the
 //! 4-d tensor {8 elements, T rows, D/8 chunks, B*H} with byte strides {-, 2 D, 16, 2 T D} and
-//! read in boxes {8, rows of a tile, paddedDim/8, 1}: a box lands in shared memory innermost
-//! first, [chunk][row][8 elements], the kernel's no-swizzle chunk-major layout, zero-filled past
-//! T and D. False (the kernel then loads with cp.async) where the driver has no encoder or
-//! rejects a map (addresses not 16-byte aligned, D not a multiple of 8).
+//! read in boxes {8, rows of a tile (Q: plan.blockRows, K and V: `keys`), paddedDim/8, 1}: a box
+//! lands in shared memory innermost first, [chunk][row][8 elements], the kernel's no-swizzle
+//! chunk-major layout, zero-filled past T and D. False (the kernel then loads with cp.async)
+//! where the driver has no encoder or rejects a map (addresses not 16-byte aligned, D not a
+//! multiple of 8).
 bool encodeHopperMaps(HopperMaps& maps, void const* q, void const* k, void const* v, AttentionShape const& shape,
-    HopperPlan const& plan) noexcept;
+    HopperPlan const& plan, int32_t keys) noexcept;
 
 //! The Hopper kernel's plan for `shape` with elements of `elementBytes` (2: the 16-bit kernel;
 //! 4: the float32 3xTF32 kernel) on a device of compute capability `computeMajor`.`computeMinor`
