@@ -5,9 +5,7 @@ cuDNN's speed), and gets no note. float32 and softcap always run on graphfix's o
 speed against the unfused chain depends on the element type and the head dimension (which kernel
 takes it). The ratios below are the H200's, own time over the unfused chain's in the same type,
 by CUDA-graph replay (`benchmarks/attention_bench.py`): the final table of
-notes/attention_plugin.md, "Head dims up to 256, and float32 against torch's fused SDPA", and for
-float32 above head dim 72 its section "float32 above head dim 72: wide-head wgmma kernel, key
-halves".
+notes/attention_plugin.md, "Issue 22: the merged run of session 6".
 """
 
 from __future__ import annotations
@@ -39,11 +37,11 @@ class MeasuredSpeed:
 # In order of `widest`, per type; a head dim past the last row, or not of its multiple, runs on
 # the fallback kernel.
 SPEEDS = (
-    MeasuredSpeed(True, 72, 4, "3xTF32 wgmma kernel", 0.30, 0.40, "SDXL, SigLIP, BERT, SD 1.5"),
+    MeasuredSpeed(True, 72, 4, "3xTF32 wgmma kernel", 0.31, 0.42, "SDXL, SigLIP, BERT, SD 1.5"),
     MeasuredSpeed(True, 128, 4, "3xTF32 wgmma kernel", 0.18, 0.47, "Llama 4k causal, Flux-like"),
-    MeasuredSpeed(True, 256, 4, "3xTF32 flash kernel", 0.65, 0.65, "Gemma-2-like causal"),
+    MeasuredSpeed(True, 256, 4, "3xTF32 flash kernel", 0.64, 0.64, "Gemma-2-like causal"),
     MeasuredSpeed(
-        False, 256, 8, "wgmma kernel", 0.08, 0.38, "SDXL, SigLIP, Llama, BERT, Flux, Gemma-2"
+        False, 256, 8, "wgmma kernel", 0.08, 0.37, "SDXL, SigLIP, Llama, BERT, Flux, Gemma-2"
     ),
 )
 # The fallback kernel, float32 at head dim 256 (Gemma-2-like causal, issue 22's measurement).
@@ -91,10 +89,11 @@ def speed_note(elem_type: int | None, d: int | None, dv: int | None, *, softcap:
         return ""
     what = "float32" if float32 else "softcap"
     if d is None or dv is None:
+        low, high = min(s.low for s in SPEEDS), max(s.high for s in SPEEDS)
         return (
             f"note: {what} runs on graphfix's own kernels, whose speed depends on the head dim, "
-            "unknown here (on an H200: 0.08-0.65x the unfused chain's time up to head dim 256; "
-            "notes/attention_plugin.md)"
+            f"unknown here (on an H200: {low:.2f}-{high:.2f}x the unfused chain's time up to head "
+            "dim 256; notes/attention_plugin.md)"
         )
     widest = max(d, dv)
     for speed in SPEEDS:
