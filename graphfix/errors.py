@@ -54,3 +54,7 @@ class CheckFailed(GraphfixError):
     """A check ran and failed: validation mismatch, divergence not repaired, lint findings (exit 1)."""
 
     exit_code: ClassVar[int] = 1
+
+
+class InvalidOutputError(CheckFailed):
+    """The model to be written fails ONNX's checker: nothing is written (exit 1)."""

@@ -39,6 +39,7 @@ from graphfix.embedded_weights import (
 )
 from graphfix.errors import (
     GraphfixError,
+    InvalidOutputError,
     ModelLoadError,
     OutputPathError,
     UnsupportedModelError,
@@ -441,6 +442,7 @@ def save_model(
     Every file is written under a temporary name and moved into place once all are complete.
     """
     out = Path(path)
+    _check_writable_model(model, out)
     src = None if source is None else Path(source)
     overwrite = bool(overwrite)
     locations = external_data_files(model)
@@ -502,6 +504,19 @@ def save_model(
         sum(p.dest.stat().st_size for p in placements),
         created_folders=created,
     )
+
+
+def _check_writable_model(model: onnx.ModelProto, out: Path) -> None:
+    """Every model graphfix writes passes ONNX's structural checker (run without the weights, as
+    on load): one that does not is refused before anything is written."""
+    try:
+        onnx.checker.check_model(_without_weights(model))
+    except onnx.checker.ValidationError as exc:
+        raise InvalidOutputError(
+            f"the model for {out} fails onnx.checker ({str(exc).strip().splitlines()[0]}); "
+            "nothing was written. If its input passed the checker, this is a graphfix bug: "
+            "please report it with the input model"
+        ) from exc
 
 
 def _missing_folders(folder: Path) -> tuple[Path, ...]:

@@ -220,3 +220,61 @@ def test_steps_are_ordered_and_typed():
     assert mask.kind is MaskKind.KEEP and mask.source == "mask" and mask.fill == -1e9
     assert match.layout.k_transposed_by is KTransposedBy.TRANSPOSE
     assert match.layout.k_perm == (0, 1, 3, 2)
+
+
+def _positions_model(mask_body: str, mask_out: str, extra_signature: str = "") -> onnx.ModelProto:
+    """Attention over run-time length S whose mask or bias is built from Range positions."""
+    text = f"""<ir_version: 8, opset_import: ["" : 17]>
+g (float[1,2,S,8] q, float[1,2,S,8] k, float[1,2,S,8] v{extra_signature}) => (float[1,2,S,8] y) {{
+  kt = Transpose<perm=[0,1,3,2]>(k)
+  s = MatMul(q, kt)
+  c = Constant<value=float {{0.35}}>()
+  ss = Mul(s, c)
+  shp = Shape(q)
+  two = Constant<value=int64 {{2}}>()
+  n = Gather<axis=0>(shp, two)
+  zero = Constant<value=int64 {{0}}>()
+  one = Constant<value=int64 {{1}}>()
+  r = Range(zero, n, one)
+  ax1 = Constant<value=int64[1] {{1}}>()
+  ax0 = Constant<value=int64[1] {{0}}>()
+  rq = Unsqueeze(r, ax1)
+  rk = Unsqueeze(r, ax0)
+{mask_body}
+  p = Softmax<axis=-1>({mask_out})
+  y = MatMul(p, v)
+}}"""
+    model = onnx.parser.parse_model(text)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_comparing_two_position_ranges_is_causal():
+    model = _positions_model(
+        """  keep = LessOrEqual(rk, rq)
+  fill = Constant<value=float {-10000.0}>()
+  m = Where(keep, ss, fill)""",
+        "m",
+    )
+    (match,) = graphfix.find_attention(model)
+    assert match.causal and match.kind is AttentionKind.CAUSAL
+
+
+def test_relative_position_buckets_are_not_causal():
+    """T5's encoder: |j - i| compared with a constant picks a bucket of a learned bias; the
+    comparison of positions with a constant is no causal mask (it was labelled causal)."""
+    model = _positions_model(
+        """  rel = Sub(rk, rq)
+  dist = Abs(rel)
+  exact = Constant<value=int64 {4}>()
+  near = Less(dist, exact)
+  bucket = Where(near, dist, exact)
+  bias_sss = Gather<axis=0>(table, bucket)
+  bias_hss = Transpose<perm=[2,0,1]>(bias_sss)
+  bias = Unsqueeze(bias_hss, ax0)
+  m = Add(ss, bias)""",
+        "m",
+        ", float[5,2] table",
+    )
+    (match,) = graphfix.find_attention(model)
+    assert not match.causal and match.kind is not AttentionKind.CAUSAL

@@ -18,8 +18,9 @@ import pytest
 from graphs import Variant, attention_model, feeds_for
 
 import graphfix
+import graphfix.examples
 from graphfix import model_io
-from graphfix.errors import GraphfixError, ModelLoadError, OutputPathError
+from graphfix.errors import GraphfixError, InvalidOutputError, ModelLoadError, OutputPathError
 from graphfix.model_io import load_model, save_model
 from graphfix.plugins.spec import SOFTMAX
 
@@ -418,3 +419,15 @@ def test_a_signal_during_a_write_leaves_no_temporary_file(
         child.kill()
     assert child.returncode != 0
     assert list(out.iterdir()) == []  # neither the temporary data file nor a half model
+
+
+def test_a_model_failing_the_checker_is_not_written(tmp_path: Path) -> None:
+    """What graphfix writes passes onnx.checker: a model whose node reads a tensor nothing
+    defines is refused before any file is made (exit code 1, the check failed)."""
+    model = graphfix.examples.vit_example(blocks=1, width=32, heads=2)
+    model.graph.node[1].input[0] = "nowhere"
+    out = tmp_path / "sub" / "m.onnx"
+    with pytest.raises(InvalidOutputError, match="fails onnx.checker .*nowhere"):
+        save_model(model, out)
+    assert not out.parent.exists()
+    assert InvalidOutputError.exit_code == 1

@@ -581,8 +581,9 @@ def _untranspose_k(
 
 
 def _is_causal(index: GraphIndex, mask_inputs: tuple[str, ...], scores: tuple) -> bool:
-    """A causal mask: built by Trilu, by Range + comparison, by comparing constant position
-    indices, or a constant whose strict upper triangle is blocked (banded windows included).
+    """A causal mask: built by Trilu, by comparing two run-time position ranges, by comparing
+    constant position indices, or a constant whose strict upper triangle is blocked (banded
+    windows included).
     Only constants shaped like a mask of the `scores` shape decide (a weight in the mask's
     slice, such as Swin v2's position MLP, is not a mask)."""
     ops: set[str] = set()
@@ -608,7 +609,7 @@ def _is_causal(index: GraphIndex, mask_inputs: tuple[str, ...], scores: tuple) -
         if node.op_type in _COMPARISONS:
             comparisons.append(node)
         stack.extend(i for i in node.input if i)
-    if "Trilu" in ops or ("Range" in ops and ops & _COMPARISONS):
+    if "Trilu" in ops or any(_compares_positions(index, node) for node in comparisons):
         return True
     for node in comparisons:  # transformers' masking_utils: kv_idx <= q_idx on constant aranges
         if all(index.constant_value(i) is not None for i in node.input):
@@ -619,6 +620,32 @@ def _is_causal(index: GraphIndex, mask_inputs: tuple[str, ...], scores: tuple) -
     return any(
         _is_mask_shaped(v, scores) and _is_causal_pattern(v, either_polarity=True) for v in values
     )
+
+
+def _compares_positions(index: GraphIndex, node: onnx.NodeProto) -> bool:
+    """`node` compares two run-time position ranges (kv_idx <= q_idx, both from Range).  A
+    comparison with a constant side is not causal: T5's relative-position buckets (|i - j| <
+    max_exact) and transformers' padding masks (kv_idx >= 0) compare aranges that way."""
+    return len(node.input) == 2 and all(
+        not index.is_constant(side) and _from_range(index, side) for side in node.input
+    )
+
+
+def _from_range(index: GraphIndex, tensor: str) -> bool:
+    """`tensor` is computed from a Range (within a few nodes up its inputs)."""
+    stack, seen = [tensor], set()
+    while stack and len(seen) < _MAX_SOURCE_HOPS:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        node = index.producer_of(name)
+        if node is None:
+            continue
+        if node.op_type == "Range":
+            return True
+        stack.extend(i for i in node.input if i and not index.is_constant(i))
+    return False
 
 
 def _is_mask_shaped(value: np.ndarray | None, scores: tuple) -> bool:
