@@ -334,8 +334,7 @@ HopperPlan hopperPlanFor(AttentionProblem const& p)
         // them again with the real ones and loads with cp.async should that fail)
         HopperMaps maps{};
         void const* const aligned = reinterpret_cast<void const*>(uintptr_t{256});
-        if (p.type == DataType::kFLOAT
-            || !encodeHopperMaps(maps, aligned, aligned, aligned, p.shape, plan, plan.keys, false))
+        if (p.type == DataType::kFLOAT || !encodeHopperMaps(maps, aligned, aligned, aligned, p.shape, plan, plan.keys))
         {
             plan.variant &= ~kHOPPER_VARIANT_TMA;
         }
