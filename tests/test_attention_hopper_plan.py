@@ -89,14 +89,16 @@ def producer_bytes(padded: int) -> int:
 
 
 @pytest.mark.parametrize(
-    ("d", "padded", "stages"),
-    [(40, 64, 0), (64, 64, 0), (72, 80, 0), (96, 96, 0), (104, 128, 2), (128, 128, 2), (256, 256, 0)],
+    ("d", "dv", "padded", "stages"),
+    [(40, 40, 64, 0), (64, 64, 64, 0), (72, 72, 80, 0), (96, 96, 96, 0), (104, 104, 128, 0),
+     (104, 128, 128, 2), (64, 128, 128, 2), (128, 128, 128, 2), (128, 112, 128, 0),
+     (256, 256, 256, 0)],
 )  # fmt: skip
-def test_sixteen_bit_head_dim_128_has_the_warp_specialised_kernel(probe, d, padded, stages):
-    """Shapes without mask and softcap at padded head dim 128 run the warp-specialised kernel
-    (hopperProducerKernel: 128-key tiles, two K/V stages; measured slower at 64); the others, and
-    float32, have none."""
-    got = plan(probe, 2, d)
+def test_sixteen_bit_head_dim_128_has_the_warp_specialised_kernel(probe, d, dv, padded, stages):
+    """Shapes without mask and softcap at padded head dim 128 and value dim 128 run the
+    warp-specialised kernel (hopperProducerKernel: 128-key tiles, two K/V stages; measured slower
+    at 64; a narrower value dim never ran on the GPU); the others, and float32, have none."""
+    got = plan(probe, 2, d, dv)
     assert (got["padded_dim"], got["producer_stages"]) == (padded, stages)
     assert got["producer_shared_bytes"] == (producer_bytes(padded) if stages else 0)
     assert got["producer_shared_bytes"] <= H100_SHARED

@@ -202,9 +202,11 @@ HopperPlan planHopperAttention(AttentionShape const& shape, int32_t elementBytes
     // the warp-specialised kernel (shapes without mask and softcap): Q and two stages each of K
     // and V of 128 keys. Padded head dim 128 only: measured on the H200 it was 1-14% faster there
     // (Llama causal, Flux-like) and at 64 5-50% slower on every row but SDXL self float16 (one
-    // block per SM where the two-block 64-key kernel runs, whole 128-key tiles for 77 keys)
+    // block per SM where the two-block 64-key kernel runs, whole 128-key tiles for 77 keys).
+    // And only with a value dim of 128: the GPU tests ran it at D 128 and D 64 (Q and K zero-filled
+    // past D) with Dv 128, never with V zero-filled past a narrower Dv
     int32_t const producerBytes = (plan.blockRows + 4 * kHOPPER_PRODUCER_KEYS) * plan.paddedDim * elementBytes;
-    if (plan.paddedDim == 128 && producerBytes <= maxSharedBytes)
+    if (plan.paddedDim == 128 && shape.valueDim == 128 && producerBytes <= maxSharedBytes)
     {
         plan.producerStages = 2;
         plan.producerSharedBytes = producerBytes;
