@@ -37,6 +37,7 @@ from graphfix.attention.chain_steps import (
     NoMatch,
     OperandScale,
     after_steps,
+    backward_slice,
     chain_steps,
     operand_qdq,
     operand_steps,
@@ -627,25 +628,10 @@ def _compares_positions(index: GraphIndex, node: onnx.NodeProto) -> bool:
     comparison with a constant side is not causal: T5's relative-position buckets (|i - j| <
     max_exact) and transformers' padding masks (kv_idx >= 0) compare aranges that way."""
     return len(node.input) == 2 and all(
-        not index.is_constant(side) and _from_range(index, side) for side in node.input
+        not index.is_constant(side)
+        and any(n.op_type == "Range" for n in backward_slice(index, side, limit=_MAX_SOURCE_HOPS))
+        for side in node.input
     )
-
-
-def _from_range(index: GraphIndex, tensor: str) -> bool:
-    """`tensor` is computed from a Range (within a few nodes up its inputs)."""
-    stack, seen = [tensor], set()
-    while stack and len(seen) < _MAX_SOURCE_HOPS:
-        name = stack.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        node = index.producer_of(name)
-        if node is None:
-            continue
-        if node.op_type == "Range":
-            return True
-        stack.extend(i for i in node.input if i and not index.is_constant(i))
-    return False
 
 
 def _is_mask_shaped(value: np.ndarray | None, scores: tuple) -> bool:
