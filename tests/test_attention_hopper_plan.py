@@ -83,9 +83,13 @@ def test_sixteen_bit_heads_take_the_next_built_dim(probe, d: int, dv: int, padde
     assert got["shared_bytes"] == sixteen_bit_bytes(padded)
 
 
+SWIZZLE_ALIGN = 1024  # the 128-byte swizzle's period, to which its tiles are aligned
+
+
 def producer_bytes(padded: int) -> int:
-    """The warp-specialised kernel: Q (128 rows) and two stages each of K and V (128 keys)."""
-    return (ROWS + 4 * PRODUCER_KEYS) * padded * 2
+    """The warp-specialised kernel: Q (128 rows) and two stages each of K and V (128 keys), and
+    the slack to start them on a 1024-byte boundary (kHOPPER_SWIZZLE_ALIGN)."""
+    return (ROWS + 4 * PRODUCER_KEYS) * padded * 2 + SWIZZLE_ALIGN
 
 
 @pytest.mark.parametrize(

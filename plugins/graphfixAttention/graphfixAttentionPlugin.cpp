@@ -334,7 +334,8 @@ HopperPlan hopperPlanFor(AttentionProblem const& p)
         // them again with the real ones and loads with cp.async should that fail)
         HopperMaps maps{};
         void const* const aligned = reinterpret_cast<void const*>(uintptr_t{256});
-        if (p.type == DataType::kFLOAT || !encodeHopperMaps(maps, aligned, aligned, aligned, p.shape, plan, plan.keys))
+        if (p.type == DataType::kFLOAT
+            || !encodeHopperMaps(maps, aligned, aligned, aligned, p.shape, plan, plan.keys, false))
         {
             plan.variant &= ~kHOPPER_VARIANT_TMA;
         }

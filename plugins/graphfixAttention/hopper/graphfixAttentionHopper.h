@@ -66,6 +66,14 @@ constexpr int32_t kHOPPER_VARIANT_TMA{16};
 //! (hopperProducerKernel: a producer warpgroup, 128-key tiles) where the plan has one
 //! (HopperPlan::producerStages); else the kernel above.
 constexpr int32_t kHOPPER_VARIANT_PRODUCER{32};
+//! The warp-specialised kernel's two consumer warpgroups take turns issuing their wgmmas (named
+//! barriers), so that one's softmax runs under the other's products.
+constexpr int32_t kHOPPER_VARIANT_PINGPONG{64};
+//! The warp-specialised kernel's Q, K and V tiles in the 128-byte swizzled layout (TMA boxes of
+//! 64-element rows, wgmma descriptors in the 128-byte swizzle mode) instead of the no-swizzle
+//! chunk-major one; where a 64-column box would hold no column of Q, K or V (D or Dv <= padded
+//! head dim - 64) the maps are not encoded and the no-swizzle kernel runs.
+constexpr int32_t kHOPPER_VARIANT_SWIZZLE{128};
 //! The options the plan takes unless GRAPHFIX_ATTENTION_HOPPER_VARIANT says otherwise; bfloat16 adds
 //! kHOPPER_VARIANT_LATE_LOADS except at head dim 80 (hopperPlanFor in graphfixAttentionPlugin.cpp;
 //! moot while TMA loads are on); the float32 kernel and shapes whose maps the driver rejects drop
@@ -74,6 +82,9 @@ constexpr int32_t kHOPPER_DEFAULT_VARIANT{
     kHOPPER_VARIANT_CAUSAL_ORDER | kHOPPER_VARIANT_KEY_MASK | kHOPPER_VARIANT_TMA | kHOPPER_VARIANT_PRODUCER};
 //! The warp-specialised kernel's key tiles (its query rows: kHOPPER_ROWS).
 constexpr int32_t kHOPPER_PRODUCER_KEYS{128};
+//! The 128-byte swizzle repeats every 1024 bytes, counted from 1024-byte boundaries by TMA and by
+//! wgmma (descriptor base offset 0): the swizzled tiles start on one.
+constexpr int32_t kHOPPER_SWIZZLE_ALIGN{1024};
 
 //! What planHopperAttention chose; `keys` 0 means the Hopper kernel does not run (see reason).
 struct HopperPlan
@@ -87,7 +98,8 @@ struct HopperPlan
     //! persistent short-key kernel (hopperTf32ShortKernel) runs, sharedBytes is its 3 Q buffers'
     bool shortKeys{false};
     //! 16-bit only: the K and V stages of the warp-specialised kernel (kHOPPER_VARIANT_PRODUCER;
-    //! 0: none for this head dim) and its dynamic shared memory
+    //! 0: none for this head dim) and its dynamic shared memory (with 1 KB to align the tiles to
+    //! the 1024-byte period of the 128-byte swizzle, kHOPPER_VARIANT_SWIZZLE)
     int32_t producerStages{0};
     int32_t producerSharedBytes{0};
     char const* reason{""}; //!< why not, when keys is 0
@@ -110,11 +122,15 @@ struct HopperMaps
 //! 4-d tensor {8 elements, T rows, D/8 chunks, B*H} with byte strides {-, 2 D, 16, 2 T D} and
 //! read in boxes {8, rows of a tile (Q: plan.blockRows, K and V: `keys`), paddedDim/8, 1}: a box
 //! lands in shared memory innermost first, [chunk][row][8 elements], the kernel's no-swizzle
-//! chunk-major layout, zero-filled past T and D. False (the kernel then loads with cp.async)
-//! where the driver has no encoder or rejects a map (addresses not 16-byte aligned, D not a
-//! multiple of 8).
+//! chunk-major layout, zero-filled past T and D. With `swizzle128` (the warp-specialised
+//! kernel's kHOPPER_VARIANT_SWIZZLE) each matrix is the 3-d tensor {D, T, B*H} read in boxes
+//! {64, rows of a tile, 1} with CU_TENSOR_MAP_SWIZZLE_128B, paddedDim/64 boxes a tile, each
+//! landing as rows of 128 bytes whose 16-byte chunks are permuted within each 8 rows; false where
+//! one of those boxes would lie wholly past D (D <= paddedDim - 64). False (the kernel then loads
+//! with cp.async, or without the swizzle) where the driver has no encoder or rejects a map
+//! (addresses not 16-byte aligned, D not a multiple of 8).
 bool encodeHopperMaps(HopperMaps& maps, void const* q, void const* k, void const* v, AttentionShape const& shape,
-    HopperPlan const& plan, int32_t keys) noexcept;
+    HopperPlan const& plan, int32_t keys, bool swizzle128) noexcept;
 
 //! The Hopper kernel's plan for `shape` with elements of `elementBytes` (2: the 16-bit kernel;
 //! 4: the float32 3xTF32 kernel) on a device of compute capability `computeMajor`.`computeMinor`
