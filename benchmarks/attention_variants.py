@@ -4,7 +4,7 @@ For each shape and 16-bit dtype of attention_bench.py: the own path (GRAPHFIX_AT
 portable) once per distinct variant (bits that cannot change a shape's kernel are dropped: the
 causal order only on causal shapes, the key-mask kernel only on masked ones, the warp-specialised
 kernel only on unmasked ones, its ping-pong and 128-byte swizzle only where it runs: unmasked at
-padded head dim 128), each timed by CUDA
+padded head dims 64 and 256 over more than one key tile, and 128), each timed by CUDA
 events and CUDA-graph replay through the host harness, with its max abs error against float64;
 torch's cuDNN SDPA timed the same two ways in the same run. Prints one table (graphs ms, own/cudnn)
 and writes JSON.
@@ -100,8 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as work:
         for shape in [s for s in SHAPES if any(o in s.name for o in args.only.split(","))]:
-            # the warp-specialised kernel's own bits where the plan gives it the shape
-            producer_runs = not shape.padding_mask and 96 < shape.head_dim <= 128
+            # the warp-specialised kernel's own bits where the plan gives it the shape (padded
+            # head dims 64 and 256 over more than one of its key tiles, 128)
+            producer_runs = not shape.padding_mask and (
+                (shape.head_dim <= 64 and shape.seq_k > 128)
+                or 96 < shape.head_dim <= 128
+                or (192 < shape.head_dim <= 256 and shape.seq_k > 64)
+            )
             relevant = (
                 LATE_LOADS
                 | TMA

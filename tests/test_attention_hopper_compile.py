@@ -65,11 +65,14 @@ ENTRIES = {"float16": 72, "bfloat16": 72, "float32": 14}
 SHORT_DIMS = {32, 64}
 # The 16-bit warp-specialised kernel (hopperProducerKernel, shapes without mask and softcap):
 # padded head dim, keys per tile, K/V stages, consumer ping-pong (kHOPPER_VARIANT_PINGPONG) and
-# 128-byte swizzled tiles (kHOPPER_VARIANT_SWIZZLE), each with and without.
+# 128-byte swizzled tiles (kHOPPER_VARIANT_SWIZZLE): at 128 with and without each, at 64 (128-key
+# tiles) and 256 (64-key tiles) swizzled only.
 PRODUCER_INSTANCE = (
     r"hopperProducerKernelI(?:6__half|13__nv_bfloat16)Li(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb([01])E"
 )
-PRODUCER_BUILT = {(128, 128, 2, pingpong, swizzle) for pingpong in (0, 1) for swizzle in (0, 1)}
+PRODUCER_BUILT = {(128, 128, 2, pingpong, swizzle) for pingpong in (0, 1) for swizzle in (0, 1)} | {
+    (d, n, 2, pingpong, 1) for d, n in ((64, 128), (256, 64)) for pingpong in (0, 1)
+}
 # Kernels left serialised on purpose, with the measurement that chose it: bfloat16's plain
 # head-dim-80 kernels keep two blocks of 128 registers, where ptxas serialises them whether or not
 # they wait (kWAIT_PV in graphfixAttentionHopper.cuh); SigLIP-384 b32 on the H200: 0.487 ms
@@ -123,9 +126,8 @@ def test_every_hopper_kernel_instance_compiles_for_sm_90a(compiled):
 
 
 def test_the_warp_specialised_kernels_compile_without_spills(compiled):
-    """16-bit: the warp-specialised kernel at padded head dim 128 (128-key tiles, two K/V
-    stages; with and without the ping-pong and the 128-byte swizzle), with no spills: its
-    consumers run at the 240 registers setmaxnreg gives them (ptxas reports the 168 of the
+    """16-bit: the warp-specialised kernel (two K/V stages; PRODUCER_BUILT), with no spills:
+    its consumers run at the 240 registers setmaxnreg gives them (ptxas reports the 168 of the
     launch)."""
     _, log, dtype = compiled
     if dtype == "float32":

@@ -367,8 +367,9 @@ std::string hopperText(HopperPlan const& plan, DataType type)
         + (plan.producerStages > 0 && (plan.variant & kHOPPER_VARIANT_PRODUCER) != 0
                   && (plan.variant & kHOPPER_VARIANT_TMA) != 0
               ? ", warp-specialised without mask or softcap (" + std::to_string(plan.blockRows) + "x"
-                  + std::to_string(kHOPPER_PRODUCER_KEYS) + " tiles, " + std::to_string(plan.producerStages)
-                  + " K/V stages, " + std::to_string(plan.producerSharedBytes) + " bytes)"
+                  + std::to_string(plan.producerKeys) + " tiles, " + std::to_string(plan.producerStages)
+                  + " K/V stages, " + std::to_string(plan.producerSharedBytes) + " bytes"
+                  + ((plan.variant & kHOPPER_VARIANT_SWIZZLE) != 0 ? ", 128-byte swizzled" : "") + ")"
               : "")
         + ((plan.variant & kHOPPER_VARIANT_TMA) != 0 ? ", TMA loads" : "");
 }

@@ -33,7 +33,7 @@ namespace
 {
 
 constexpr int32_t kD = 128;    // padded head dim of the warp-specialised kernel
-constexpr int32_t kN = 128;    // its keys per tile (kHOPPER_PRODUCER_KEYS)
+constexpr int32_t kN = 128;    // its keys per tile at that head dim (HopperPlan::producerKeys)
 constexpr int32_t kROWS = 128; // its query rows per block (2 consumer warpgroups)
 constexpr float kP_SCALE = 1.F / 64.F; // S scaled into P's range before P V
 

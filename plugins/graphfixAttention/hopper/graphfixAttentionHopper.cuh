@@ -1078,22 +1078,37 @@ cudaError_t withHopperKernel(HopperPlan const& plan, HopperKind kind, bool tma, 
     }
 }
 
-//! Calls f with the warp-specialised kernel for the plan (plan.producerStages > 0; the ping-pong
-//! where its variant asks for it) with or without the 128-byte swizzle, or returns
-//! cudaErrorInvalidConfiguration.
+//! The warp-specialised kernel with the consumer ping-pong or without (plan.variant).
+template <typename T, int32_t kD, int32_t kN, bool kSWIZZLE, typename F>
+cudaError_t withPingPong(HopperPlan const& plan, F&& f)
+{
+    return (plan.variant & kHOPPER_VARIANT_PINGPONG) != 0 ? f(hopperProducerKernel<T, kD, kN, 2, true, kSWIZZLE>)
+                                                          : f(hopperProducerKernel<T, kD, kN, 2, false, kSWIZZLE>);
+}
+
+//! Whether the warp-specialised kernel is built for the plan's padded head dim in this layout:
+//! swizzled at 64, 128 and 256, unswizzled at 128 only.
+inline bool producerKernelBuilt(HopperPlan const& plan, bool swizzle)
+{
+    return plan.paddedDim == 128 || (swizzle && (plan.paddedDim == 64 || plan.paddedDim == 256));
+}
+
+//! Calls f with the warp-specialised kernel for the plan (plan.producerStages > 0) in the layout
+//! asked for, or returns cudaErrorInvalidConfiguration where none is built.
 template <typename T, typename F>
 cudaError_t withProducerKernel(HopperPlan const& plan, bool swizzle, F&& f)
 {
-    constexpr int32_t kN = kHOPPER_PRODUCER_KEYS;
-    if (plan.producerStages != 2 || plan.blockRows != kHOPPER_ROWS || plan.paddedDim != 128)
+    if (plan.producerStages != 2 || plan.blockRows != kHOPPER_ROWS || !producerKernelBuilt(plan, swizzle)
+        || plan.producerKeys != (plan.paddedDim == 256 ? 64 : 128))
     {
         return cudaErrorInvalidConfiguration;
     }
-    bool const pingpong = (plan.variant & kHOPPER_VARIANT_PINGPONG) != 0;
-    return pingpong ? (swizzle ? f(hopperProducerKernel<T, 128, kN, 2, true, true>)
-                               : f(hopperProducerKernel<T, 128, kN, 2, true, false>))
-                    : (swizzle ? f(hopperProducerKernel<T, 128, kN, 2, false, true>)
-                               : f(hopperProducerKernel<T, 128, kN, 2, false, false>));
+    switch (plan.paddedDim)
+    {
+    case 64: return withPingPong<T, 64, 128, true>(plan, f);
+    case 128: return swizzle ? withPingPong<T, 128, 128, true>(plan, f) : withPingPong<T, 128, 128, false>(plan, f);
+    default: return withPingPong<T, 256, 64, true>(plan, f);
+    }
 }
 
 } // namespace
@@ -1112,10 +1127,14 @@ cudaError_t prepareHopperAttention(HopperPlan const& plan) noexcept
     };
     if (plan.producerStages > 0)
     {
-        // both layouts: a shape the swizzled maps cannot take runs the unswizzled kernel
-        // (encodeHopperMaps)
+        // both layouts where both are built: a shape the swizzled maps cannot take runs the
+        // unswizzled kernel (encodeHopperMaps), else the kernel above
         for (bool const swizzle : {false, (plan.variant & kHOPPER_VARIANT_SWIZZLE) != 0})
         {
+            if (!producerKernelBuilt(plan, swizzle))
+            {
+                continue;
+            }
             cudaError_t const status = withProducerKernel<T>(plan, swizzle, [&](auto kernel) {
                 return cudaFuncSetAttribute(
                     kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.producerSharedBytes);
@@ -1166,10 +1185,13 @@ cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionM
     if (tma && kind == HopperKind::kPlain && plan.producerStages > 0
         && (plan.variant & kHOPPER_VARIANT_PRODUCER) != 0)
     {
-        // the swizzled maps where the variant asks for them and the shape has them, else the others
+        // the swizzled maps where the variant asks for them and the shape has them, else the
+        // others where that kernel is built, else the kernel below
         bool const swizzle = (plan.variant & kHOPPER_VARIANT_SWIZZLE) != 0
-            && encodeHopperMaps(maps, q, k, v, shape, plan, kHOPPER_PRODUCER_KEYS, true);
-        if (swizzle || encodeHopperMaps(maps, q, k, v, shape, plan, kHOPPER_PRODUCER_KEYS, false))
+            && encodeHopperMaps(maps, q, k, v, shape, plan, plan.producerKeys, true);
+        if (swizzle
+            || (producerKernelBuilt(plan, false)
+                && encodeHopperMaps(maps, q, k, v, shape, plan, plan.producerKeys, false)))
         {
             return withProducerKernel<T>(plan, swizzle, [&](auto kernel) {
                 kernel<<<static_cast<uint32_t>(grid.blocks), 384U, static_cast<size_t>(plan.producerSharedBytes),

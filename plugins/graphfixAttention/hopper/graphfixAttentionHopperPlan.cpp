@@ -222,17 +222,25 @@ HopperPlan planHopperAttention(AttentionShape const& shape, int32_t elementBytes
         return plan;
     }
     // the warp-specialised kernel (shapes without mask and softcap): Q and two stages each of K
-    // and V of 128 keys. Padded head dim 128 only: measured on the H200 it was 1-14% faster there
-    // (Llama causal, Flux-like) and at 64 5-50% slower on every row but SDXL self float16 (one
-    // block per SM where the two-block 64-key kernel runs, whole 128-key tiles for 77 keys).
-    // And only with a value dim of 128: the GPU tests ran it at D 128 and D 64 (Q and K zero-filled
-    // past D) with Dv 128, never with V zero-filled past a narrower Dv. (And 1 KB to align the
-    // tiles for the 128-byte swizzle, kHOPPER_VARIANT_SWIZZLE.)
+    // and V (128-key tiles; 64 at padded head dim 256, where O takes 128 registers a thread),
+    // and 1 KB to align the tiles for the 128-byte swizzle (kHOPPER_VARIANT_SWIZZLE). At padded
+    // head dim 128 only with a value dim of 128: the GPU tests ran it at D 128 and D 64 (Q and K
+    // zero-filled past D) with Dv 128, never with V zero-filled past a narrower Dv. At 64 and 256
+    // only swizzled (every 64-column box holding a column: D and Dv above 192 at 256) and over
+    // more than one key tile: without the swizzle, at 64, it was 5-50% slower than the two-block
+    // 64-key kernel on every row but SDXL self float16, most where the keys fit one tile (SDXL
+    // cross, 77 keys: +45%).
+    int32_t const producerKeys = plan.paddedDim == 256 ? 64 : 128;
     int32_t const producerBytes
-        = (plan.blockRows + 4 * kHOPPER_PRODUCER_KEYS) * plan.paddedDim * elementBytes + kHOPPER_SWIZZLE_ALIGN;
-    if (plan.paddedDim == 128 && shape.valueDim == 128 && producerBytes <= maxSharedBytes)
+        = (plan.blockRows + 4 * producerKeys) * plan.paddedDim * elementBytes + kHOPPER_SWIZZLE_ALIGN;
+    bool const producerShape = plan.paddedDim == 128 ? shape.valueDim == 128
+        : plan.paddedDim == 64                      ? shape.seqK > producerKeys
+        : plan.paddedDim == 256 ? shape.headDim > 192 && shape.valueDim > 192 && shape.seqK > producerKeys
+                                : false;
+    if (producerShape && producerBytes <= maxSharedBytes)
     {
         plan.producerStages = 2;
+        plan.producerKeys = producerKeys;
         plan.producerSharedBytes = producerBytes;
     }
     return plan;
