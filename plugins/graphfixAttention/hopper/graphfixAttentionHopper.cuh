@@ -165,12 +165,6 @@ __device__ __forceinline__ void namedBarrier(uint32_t id, uint32_t threads)
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-//! This thread's arrival at named barrier `id` of `threads` threads, not waiting for it.
-__device__ __forceinline__ void namedBarrierArrive(uint32_t id, uint32_t threads)
-{
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 //! One box of a 4-d tensor map into shared memory, completing on `bar` (bytes counted there).
 __device__ __forceinline__ void tmaLoad(
     uint32_t shared, CUtensorMap const* map, int32_t c1, int32_t c3, uint32_t bar)
@@ -785,14 +779,11 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
 //! warpgroup runs the overlap of hopperAttentionKernel (S_j+1 and P_j V_j issued together, the
 //! softmax of S_j+1 under P_j V_j; bfloat16, whose split P doubles the P registers, waits for
 //! both first, kWAIT_PV's reason).
-//! kPINGPONG (kHOPPER_VARIANT_PINGPONG): the consumer warpgroups take turns issuing S_j+1 and
-//! P_j V_j (named barriers 2 and 3, warpgroup 1 first), so that one's softmax runs while the
-//! other's products hold the tensor cores.
 //! kSWIZZLE (kHOPPER_VARIANT_SWIZZLE): Q, K and V tiles as column blocks of 64 elements, [block]
 //! [row][64] with the 128-byte swizzle (each 16-byte chunk of row r at chunk c ^ (r % 8) of its
 //! 128-byte row), written by TMA boxes of {64, rows} and read by wgmma in the same mode
 //! (swizzledDescriptor); where the no-swizzle layout has 16-byte rows, 2048 of them per 32 KB tile.
-template <typename T, int32_t kD, int32_t kN, int32_t kSTAGES, bool kPINGPONG, bool kSWIZZLE>
+template <typename T, int32_t kD, int32_t kN, int32_t kSTAGES, bool kSWIZZLE>
 __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restrict__ q, T const* __restrict__ k,
     T const* __restrict__ v, T* __restrict__ out, AttentionShape const shape, AttentionParams const givenParams,
     int32_t const qTiles, int32_t const variant, __grid_constant__ HopperMaps const maps)
@@ -925,10 +916,6 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
     float alpha[2];
     uint32_t p[kN / 16][4];
     uint32_t lo[kN / 16][4];
-    if (kPINGPONG && group == 1)
-    {
-        namedBarrierArrive(2, 256); // warpgroup 1 (group 0) issues first
-    }
     if (keyTiles > 0)
     {
         mbarrierWait(barrierQ, 0);
@@ -970,16 +957,8 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
         // between the two wgmma issues made ptxas serialise them, C7513.)
         mbarrierWait(fullK(j + 1), parity(j + 1));
         mbarrierWait(fullV(j), parity(j));
-        if constexpr (kPINGPONG)
-        {
-            namedBarrier(2 + group, 256); // this warpgroup's turn on the tensor cores
-        }
         issueScores(s, j + 1); // S_j+1 on the tensor cores, then P_j V_j, while ...
         issueValues(j);
-        if constexpr (kPINGPONG)
-        {
-            namedBarrierArrive(3 - group, 256); // the other's turn
-        }
         if constexpr (kSPLIT_P<T>)
         {
             wgmmaWait<0>();
@@ -1078,14 +1057,6 @@ cudaError_t withHopperKernel(HopperPlan const& plan, HopperKind kind, bool tma, 
     }
 }
 
-//! The warp-specialised kernel with the consumer ping-pong or without (plan.variant).
-template <typename T, int32_t kD, int32_t kN, bool kSWIZZLE, typename F>
-cudaError_t withPingPong(HopperPlan const& plan, F&& f)
-{
-    return (plan.variant & kHOPPER_VARIANT_PINGPONG) != 0 ? f(hopperProducerKernel<T, kD, kN, 2, true, kSWIZZLE>)
-                                                          : f(hopperProducerKernel<T, kD, kN, 2, false, kSWIZZLE>);
-}
-
 //! Whether the warp-specialised kernel is built for the plan's padded head dim in this layout:
 //! swizzled at 64, 128 and 256, unswizzled at 128 only.
 inline bool producerKernelBuilt(HopperPlan const& plan, bool swizzle)
@@ -1105,9 +1076,9 @@ cudaError_t withProducerKernel(HopperPlan const& plan, bool swizzle, F&& f)
     }
     switch (plan.paddedDim)
     {
-    case 64: return withPingPong<T, 64, 128, true>(plan, f);
-    case 128: return swizzle ? withPingPong<T, 128, 128, true>(plan, f) : withPingPong<T, 128, 128, false>(plan, f);
-    default: return withPingPong<T, 256, 64, true>(plan, f);
+    case 64: return f(hopperProducerKernel<T, 64, 128, 2, true>);
+    case 128: return swizzle ? f(hopperProducerKernel<T, 128, 128, 2, true>) : f(hopperProducerKernel<T, 128, 128, 2, false>);
+    default: return f(hopperProducerKernel<T, 256, 64, 2, true>);
     }
 }
 

@@ -66,9 +66,8 @@ constexpr int32_t kHOPPER_VARIANT_TMA{16};
 //! (hopperProducerKernel: a producer warpgroup, HopperPlan::producerKeys-key tiles) where the plan
 //! has one (HopperPlan::producerStages); else the kernel above.
 constexpr int32_t kHOPPER_VARIANT_PRODUCER{32};
-//! The warp-specialised kernel's two consumer warpgroups take turns issuing their wgmmas (named
-//! barriers), so that one's softmax runs under the other's products.
-constexpr int32_t kHOPPER_VARIANT_PINGPONG{64};
+//! (Bit 64, the consumer warpgroups taking turns on the tensor cores, measured no faster on the
+//! H200 and removed: notes/attention_plugin.md, "128-byte swizzled tiles".)
 //! The warp-specialised kernel's Q, K and V tiles in the 128-byte swizzled layout (TMA boxes of
 //! 64-element rows, wgmma descriptors in the 128-byte swizzle mode) instead of the no-swizzle
 //! chunk-major one, whose 16-byte box rows (2048 per 32 KB tile) bound it: on the H200 at head dim
