@@ -15,6 +15,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import plugin_harness_support as support
 import pytest
 from compile_cache import compile_once
 
@@ -61,22 +62,9 @@ def test_the_tile_probe_compiles_without_spills_or_serialised_wgmma(probe) -> No
     assert not re.search(r"C751\d", log), log
 
 
-def _sm90() -> bool:
-    try:
-        done = subprocess.run(
-            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return False
-    return done.stdout.strip().splitlines()[0].strip() == "9.0"
-
-
 @pytest.mark.gpu
 def test_tma_tiles_and_wgmma_descriptors_match_float64(probe) -> None:
-    if not _sm90():
+    if support.gpu_compute_capability() != "90":
         pytest.skip("the probe runs wgmma and TMA: an sm_90 GPU (H100/H200) only")
     binary, _ = probe
     done = subprocess.run([str(binary)], capture_output=True, text=True, timeout=120, check=False)

@@ -162,29 +162,29 @@ __global__ void __launch_bounds__(256, 1) tileProbeKernel(__grid_constant__ Hopp
 }
 
 template <typename T>
-T fromFloat(float x);
-template <>
-__half fromFloat<__half>(float x)
+T fromFloat(float x)
 {
-    return __float2half_rn(x);
-}
-template <>
-__nv_bfloat16 fromFloat<__nv_bfloat16>(float x)
-{
-    return __float2bfloat16_rn(x);
+    if constexpr (std::is_same<T, __half>::value)
+    {
+        return __float2half_rn(x);
+    }
+    else
+    {
+        return __float2bfloat16_rn(x);
+    }
 }
 
 template <typename T>
-float toFloat(T x);
-template <>
-float toFloat<__half>(__half x)
+float toFloat(T x)
 {
-    return __half2float(x);
-}
-template <>
-float toFloat<__nv_bfloat16>(__nv_bfloat16 x)
-{
-    return __bfloat162float(x);
+    if constexpr (std::is_same<T, __half>::value)
+    {
+        return __half2float(x);
+    }
+    else
+    {
+        return __bfloat162float(x);
+    }
 }
 
 //! One shape: heads of Q and of K/V, rows, head dims; the tiles read (query row q0 of head qHead,

@@ -6,8 +6,8 @@
  * (-gencode=arch=compute_90a,code=sm_90a): wgmma exists nowhere else.
  *
  * hopperAttentionKernel, per block: kWG warpgroups x 64 query rows (2 x 64 as built), tiles of
- * kN = 64 keys (hopperProducerKernel, the warp-specialised kernel for unmasked shapes at head dim
- * 128, is described where it is defined). All
+ * kN = 64 keys (hopperProducerKernel, the warp-specialised kernel for unmasked shapes at padded
+ * head dims 64, 128 and 256, is described where it is defined). All
  * threads load with cp.async, K one tile ahead of V (two stages each); or (kTMA, the default
  * where the tensor maps can be encoded) thread 0 issues TMA box loads of the same tiles right
  * after the barrier and every thread waits on the stage's mbarrier instead of its own cp.async
@@ -774,7 +774,8 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
 //! into a ring of kSTAGES K and kSTAGES V stages (a "full" mbarrier per stage that the load
 //! completes, an "empty" one that each consumer thread arrives on once the wgmma reading the
 //! stage has completed), and lowers its registers to 24 so that warpgroups 1 and 2, 64 query rows each,
-//! run at 240: enough for 128-key tiles (S is 64 registers a thread) beside O at head dim 128.
+//! run at 240: enough for 128-key tiles (S is 64 registers a thread) beside O at head dim 128,
+//! and for 64-key tiles beside O at 256 (128 registers).
 //! No block-wide barrier per tile: a consumer waits only for the stages it reads. Each consumer
 //! warpgroup runs the overlap of hopperAttentionKernel (S_j+1 and P_j V_j issued together, the
 //! softmax of S_j+1 under P_j V_j; bfloat16, whose split P doubles the P registers, waits for
@@ -782,7 +783,8 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
 //! kSWIZZLE (kHOPPER_VARIANT_SWIZZLE): Q, K and V tiles as column blocks of 64 elements, [block]
 //! [row][64] with the 128-byte swizzle (each 16-byte chunk of row r at chunk c ^ (r % 8) of its
 //! 128-byte row), written by TMA boxes of {64, rows} and read by wgmma in the same mode
-//! (swizzledDescriptor); where the no-swizzle layout has 16-byte rows, 2048 of them per 32 KB tile.
+//! (swizzledDescriptor); where the no-swizzle layout has 16-byte rows, 2048 of them per 32 KB tile,
+//! more than the copy engine moved in the time the tensor cores took for a tile.
 template <typename T, int32_t kD, int32_t kN, int32_t kSTAGES, bool kSWIZZLE>
 __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restrict__ q, T const* __restrict__ k,
     T const* __restrict__ v, T* __restrict__ out, AttentionShape const shape, AttentionParams const givenParams,
@@ -842,22 +844,6 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
             // the maps' (batch, head) coordinate of this block's Q and of its K/V (GQA: the KV head)
             int32_t const qHead = static_cast<int32_t>((block.qBase - q) / (shape.seqQ * shape.headDim));
             int32_t const kvHead = static_cast<int32_t>((block.kBase - k) / (shape.seqK * shape.headDim));
-            // a tile of `rows` rows from row `row0` (kSWIZZLE: one box per 64-element column block)
-            auto const tile = [&](T* shared, CUtensorMap const* map, int32_t rows, int32_t row0, int32_t head,
-                                  uint32_t full) {
-                if constexpr (kSWIZZLE)
-                {
-#pragma unroll
-                    for (int32_t b = 0; b < kD / 64; ++b)
-                    {
-                        tmaLoad3d(sharedAddress(shared + b * rows * 64), map, b * 64, row0, head, full);
-                    }
-                }
-                else
-                {
-                    tmaLoad(sharedAddress(shared), map, row0, head, full);
-                }
-            };
             mbarrierArriveExpect(barrierQ, kRows * kD * sizeof(T));
             loadTile<T, kD, kSWIZZLE>(sQ, &maps.q, kRows, static_cast<int32_t>(block.q0), qHead, barrierQ);
             auto const load = [&](CUtensorMap const* map, T* stages, uint32_t full, uint32_t empty, int32_t j) {

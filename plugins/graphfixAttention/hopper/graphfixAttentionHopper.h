@@ -16,10 +16,12 @@
  * flash kernel: masks, causal, softcap, mask_fill, nan_to_zero); the probabilities become the
  * register A operand of O += P V_j (wgmma with V N-major in shared memory). float16 rounds P
  * once; bfloat16 splits it into two terms, as the mma.sync kernel does (kSPLIT_P).
- * At padded head dim 128 without mask and softcap a warp-specialised kernel runs instead
+ * Without mask and softcap a warp-specialised kernel runs instead at padded head dims 128 (Dv
+ * 128), 64 (float16, more than 128 keys) and 256 (D and Dv above 192, more than 64 keys)
  * (hopperProducerKernel, kHOPPER_VARIANT_PRODUCER): a producer warpgroup issues the TMA loads of
- * 128-key tiles into a two-stage ring paced by mbarriers, and the two consumer warpgroups run at
- * 240 registers (setmaxnreg) with no block-wide barrier per tile.
+ * 128-key tiles (64 at 256) in the 128-byte swizzled layout into a two-stage ring paced by
+ * mbarriers, and the two consumer warpgroups run at 240 registers (setmaxnreg) with no
+ * block-wide barrier per tile.
  *
  * Built only when the build's CUDA architectures include 90 (GRAPHFIX_WITH_HOPPER); otherwise
  * planHopperAttention always answers keys = 0, and the mma.sync flash kernel runs instead.
@@ -70,14 +72,16 @@ constexpr int32_t kHOPPER_VARIANT_PRODUCER{32};
 //! H200 and removed: notes/attention_plugin.md, "128-byte swizzled tiles".)
 //! The warp-specialised kernel's Q, K and V tiles in the 128-byte swizzled layout (TMA boxes of
 //! 64-element rows, wgmma descriptors in the 128-byte swizzle mode) instead of the no-swizzle
-//! chunk-major one, whose 16-byte box rows (2048 per 32 KB tile) bound it: on the H200 at head dim
-//! 128, 38-43% faster in float16 and 15-20% in bfloat16. Where a 64-column box would hold no column of Q, K or V (D or Dv <=
-//! padded head dim - 64) the maps are not encoded and the no-swizzle kernel runs; that one exists
-//! at padded head dim 128 only, so elsewhere (and without this bit) the kernel above runs.
+//! chunk-major one, whose 16-byte box rows (2048 per 32 KB tile) bound the copy engine: on the
+//! H200 at head dim 128, 38-43% faster in float16 and 15-20% in bfloat16. Where a 64-column box
+//! would hold no column of Q, K or V (D or Dv <= padded head dim - 64) the maps are not encoded
+//! and the no-swizzle kernel runs; that one exists at padded head dim 128 only, so elsewhere (and
+//! without this bit) the kernel above runs.
 constexpr int32_t kHOPPER_VARIANT_SWIZZLE{128};
 //! The options the plan takes unless GRAPHFIX_ATTENTION_HOPPER_VARIANT says otherwise; bfloat16 adds
-//! kHOPPER_VARIANT_LATE_LOADS except at head dim 80 (hopperPlanFor in graphfixAttentionPlugin.cpp;
-//! moot while TMA loads are on); the float32 kernel and shapes whose maps the driver rejects drop
+//! kHOPPER_VARIANT_LATE_LOADS except at head dim 80 and drops kHOPPER_VARIANT_PRODUCER at padded
+//! head dim 64 (hopperPlanFor in graphfixAttentionPlugin.cpp; the load order is moot while TMA
+//! loads are on); the float32 kernel and shapes whose maps the driver rejects drop
 //! kHOPPER_VARIANT_TMA there.
 constexpr int32_t kHOPPER_DEFAULT_VARIANT{kHOPPER_VARIANT_CAUSAL_ORDER | kHOPPER_VARIANT_KEY_MASK
     | kHOPPER_VARIANT_TMA | kHOPPER_VARIANT_PRODUCER | kHOPPER_VARIANT_SWIZZLE};
