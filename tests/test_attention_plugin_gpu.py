@@ -134,6 +134,14 @@ CASES = (
     # wrapping the ring three times with a partial last one, grouped heads; and causal
     Case("ring_gqa_d128", (2, 2, 260, 128), 1, 700, 128),
     Case("ring_causal_d128", (1, 4, 300, 128), 2, 300, 128, causal=True),
+    # the same kernel at a head dim that pads to 128 with a partial 64-column block (its 128-byte
+    # swizzled tiles, kHOPPER_VARIANT_SWIZZLE: the second box of each Q and K row zero-filled past
+    # D = 112), over a partial query tile and a partial key tile
+    Case("ring_d112_dv128", (1, 3, 200, 112), 3, 250, 128),
+    # the same kernel at padded head dims 64 (D 40: one 64-column box zero-filled past 40; causal,
+    # grouped heads) and 256 (64-key tiles; grouped heads, partial tiles)
+    Case("ring_causal_d40", (1, 4, 300, 40), 2, 300, 40, causal=True),
+    Case("ring_gqa_d256", (1, 4, 200, 256), 2, 300, 256),
     Case("rand_bool", (2, 4, 64, 80), 4, 80, 64, mask="rand_bool", mask_shape=(2, 4, 64, 80)),
     Case("add_q", (2, 4, 64, 80), 4, 80, 64, mask="add_q", mask_shape=(2, 1, 1, 80)),
     Case("add_q_direct", (2, 4, 64, 64), 4, 64, 64, mask="add_q", mask_shape=(2, 1, 64, 64)),

@@ -314,6 +314,13 @@ HopperPlan hopperPlanFor(AttentionProblem const& p)
         // slower (BERT)
         plan.variant |= kHOPPER_VARIANT_LATE_LOADS;
     }
+    if (p.type == DataType::kBF16 && plan.paddedDim == 64)
+    {
+        // measured on the H200: the warp-specialised kernel at padded head dim 64 no faster than
+        // the two-block 64-key kernel in bfloat16 (SDXL self -4%, SD 1.5 self 0%, BERT +10%; in
+        // float16 -25%, -13%, -13%): bfloat16's split P binds it to the tensor cores there
+        plan.variant &= ~kHOPPER_VARIANT_PRODUCER;
+    }
     // GRAPHFIX_ATTENTION_HOPPER_VARIANT=<bits>: the kernel's options (kHOPPER_VARIANT_*), for measuring them
     char const* const variant = std::getenv(kGRAPHFIX_ATTENTION_HOPPER_VARIANT_ENV);
     if (variant != nullptr && *variant != '\0')
@@ -334,7 +341,8 @@ HopperPlan hopperPlanFor(AttentionProblem const& p)
         // them again with the real ones and loads with cp.async should that fail)
         HopperMaps maps{};
         void const* const aligned = reinterpret_cast<void const*>(uintptr_t{256});
-        if (p.type == DataType::kFLOAT || !encodeHopperMaps(maps, aligned, aligned, aligned, p.shape, plan, plan.keys))
+        if (p.type == DataType::kFLOAT
+            || !encodeHopperMaps(maps, aligned, aligned, aligned, p.shape, plan, plan.keys, false))
         {
             plan.variant &= ~kHOPPER_VARIANT_TMA;
         }
@@ -366,8 +374,9 @@ std::string hopperText(HopperPlan const& plan, DataType type)
         + (plan.producerStages > 0 && (plan.variant & kHOPPER_VARIANT_PRODUCER) != 0
                   && (plan.variant & kHOPPER_VARIANT_TMA) != 0
               ? ", warp-specialised without mask or softcap (" + std::to_string(plan.blockRows) + "x"
-                  + std::to_string(kHOPPER_PRODUCER_KEYS) + " tiles, " + std::to_string(plan.producerStages)
-                  + " K/V stages, " + std::to_string(plan.producerSharedBytes) + " bytes)"
+                  + std::to_string(plan.producerKeys) + " tiles, " + std::to_string(plan.producerStages)
+                  + " K/V stages, " + std::to_string(plan.producerSharedBytes) + " bytes"
+                  + ((plan.variant & kHOPPER_VARIANT_SWIZZLE) != 0 ? ", 128-byte swizzled" : "") + ")"
               : "")
         + ((plan.variant & kHOPPER_VARIANT_TMA) != 0 ? ", TMA loads" : "");
 }

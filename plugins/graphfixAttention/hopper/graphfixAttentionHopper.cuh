@@ -6,8 +6,8 @@
  * (-gencode=arch=compute_90a,code=sm_90a): wgmma exists nowhere else.
  *
  * hopperAttentionKernel, per block: kWG warpgroups x 64 query rows (2 x 64 as built), tiles of
- * kN = 64 keys (hopperProducerKernel, the warp-specialised kernel for unmasked shapes at head dim
- * 128, is described where it is defined). All
+ * kN = 64 keys (hopperProducerKernel, the warp-specialised kernel for unmasked shapes at padded
+ * head dims 64, 128 and 256, is described where it is defined). All
  * threads load with cp.async, K one tile ahead of V (two stages each); or (kTMA, the default
  * where the tensor maps can be encoded) thread 0 issues TMA box loads of the same tiles right
  * after the barrier and every thread waits on the stage's mbarrier instead of its own cp.async
@@ -176,6 +176,17 @@ __device__ __forceinline__ void tmaLoad(
         : "memory");
 }
 
+//! One box of a 3-d tensor map (the 128-byte swizzled maps: column c0, row c1, head c2).
+__device__ __forceinline__ void tmaLoad3d(
+    uint32_t shared, CUtensorMap const* map, int32_t c0, int32_t c1, int32_t c2, uint32_t bar)
+{
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+        "[%5];\n" ::"r"(shared),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
+}
+
 __device__ __forceinline__ void prefetchTensorMap(CUtensorMap const* map)
 {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
@@ -186,6 +197,72 @@ __device__ __forceinline__ uint64_t descriptor(uint32_t address, uint32_t leadin
 {
     return static_cast<uint64_t>((address & 0x3FFFFU) >> 4) | (static_cast<uint64_t>((leading & 0x3FFFFU) >> 4) << 16)
         | (static_cast<uint64_t>((stride & 0x3FFFFU) >> 4) << 32);
+}
+
+//! The same in the 128-byte swizzle mode (layout type 1 in bits 62-63). K-major operands (Q, K):
+//! rows of 128 bytes (64 elements), the next 8 rows 1024 bytes on (SBO); LBO unused (1). N-major
+//! (V): the next 8 keys 1024 bytes on (SBO), the next 64 value-dim elements `leading` bytes on.
+__device__ __forceinline__ uint64_t swizzledDescriptor(uint32_t address, uint32_t leading)
+{
+    return descriptor(address, leading, 1024) | (uint64_t{1} << 62);
+}
+
+//! Where the wgmma chain's step kk (head-dim elements 16 kk .. 16 kk + 15) of a K-major operand
+//! of `rows` rows starts, in the descriptor's 16-byte units: no swizzle, 2 chunk columns of rows
+//! x 16 bytes a step; 128-byte swizzle, 64-element column blocks of rows x 128 bytes, 32 bytes a
+//! step within one (the hardware applies the swizzle to the address it computes, so a step inside
+//! a swizzled row is a plain offset from the 1024-byte-aligned block).
+template <bool kSWIZZLE>
+__device__ __forceinline__ uint64_t kMajorStep(int32_t kk, int32_t rows)
+{
+    return static_cast<uint64_t>(kSWIZZLE ? (kk / 4) * rows * 8 + (kk % 4) * 2 : 2 * kk * rows);
+}
+
+//! A K-major operand of `rows` rows starting at `address` (Q as A, K as B of S = Q Kᵀ): no
+//! swizzle, LBO = the next 8 head-dim elements (rows x 16 bytes on), SBO = 8 rows (128 bytes);
+//! 128-byte swizzle, swizzledDescriptor's. A warpgroup's Q rows start kMajorRowBytes<> x row on.
+template <bool kSWIZZLE>
+__device__ __forceinline__ uint64_t kMajorDescriptor(uint32_t address, int32_t rows)
+{
+    return kSWIZZLE ? swizzledDescriptor(address, 16) : descriptor(address, static_cast<uint32_t>(rows) * 16U, 128);
+}
+
+template <bool kSWIZZLE>
+__device__ __forceinline__ constexpr uint32_t kMajorRowBytes()
+{
+    return kSWIZZLE ? 128U : 16U;
+}
+
+//! V as the N-major B operand of P V, a tile of kN keys at `address`: no swizzle, LBO = the next 8
+//! keys (128 bytes), SBO = the next 8 value-dim elements (kN keys of 16 bytes); 128-byte swizzle,
+//! SBO = the next 8 keys (1024 bytes), LBO = the next 64 value-dim elements (the next column
+//! block, kN rows of 128 bytes on).
+template <bool kSWIZZLE, int32_t kN>
+__device__ __forceinline__ uint64_t valueDescriptor(uint32_t address)
+{
+    return kSWIZZLE ? swizzledDescriptor(address, kN * 128) : descriptor(address, 128, kN * 16);
+}
+
+//! A tile of `rows` rows of a [heads, rows, kD] matrix from row `row0` of head `head` into
+//! `shared` by TMA, completing on `full` (which expects rows x kD elements' bytes): no swizzle,
+//! one box of the 4-d chunk-major map; kSWIZZLE, one box of {64, rows} per 64-element column
+//! block, block b at b x rows x 64 elements (each 1024-byte aligned when `shared` is).
+template <typename T, int32_t kD, bool kSWIZZLE>
+__device__ __forceinline__ void loadTile(
+    T* shared, CUtensorMap const* map, int32_t rows, int32_t row0, int32_t head, uint32_t full)
+{
+    if constexpr (kSWIZZLE)
+    {
+#pragma unroll
+        for (int32_t b = 0; b < kD / 64; ++b)
+        {
+            tmaLoad3d(sharedAddress(shared + b * rows * 64), map, b * 64, row0, head, full);
+        }
+    }
+    else
+    {
+        tmaLoad(sharedAddress(shared), map, row0, head, full);
+    }
 }
 
 //! Copies rows [row0, row0 + kRows) x [0, kD) of a [rows, cols] matrix into the chunk-major
@@ -234,10 +311,11 @@ __device__ __forceinline__ void clearAccumulators(float (&o)[kN][4])
 }
 
 //! S = Q K_jᵀ into s, issued and committed (not waited for): one chain of wgmma with both
-//! operands in shared memory, 2 chunks of 8 head-dim elements a step. Q (A, K-major, kRows rows
+//! operands in shared memory, 16 head-dim elements a step (kMajorStep). Q (A, K-major, kRows rows
 //! in the block): LBO = the next 8 head-dim elements (kRows rows of 16 bytes), SBO = 8 rows;
-//! K (B, K-major, N = kN keys): LBO = kN rows of 16 bytes, SBO = 8 rows.
-template <typename T, int32_t kD, int32_t kN, int32_t kRows>
+//! K (B, K-major, N = kN keys): LBO = kN rows of 16 bytes, SBO = 8 rows (kSWIZZLE:
+//! swizzledDescriptor's).
+template <typename T, int32_t kD, int32_t kN, int32_t kRows, bool kSWIZZLE = false>
 __device__ __forceinline__ void issueScoreChain(float (&s)[kN / 8][4], uint64_t qDesc, uint64_t kDesc)
 {
     fenceOperands(s);
@@ -245,19 +323,20 @@ __device__ __forceinline__ void issueScoreChain(float (&s)[kN / 8][4], uint64_t 
 #pragma unroll
     for (int32_t kk = 0; kk < kD / 16; ++kk)
     {
-        hp::Wgmma<T, kN>::ss(
-            s, qDesc + static_cast<uint64_t>(2 * kk * kRows), kDesc + static_cast<uint64_t>(2 * kk * kN), kk > 0);
+        hp::Wgmma<T, kN>::ss(s, qDesc + kMajorStep<kSWIZZLE>(kk, kRows), kDesc + kMajorStep<kSWIZZLE>(kk, kN), kk > 0);
     }
     wgmmaCommit();
 }
 
 //! O += P V_j, issued and committed: p (and with kSPLIT_P<T> lo, first) as the register A operand,
 //! V (B, N-major, N = the value dim) in shared memory: LBO = the next 8 keys (128 bytes), SBO =
-//! the next 8 value-dim elements (kN keys of 16 bytes); 16 keys a step = 256 bytes.
-template <typename T, int32_t kD, int32_t kN>
+//! the next 8 value-dim elements (kN keys of 16 bytes); 16 keys a step = 256 bytes (kSWIZZLE:
+//! rows of 128 bytes, 16 keys a step = 2048 bytes).
+template <typename T, int32_t kD, int32_t kN, bool kSWIZZLE = false>
 __device__ __forceinline__ void issueValueChain(
     float (&o)[kD / 8][4], uint32_t (&p)[kN / 16][4], uint32_t (&lo)[kN / 16][4], uint64_t vDesc)
 {
+    constexpr int32_t kVALUE_STEP = kSWIZZLE ? 128 : 16; // 16 keys, in the descriptor's 16-byte units
     fenceOperands(o);
     fenceOperands(p);
     if constexpr (kSPLIT_P<T>)
@@ -270,9 +349,9 @@ __device__ __forceinline__ void issueValueChain(
     {
         if constexpr (kSPLIT_P<T>)
         {
-            hp::Wgmma<T, kD>::rs(o, lo[kk], vDesc + static_cast<uint64_t>(kk * 16), true);
+            hp::Wgmma<T, kD>::rs(o, lo[kk], vDesc + static_cast<uint64_t>(kk * kVALUE_STEP), true);
         }
-        hp::Wgmma<T, kD>::rs(o, p[kk], vDesc + static_cast<uint64_t>(kk * 16), true);
+        hp::Wgmma<T, kD>::rs(o, p[kk], vDesc + static_cast<uint64_t>(kk * kVALUE_STEP), true);
     }
     wgmmaCommit();
 }
@@ -695,12 +774,18 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
 //! into a ring of kSTAGES K and kSTAGES V stages (a "full" mbarrier per stage that the load
 //! completes, an "empty" one that each consumer thread arrives on once the wgmma reading the
 //! stage has completed), and lowers its registers to 24 so that warpgroups 1 and 2, 64 query rows each,
-//! run at 240: enough for 128-key tiles (S is 64 registers a thread) beside O at head dim 128.
+//! run at 240: enough for 128-key tiles (S is 64 registers a thread) beside O at head dim 128,
+//! and for 64-key tiles beside O at 256 (128 registers).
 //! No block-wide barrier per tile: a consumer waits only for the stages it reads. Each consumer
 //! warpgroup runs the overlap of hopperAttentionKernel (S_j+1 and P_j V_j issued together, the
 //! softmax of S_j+1 under P_j V_j; bfloat16, whose split P doubles the P registers, waits for
 //! both first, kWAIT_PV's reason).
-template <typename T, int32_t kD, int32_t kN, int32_t kSTAGES>
+//! kSWIZZLE (kHOPPER_VARIANT_SWIZZLE): Q, K and V tiles as column blocks of 64 elements, [block]
+//! [row][64] with the 128-byte swizzle (each 16-byte chunk of row r at chunk c ^ (r % 8) of its
+//! 128-byte row), written by TMA boxes of {64, rows} and read by wgmma in the same mode
+//! (swizzledDescriptor); where the no-swizzle layout has 16-byte rows, 2048 of them per 32 KB tile,
+//! more than the copy engine moved in the time the tensor cores took for a tile.
+template <typename T, int32_t kD, int32_t kN, int32_t kSTAGES, bool kSWIZZLE>
 __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restrict__ q, T const* __restrict__ k,
     T const* __restrict__ v, T* __restrict__ out, AttentionShape const shape, AttentionParams const givenParams,
     int32_t const qTiles, int32_t const variant, __grid_constant__ HopperMaps const maps)
@@ -709,8 +794,12 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
     constexpr int32_t kRows = 128; // two consumer warpgroups
     constexpr int32_t kTILE = kN * kD;
     constexpr uint32_t kTILE_BYTES = kTILE * sizeof(T);
+    static_assert(!kSWIZZLE || kD % 64 == 0, "whole 64-element column blocks");
     extern __shared__ __align__(128) unsigned char sharedRaw[];
-    T* const sQ = reinterpret_cast<T*>(sharedRaw);
+    // (kSWIZZLE: the tiles start on a 1024-byte boundary, kHOPPER_SWIZZLE_ALIGN's reason; the
+    // plan's producerSharedBytes holds the slack)
+    uint32_t const skip = kSWIZZLE ? (0U - sharedAddress(sharedRaw)) % uint32_t{kHOPPER_SWIZZLE_ALIGN} : 0U;
+    T* const sQ = reinterpret_cast<T*>(sharedRaw + skip);
     T* const sK = sQ + kRows * kD; // kSTAGES stages
     T* const sV = sK + kSTAGES * kTILE;
     // Q's; then per stage: K full, V full, K empty, V empty
@@ -756,14 +845,14 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
             int32_t const qHead = static_cast<int32_t>((block.qBase - q) / (shape.seqQ * shape.headDim));
             int32_t const kvHead = static_cast<int32_t>((block.kBase - k) / (shape.seqK * shape.headDim));
             mbarrierArriveExpect(barrierQ, kRows * kD * sizeof(T));
-            tmaLoad(sharedAddress(sQ), &maps.q, static_cast<int32_t>(block.q0), qHead, barrierQ);
+            loadTile<T, kD, kSWIZZLE>(sQ, &maps.q, kRows, static_cast<int32_t>(block.q0), qHead, barrierQ);
             auto const load = [&](CUtensorMap const* map, T* stages, uint32_t full, uint32_t empty, int32_t j) {
                 if (j >= kSTAGES)
                 {
                     mbarrierWait(empty, parity(j) ^ 1U);
                 }
                 mbarrierArriveExpect(full, kTILE_BYTES);
-                tmaLoad(sharedAddress(stages + (j % kSTAGES) * kTILE), map, j * kN, kvHead, full);
+                loadTile<T, kD, kSWIZZLE>(stages + (j % kSTAGES) * kTILE, map, kN, j * kN, kvHead, full);
             };
             // in the order the consumers read them: K_j+1 before V_j
             for (int32_t j = 0; j < keyTiles; ++j)
@@ -785,8 +874,9 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
     int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
     // a consumer thread done with tile j's K or V (the wgmma that read it has completed)
     auto const release = [&](uint32_t empty) { mbarrierArrive(empty); };
-    // Q (A, K-major): LBO = the next 8 head-dim elements (kRows rows of 16 bytes), SBO = 8 rows.
-    uint64_t const qDesc = descriptor(sharedAddress(sQ) + static_cast<uint32_t>(group * 64 * 16), kRows * 16, 128);
+    // Q (A, K-major): this warpgroup's 64 rows of the block's kRows
+    uint64_t const qDesc = kMajorDescriptor<kSWIZZLE>(
+        sharedAddress(sQ) + static_cast<uint32_t>(group * 64) * kMajorRowBytes<kSWIZZLE>(), kRows);
     uint32_t const kAddress = sharedAddress(sK);
     uint32_t const vAddress = sharedAddress(sV);
 
@@ -797,8 +887,8 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
 
     // S = Q K_jᵀ into s (issued, not waited for), K_j in stage j % kSTAGES
     auto const issueScores = [&](float (&s)[kN / 8][4], int32_t j) {
-        issueScoreChain<T, kD, kN, kRows>(
-            s, qDesc, descriptor(kAddress + static_cast<uint32_t>((j % kSTAGES) * kTILE_BYTES), kN * 16, 128));
+        uint32_t const address = kAddress + static_cast<uint32_t>((j % kSTAGES) * kTILE_BYTES);
+        issueScoreChain<T, kD, kN, kRows, kSWIZZLE>(s, qDesc, kMajorDescriptor<kSWIZZLE>(address, kN));
     };
     auto const probabilities = [&](float (&s)[kN / 8][4], float (&alpha)[2], uint32_t (&p)[kN / 16][4],
                                    uint32_t (&lo)[kN / 16][4], int32_t j) {
@@ -827,10 +917,11 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
     // place and waits before that softmax.
     uint32_t pv[kN / 16][4];
     auto const issueValues = [&](int32_t j) {
-        uint64_t const vDesc = descriptor(vAddress + static_cast<uint32_t>((j % kSTAGES) * kTILE_BYTES), 128, kN * 16);
+        uint32_t const address = vAddress + static_cast<uint32_t>((j % kSTAGES) * kTILE_BYTES);
+        uint64_t const vDesc = valueDescriptor<kSWIZZLE, kN>(address);
         if constexpr (kSPLIT_P<T>)
         {
-            issueValueChain<T, kD, kN>(o, p, lo, vDesc);
+            issueValueChain<T, kD, kN, kSWIZZLE>(o, p, lo, vDesc);
         }
         else
         {
@@ -843,7 +934,7 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
                     pv[kk][e] = p[kk][e];
                 }
             }
-            issueValueChain<T, kD, kN>(o, pv, pv, vDesc);
+            issueValueChain<T, kD, kN, kSWIZZLE>(o, pv, pv, vDesc);
         }
     };
     for (int32_t j = 0; j + 1 < keyTiles; ++j)
@@ -952,17 +1043,29 @@ cudaError_t withHopperKernel(HopperPlan const& plan, HopperKind kind, bool tma, 
     }
 }
 
-//! Calls f with the warp-specialised kernel for the plan (plan.producerStages > 0), or returns
-//! cudaErrorInvalidConfiguration.
-template <typename T, typename F>
-cudaError_t withProducerKernel(HopperPlan const& plan, F&& f)
+//! Whether the warp-specialised kernel is built for the plan's padded head dim in this layout:
+//! swizzled at 64, 128 and 256, unswizzled at 128 only.
+inline bool producerKernelBuilt(HopperPlan const& plan, bool swizzle)
 {
-    constexpr int32_t kN = kHOPPER_PRODUCER_KEYS;
-    if (plan.producerStages != 2 || plan.blockRows != kHOPPER_ROWS)
+    return plan.paddedDim == 128 || (swizzle && (plan.paddedDim == 64 || plan.paddedDim == 256));
+}
+
+//! Calls f with the warp-specialised kernel for the plan (plan.producerStages > 0) in the layout
+//! asked for, or returns cudaErrorInvalidConfiguration where none is built.
+template <typename T, typename F>
+cudaError_t withProducerKernel(HopperPlan const& plan, bool swizzle, F&& f)
+{
+    if (plan.producerStages != 2 || plan.blockRows != kHOPPER_ROWS || !producerKernelBuilt(plan, swizzle)
+        || plan.producerKeys != (plan.paddedDim == 256 ? 64 : 128))
     {
         return cudaErrorInvalidConfiguration;
     }
-    return plan.paddedDim == 128 ? f(hopperProducerKernel<T, 128, kN, 2>) : cudaErrorInvalidConfiguration;
+    switch (plan.paddedDim)
+    {
+    case 64: return f(hopperProducerKernel<T, 64, 128, 2, true>);
+    case 128: return swizzle ? f(hopperProducerKernel<T, 128, 128, 2, true>) : f(hopperProducerKernel<T, 128, 128, 2, false>);
+    default: return f(hopperProducerKernel<T, 256, 64, 2, true>);
+    }
 }
 
 } // namespace
@@ -981,12 +1084,22 @@ cudaError_t prepareHopperAttention(HopperPlan const& plan) noexcept
     };
     if (plan.producerStages > 0)
     {
-        cudaError_t const status = withProducerKernel<T>(plan, [&](auto kernel) {
-            return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.producerSharedBytes);
-        });
-        if (status != cudaSuccess)
+        // both layouts where both are built: a shape the swizzled maps cannot take runs the
+        // unswizzled kernel (encodeHopperMaps), else the kernel above
+        for (bool const swizzle : {false, (plan.variant & kHOPPER_VARIANT_SWIZZLE) != 0})
         {
-            return status;
+            if (!producerKernelBuilt(plan, swizzle))
+            {
+                continue;
+            }
+            cudaError_t const status = withProducerKernel<T>(plan, swizzle, [&](auto kernel) {
+                return cudaFuncSetAttribute(
+                    kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.producerSharedBytes);
+            });
+            if (status != cudaSuccess)
+            {
+                return status;
+            }
         }
     }
     for (HopperKind const kind : {HopperKind::kPlain, HopperKind::kKeyMask, HopperKind::kGeneral})
@@ -1027,16 +1140,24 @@ cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionM
     HopperMaps maps{};
     bool const tma = (plan.variant & kHOPPER_VARIANT_TMA) != 0;
     if (tma && kind == HopperKind::kPlain && plan.producerStages > 0
-        && (plan.variant & kHOPPER_VARIANT_PRODUCER) != 0
-        && encodeHopperMaps(maps, q, k, v, shape, plan, kHOPPER_PRODUCER_KEYS))
+        && (plan.variant & kHOPPER_VARIANT_PRODUCER) != 0)
     {
-        return withProducerKernel<T>(plan, [&](auto kernel) {
-            kernel<<<static_cast<uint32_t>(grid.blocks), 384U, static_cast<size_t>(plan.producerSharedBytes),
-                stream>>>(q, k, v, out, shape, params, static_cast<int32_t>(grid.qTiles), plan.variant, maps);
-            return cudaGetLastError();
-        });
+        // the swizzled maps where the variant asks for them and the shape has them, else the
+        // others where that kernel is built, else the kernel below
+        bool const swizzle = (plan.variant & kHOPPER_VARIANT_SWIZZLE) != 0
+            && encodeHopperMaps(maps, q, k, v, shape, plan, plan.producerKeys, true);
+        if (swizzle
+            || (producerKernelBuilt(plan, false)
+                && encodeHopperMaps(maps, q, k, v, shape, plan, plan.producerKeys, false)))
+        {
+            return withProducerKernel<T>(plan, swizzle, [&](auto kernel) {
+                kernel<<<static_cast<uint32_t>(grid.blocks), 384U, static_cast<size_t>(plan.producerSharedBytes),
+                    stream>>>(q, k, v, out, shape, params, static_cast<int32_t>(grid.qTiles), plan.variant, maps);
+                return cudaGetLastError();
+            });
+        }
     }
-    bool const tmaMaps = tma && encodeHopperMaps(maps, q, k, v, shape, plan, plan.keys);
+    bool const tmaMaps = tma && encodeHopperMaps(maps, q, k, v, shape, plan, plan.keys, false);
     return withHopperKernel<T>(plan, kind, tmaMaps, [&](auto kernel) {
         kernel<<<static_cast<uint32_t>(grid.blocks), threads, static_cast<size_t>(plan.sharedBytes), stream>>>(
             q, k, v, mask, out, shape, params, static_cast<int32_t>(grid.qTiles), plan.variant, maps);

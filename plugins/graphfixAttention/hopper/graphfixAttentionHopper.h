@@ -16,10 +16,12 @@
  * flash kernel: masks, causal, softcap, mask_fill, nan_to_zero); the probabilities become the
  * register A operand of O += P V_j (wgmma with V N-major in shared memory). float16 rounds P
  * once; bfloat16 splits it into two terms, as the mma.sync kernel does (kSPLIT_P).
- * At padded head dim 128 without mask and softcap a warp-specialised kernel runs instead
+ * Without mask and softcap a warp-specialised kernel runs instead at padded head dims 128 (Dv
+ * 128), 64 (float16, more than 128 keys) and 256 (D and Dv above 192, more than 64 keys)
  * (hopperProducerKernel, kHOPPER_VARIANT_PRODUCER): a producer warpgroup issues the TMA loads of
- * 128-key tiles into a two-stage ring paced by mbarriers, and the two consumer warpgroups run at
- * 240 registers (setmaxnreg) with no block-wide barrier per tile.
+ * 128-key tiles (64 at 256) in the 128-byte swizzled layout into a two-stage ring paced by
+ * mbarriers, and the two consumer warpgroups run at 240 registers (setmaxnreg) with no
+ * block-wide barrier per tile.
  *
  * Built only when the build's CUDA architectures include 90 (GRAPHFIX_WITH_HOPPER); otherwise
  * planHopperAttention always answers keys = 0, and the mma.sync flash kernel runs instead.
@@ -63,17 +65,29 @@ constexpr int32_t kHOPPER_VARIANT_LATE_LOADS{8};
 //! Falls back to cp.async where the tensor maps cannot be encoded (encodeHopperMaps).
 constexpr int32_t kHOPPER_VARIANT_TMA{16};
 //! Shapes without mask and softcap, loaded by TMA, run the warp-specialised kernel
-//! (hopperProducerKernel: a producer warpgroup, 128-key tiles) where the plan has one
-//! (HopperPlan::producerStages); else the kernel above.
+//! (hopperProducerKernel: a producer warpgroup, HopperPlan::producerKeys-key tiles) where the plan
+//! has one (HopperPlan::producerStages); else the kernel above.
 constexpr int32_t kHOPPER_VARIANT_PRODUCER{32};
+//! (Bit 64, the consumer warpgroups taking turns on the tensor cores, measured no faster on the
+//! H200 and removed: notes/attention_plugin.md, "128-byte swizzled tiles".)
+//! The warp-specialised kernel's Q, K and V tiles in the 128-byte swizzled layout (TMA boxes of
+//! 64-element rows, wgmma descriptors in the 128-byte swizzle mode) instead of the no-swizzle
+//! chunk-major one, whose 16-byte box rows (2048 per 32 KB tile) bound the copy engine: on the
+//! H200 at head dim 128, 38-43% faster in float16 and 15-20% in bfloat16. Where a 64-column box
+//! would hold no column of Q, K or V (D or Dv <= padded head dim - 64) the maps are not encoded
+//! and the no-swizzle kernel runs; that one exists at padded head dim 128 only, so elsewhere (and
+//! without this bit) the kernel above runs.
+constexpr int32_t kHOPPER_VARIANT_SWIZZLE{128};
 //! The options the plan takes unless GRAPHFIX_ATTENTION_HOPPER_VARIANT says otherwise; bfloat16 adds
-//! kHOPPER_VARIANT_LATE_LOADS except at head dim 80 (hopperPlanFor in graphfixAttentionPlugin.cpp;
-//! moot while TMA loads are on); the float32 kernel and shapes whose maps the driver rejects drop
+//! kHOPPER_VARIANT_LATE_LOADS except at head dim 80 and drops kHOPPER_VARIANT_PRODUCER at padded
+//! head dim 64 (hopperPlanFor in graphfixAttentionPlugin.cpp; the load order is moot while TMA
+//! loads are on); the float32 kernel and shapes whose maps the driver rejects drop
 //! kHOPPER_VARIANT_TMA there.
-constexpr int32_t kHOPPER_DEFAULT_VARIANT{
-    kHOPPER_VARIANT_CAUSAL_ORDER | kHOPPER_VARIANT_KEY_MASK | kHOPPER_VARIANT_TMA | kHOPPER_VARIANT_PRODUCER};
-//! The warp-specialised kernel's key tiles (its query rows: kHOPPER_ROWS).
-constexpr int32_t kHOPPER_PRODUCER_KEYS{128};
+constexpr int32_t kHOPPER_DEFAULT_VARIANT{kHOPPER_VARIANT_CAUSAL_ORDER | kHOPPER_VARIANT_KEY_MASK
+    | kHOPPER_VARIANT_TMA | kHOPPER_VARIANT_PRODUCER | kHOPPER_VARIANT_SWIZZLE};
+//! The 128-byte swizzle repeats every 1024 bytes, counted from 1024-byte boundaries by TMA and by
+//! wgmma (descriptor base offset 0): the swizzled tiles start on one.
+constexpr int32_t kHOPPER_SWIZZLE_ALIGN{1024};
 
 //! What planHopperAttention chose; `keys` 0 means the Hopper kernel does not run (see reason).
 struct HopperPlan
@@ -87,8 +101,10 @@ struct HopperPlan
     //! persistent short-key kernel (hopperTf32ShortKernel) runs, sharedBytes is its 3 Q buffers'
     bool shortKeys{false};
     //! 16-bit only: the K and V stages of the warp-specialised kernel (kHOPPER_VARIANT_PRODUCER;
-    //! 0: none for this head dim) and its dynamic shared memory
+    //! 0: none for this head dim) and its dynamic shared memory (with 1 KB to align the tiles to
+    //! the 1024-byte period of the 128-byte swizzle, kHOPPER_VARIANT_SWIZZLE)
     int32_t producerStages{0};
+    int32_t producerKeys{0}; //!< its keys per tile (its query rows: kHOPPER_ROWS)
     int32_t producerSharedBytes{0};
     char const* reason{""}; //!< why not, when keys is 0
 };
@@ -110,11 +126,15 @@ struct HopperMaps
 //! 4-d tensor {8 elements, T rows, D/8 chunks, B*H} with byte strides {-, 2 D, 16, 2 T D} and
 //! read in boxes {8, rows of a tile (Q: plan.blockRows, K and V: `keys`), paddedDim/8, 1}: a box
 //! lands in shared memory innermost first, [chunk][row][8 elements], the kernel's no-swizzle
-//! chunk-major layout, zero-filled past T and D. False (the kernel then loads with cp.async)
-//! where the driver has no encoder or rejects a map (addresses not 16-byte aligned, D not a
-//! multiple of 8).
+//! chunk-major layout, zero-filled past T and D. With `swizzle128` (the warp-specialised
+//! kernel's kHOPPER_VARIANT_SWIZZLE) each matrix is the 3-d tensor {D, T, B*H} read in boxes
+//! {64, rows of a tile, 1} with CU_TENSOR_MAP_SWIZZLE_128B, paddedDim/64 boxes a tile, each
+//! landing as rows of 128 bytes whose 16-byte chunks are permuted within each 8 rows; false where
+//! one of those boxes would lie wholly past D (D <= paddedDim - 64). False (the kernel then loads
+//! with cp.async, or without the swizzle) where the driver has no encoder or rejects a map
+//! (addresses not 16-byte aligned, D not a multiple of 8).
 bool encodeHopperMaps(HopperMaps& maps, void const* q, void const* k, void const* v, AttentionShape const& shape,
-    HopperPlan const& plan, int32_t keys) noexcept;
+    HopperPlan const& plan, int32_t keys, bool swizzle128) noexcept;
 
 //! The Hopper kernel's plan for `shape` with elements of `elementBytes` (2: the 16-bit kernel;
 //! 4: the float32 3xTF32 kernel) on a device of compute capability `computeMajor`.`computeMinor`
