@@ -1180,8 +1180,8 @@ cudaError_t prepareHopperAttention(HopperPlan const& plan) noexcept
 
 template <typename T>
 cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionMaskView const& mask, T* out,
-    AttentionShape const& shape, AttentionParams const& params, HopperPlan const& plan, HopperHalfValues const& halfValues,
-    cudaStream_t stream) noexcept
+    AttentionShape const& shape, AttentionParams const& params, HopperPlan const& plan,
+    HopperHalfValues const& halfValues, cudaStream_t stream) noexcept
 {
     if (plan.keys == 0)
     {
@@ -1214,7 +1214,8 @@ cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionM
         {
             auto const launchProducer = [&](auto kernel, HopperMaps const& kernelMaps, HopperGate const& gate) {
                 kernel<<<static_cast<uint32_t>(grid.blocks), 384U, static_cast<size_t>(plan.producerSharedBytes),
-                    stream>>>(q, k, v, out, shape, params, static_cast<int32_t>(grid.qTiles), plan.variant, kernelMaps, gate);
+                    stream>>>(q, k, v, out, shape, params, static_cast<int32_t>(grid.qTiles), plan.variant,
+                    kernelMaps, gate);
                 return cudaGetLastError();
             };
             // bfloat16 with kHOPPER_VARIANT_HALF_VALUES: V to float16 in the workspace, the float16

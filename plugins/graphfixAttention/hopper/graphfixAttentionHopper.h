@@ -89,9 +89,9 @@ constexpr int32_t kHOPPER_VARIANT_SWIZZLE{128};
 constexpr int32_t kHOPPER_VARIANT_HALF_VALUES{256};
 //! The options the plan takes unless GRAPHFIX_ATTENTION_HOPPER_VARIANT says otherwise; bfloat16 adds
 //! kHOPPER_VARIANT_LATE_LOADS except at head dim 80 and drops kHOPPER_VARIANT_PRODUCER at padded
-//! head dim 64 unless kHOPPER_VARIANT_HALF_VALUES is set (hopperPlanFor in graphfixAttentionPlugin.cpp; the load order is moot while TMA
-//! loads are on); the float32 kernel and shapes whose maps the driver rejects drop
-//! kHOPPER_VARIANT_TMA there.
+//! head dim 64 unless kHOPPER_VARIANT_HALF_VALUES is set (hopperPlanFor in
+//! graphfixAttentionPlugin.cpp; the load order is moot while TMA loads are on); the float32 kernel
+//! and shapes whose maps the driver rejects drop kHOPPER_VARIANT_TMA there.
 constexpr int32_t kHOPPER_DEFAULT_VARIANT{kHOPPER_VARIANT_CAUSAL_ORDER | kHOPPER_VARIANT_KEY_MASK
     | kHOPPER_VARIANT_TMA | kHOPPER_VARIANT_PRODUCER | kHOPPER_VARIANT_SWIZZLE};
 //! The 128-byte swizzle repeats every 1024 bytes, counted from 1024-byte boundaries by TMA and by
