@@ -700,7 +700,7 @@ int32_t GraphfixAttentionPlugin::enqueue(nvinfer1::PluginTensorDesc const* input
             // allocation, capture-safe); the own kernels need only a host-side plan.
             AttentionWorkspace const scratch
                 = workspaceLayout(p, mAttributes.kTransposed != 0, cudnnMayRun(p.type, p.hasMask, p.maskType),
-                halfValuesMayRun(p, mAttributes.softcap));
+                    halfValuesMayRun(p, mAttributes.softcap));
             FlashPlan const flash = flashPlanFor(p);
             if (flash.kernel != FlashKernel::kNone)
             {
@@ -782,7 +782,7 @@ void GraphfixAttentionPlugin::plan(AttentionProblem const& p)
     mUseCudnn = false;
     mDirectBias = false;
     mWorkspace = workspaceLayout(p, mAttributes.kTransposed != 0, cudnnMayRun(p.type, p.hasMask, p.maskType),
-                halfValuesMayRun(p, mAttributes.softcap));
+        halfValuesMayRun(p, mAttributes.softcap));
     mFlash = flashPlanFor(p);
     mHopper = hopperPlanFor(p);
     std::string reason = cudnnRefusal(p);

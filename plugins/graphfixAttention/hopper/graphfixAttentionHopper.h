@@ -82,8 +82,8 @@ constexpr int32_t kHOPPER_VARIANT_PRODUCER{32};
 constexpr int32_t kHOPPER_VARIANT_SWIZZLE{128};
 //! bfloat16's warp-specialised kernel with P·V in float16 (off by default until measured: a
 //! diagnostic bit): V converted to float16 in the plugin's workspace by a memory-bound pass
-//! (HopperHalfValues), P rounded once to float16 (relative error 2^-12, where the split
-//! bfloat16 P's two terms cost 1.5x the tensor work and cuDNN's one bfloat16 rounding is 2^-9),
+//! (HopperHalfValues), P rounded once to float16 (relative error at most 2^-11, 8x below cuDNN's
+//! one bfloat16 rounding, 2^-8; the split bfloat16 P's two terms cost 1.5x the tensor work),
 //! S = Q Kᵀ still bfloat16. A V holding a finite |v| above float16's 65504 raises a flag on the
 //! device and the split kernel launched after the float16 one runs instead (no host sync).
 constexpr int32_t kHOPPER_VARIANT_HALF_VALUES{256};
