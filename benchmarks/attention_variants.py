@@ -4,7 +4,8 @@ For each shape and 16-bit dtype of attention_bench.py: the own path (GRAPHFIX_AT
 portable) once per distinct variant (bits that cannot change a shape's kernel are dropped: the
 causal order only on causal shapes, the key-mask kernel only on masked ones, the warp-specialised
 kernel only on unmasked ones, its 128-byte swizzle only where it runs: unmasked at
-padded head dims 64 and 256 over more than one key tile, and 128), each timed by CUDA
+padded head dims 64 and 256 over more than one key tile, and 128; bfloat16's float16 P·V only in
+bfloat16 where that kernel runs), each timed by CUDA
 events and CUDA-graph replay through the host harness, with its max abs error against float64;
 torch's cuDNN SDPA timed the same two ways in the same run. Prints one table (graphs ms, own/cudnn)
 and writes JSON.
@@ -49,6 +50,7 @@ from graphfix.plugins.build import (  # noqa: E402
 )
 
 CAUSAL_ORDER, KEY_MASK, LATE_LOADS, TMA, PRODUCER, SWIZZLE = 2, 4, 8, 16, 32, 128
+HALF_VALUES = 256  # bfloat16's float16 P·V on the warp-specialised kernel
 NCU_SECTIONS = (
     "SpeedOfLight",
     "ComputeWorkloadAnalysis",
@@ -115,8 +117,9 @@ def main(argv: list[str] | None = None) -> int:
                 | (0 if shape.padding_mask else PRODUCER)
                 | (SWIZZLE if producer_runs else 0)
             )
-            mine = sorted({v & relevant for v in variants})
             for dtype in args.dtypes.split(","):
+                half_values = HALF_VALUES if dtype == "bfloat16" and producer_runs else 0
+                mine = sorted({v & (relevant | half_values) for v in variants})
                 q, k, v, keep = _inputs(torch, shape, dtype)
                 reference = _reference(torch, q, k, v, keep, shape)
                 stem = Path(work) / "case"

@@ -785,12 +785,24 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
 //! 128-byte row), written by TMA boxes of {64, rows} and read by wgmma in the same mode
 //! (swizzledDescriptor); where the no-swizzle layout has 16-byte rows, 2048 of them per 32 KB tile,
 //! more than the copy engine moved in the time the tensor cores took for a tile.
-template <typename T, int32_t kD, int32_t kN, int32_t kSTAGES, bool kSWIZZLE>
+//! TP: the type of P·V's operands, T or, for bfloat16 (kHOPPER_VARIANT_HALF_VALUES), __half: P
+//! rounded once to float16 and V already converted to float16 by convertValuesToHalf (maps.v
+//! describes the converted copy); S = Q Kᵀ stays in T.
+//! gate: the kernel returns at once unless gate.overflow is null or its value (raised: nonzero)
+//! equals gate.runWhenRaised; so the float16 P·V kernel and the bfloat16 split kernel after it
+//! make one launch sequence of which exactly one runs, with no host synchronisation.
+template <typename T, typename TP, int32_t kD, int32_t kN, int32_t kSTAGES, bool kSWIZZLE>
 __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restrict__ q, T const* __restrict__ k,
     T const* __restrict__ v, T* __restrict__ out, AttentionShape const shape, AttentionParams const givenParams,
-    int32_t const qTiles, int32_t const variant, __grid_constant__ HopperMaps const maps)
+    int32_t const qTiles, int32_t const variant, __grid_constant__ HopperMaps const maps, HopperGate const gate)
 {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    static_assert(std::is_same_v<TP, T> || (std::is_same_v<T, __nv_bfloat16> && std::is_same_v<TP, __half>),
+        "P·V in the I/O type, or bfloat16's in float16");
+    if (gate.overflow != nullptr && (*gate.overflow != 0) != gate.runWhenRaised)
+    {
+        return;
+    }
     constexpr int32_t kRows = 128; // two consumer warpgroups
     constexpr int32_t kTILE = kN * kD;
     constexpr uint32_t kTILE_BYTES = kTILE * sizeof(T);
@@ -895,7 +907,7 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
         int64_t const k0 = static_cast<int64_t>(j) * kN;
         bool const checkEach = k0 + kN > shape.seqK || (params.causal && k0 + kN - 1 > warpRow0);
         softmax.template update<true>(s, alpha, warpRow0 + lane / 4, k0, noMask, 0, shape, params, checkEach);
-        probabilityFragments<T, kN>(s, p, lo);
+        probabilityFragments<TP, kN>(s, p, lo);
     };
 
     float s[kN / 8][4];
@@ -912,16 +924,16 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
         release(emptyK(0));
         probabilities(s, alpha, p, lo, 0);
     }
-    // O += P_j V_j (issued and committed, issueValueChain). float16 copies P first (the softmax of
-    // the next tile rewrites p while this product still reads it); bfloat16 reads p and lo in
-    // place and waits before that softmax.
+    // O += P_j V_j (issued and committed, issueValueChain). A float16 P is copied first (the
+    // softmax of the next tile rewrites p while this product still reads it); bfloat16's split P
+    // is read in place (p and lo), waited for before that softmax.
     uint32_t pv[kN / 16][4];
     auto const issueValues = [&](int32_t j) {
         uint32_t const address = vAddress + static_cast<uint32_t>((j % kSTAGES) * kTILE_BYTES);
         uint64_t const vDesc = valueDescriptor<kSWIZZLE, kN>(address);
-        if constexpr (kSPLIT_P<T>)
+        if constexpr (kSPLIT_P<TP>)
         {
-            issueValueChain<T, kD, kN, kSWIZZLE>(o, p, lo, vDesc);
+            issueValueChain<TP, kD, kN, kSWIZZLE>(o, p, lo, vDesc);
         }
         else
         {
@@ -934,7 +946,7 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
                     pv[kk][e] = p[kk][e];
                 }
             }
-            issueValueChain<T, kD, kN, kSWIZZLE>(o, pv, pv, vDesc);
+            issueValueChain<TP, kD, kN, kSWIZZLE>(o, pv, pv, vDesc);
         }
     };
     for (int32_t j = 0; j + 1 < keyTiles; ++j)
@@ -945,7 +957,7 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
         mbarrierWait(fullV(j), parity(j));
         issueScores(s, j + 1); // S_j+1 on the tensor cores, then P_j V_j, while ...
         issueValues(j);
-        if constexpr (kSPLIT_P<T>)
+        if constexpr (kSPLIT_P<TP>)
         {
             wgmmaWait<0>();
             fenceOperands(p);
@@ -958,10 +970,10 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
         }
         fenceOperands(s);
         release(emptyK(j + 1));
-        probabilities(s, alpha, p, lo, j + 1); // ... the softmax of S_j+1 runs here (float16)
+        probabilities(s, alpha, p, lo, j + 1); // ... the softmax of S_j+1 runs here (float16 P)
         wgmmaWait<0>();
         fenceOperands(o);
-        if constexpr (!kSPLIT_P<T>)
+        if constexpr (!kSPLIT_P<TP>)
         {
             fenceOperands(pv);
             release(emptyV(j));
@@ -986,6 +998,40 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
     namedBarrier(1, 256);
     storeStagedOutput<T, kD, kRows>(sOut, block, shape, static_cast<int32_t>(threadIdx.x) - 128, 256);
 #endif
+}
+
+//! V (bfloat16, n elements, a multiple of 8, 16-byte aligned) converted to float16 into `values`
+//! for the float16 P·V of hopperProducerKernel (kHOPPER_VARIANT_HALF_VALUES), 8 elements a thread
+//! a step. Exact for every finite |v| <= 65504 down to float16's normal range (bfloat16's 8
+//! significant bits fit float16's 11); below 2^-14 float16's subnormal spacing 2^-24 rounds v by
+//! at most 2^-25, and since a row's probabilities sum to 1 an output moves by at most 2^-25 more.
+//! A finite |v| above 65504 (float16 would give infinity or round it) raises `overflow` (the
+//! stream cleared it before): the split bfloat16 kernel then runs instead. Infinities and NaNs
+//! convert to themselves.
+__global__ void __launch_bounds__(256) convertValuesToHalf(
+    __nv_bfloat16 const* __restrict__ v, __half* __restrict__ values, int64_t const n, int32_t* __restrict__ overflow)
+{
+    bool beyond = false;
+    int64_t const stride = static_cast<int64_t>(gridDim.x) * blockDim.x * 8;
+    for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8; i < n; i += stride)
+    {
+        uint4 const raw = *reinterpret_cast<uint4 const*>(v + i);
+        uint32_t const in[4]{raw.x, raw.y, raw.z, raw.w};
+        uint32_t converted[4];
+#pragma unroll
+        for (int32_t e = 0; e < 4; ++e)
+        {
+            float2 const f = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 const*>(&in[e]));
+            beyond = beyond || (isfinite(f.x) && fabsf(f.x) > 65504.F) || (isfinite(f.y) && fabsf(f.y) > 65504.F);
+            __half2 const h = __floats2half2_rn(f.x, f.y);
+            converted[e] = *reinterpret_cast<uint32_t const*>(&h);
+        }
+        *reinterpret_cast<uint4*>(values + i) = make_uint4(converted[0], converted[1], converted[2], converted[3]);
+    }
+    if (beyond)
+    {
+        *overflow = 1; // every writer writes the same value
+    }
 }
 
 //! Which kernel: plain (no mask, no softcap), a key mask (kKEYMASK), or the general one.
@@ -1051,8 +1097,8 @@ inline bool producerKernelBuilt(HopperPlan const& plan, bool swizzle)
 }
 
 //! Calls f with the warp-specialised kernel for the plan (plan.producerStages > 0) in the layout
-//! asked for, or returns cudaErrorInvalidConfiguration where none is built.
-template <typename T, typename F>
+//! asked for, P·V in TP, or returns cudaErrorInvalidConfiguration where none is built.
+template <typename T, typename TP, typename F>
 cudaError_t withProducerKernel(HopperPlan const& plan, bool swizzle, F&& f)
 {
     if (plan.producerStages != 2 || plan.blockRows != kHOPPER_ROWS || !producerKernelBuilt(plan, swizzle)
@@ -1062,10 +1108,20 @@ cudaError_t withProducerKernel(HopperPlan const& plan, bool swizzle, F&& f)
     }
     switch (plan.paddedDim)
     {
-    case 64: return f(hopperProducerKernel<T, 64, 128, 2, true>);
-    case 128: return swizzle ? f(hopperProducerKernel<T, 128, 128, 2, true>) : f(hopperProducerKernel<T, 128, 128, 2, false>);
-    default: return f(hopperProducerKernel<T, 256, 64, 2, true>);
+    case 64: return f(hopperProducerKernel<T, TP, 64, 128, 2, true>);
+    case 128:
+        return swizzle ? f(hopperProducerKernel<T, TP, 128, 128, 2, true>)
+                       : f(hopperProducerKernel<T, TP, 128, 128, 2, false>);
+    default: return f(hopperProducerKernel<T, TP, 256, 64, 2, true>);
     }
+}
+
+//! Whether the plan runs bfloat16's P·V in float16 (kHOPPER_VARIANT_HALF_VALUES) where it runs
+//! the warp-specialised kernel.
+template <typename T>
+bool halfValuesPlanned(HopperPlan const& plan)
+{
+    return std::is_same_v<T, __nv_bfloat16> && (plan.variant & kHOPPER_VARIANT_HALF_VALUES) != 0;
 }
 
 } // namespace
@@ -1092,10 +1148,15 @@ cudaError_t prepareHopperAttention(HopperPlan const& plan) noexcept
             {
                 continue;
             }
-            cudaError_t const status = withProducerKernel<T>(plan, swizzle, [&](auto kernel) {
+            auto const prepareProducer = [&](auto kernel) {
                 return cudaFuncSetAttribute(
                     kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.producerSharedBytes);
-            });
+            };
+            cudaError_t status = withProducerKernel<T, T>(plan, swizzle, prepareProducer);
+            if (status == cudaSuccess && halfValuesPlanned<T>(plan))
+            {
+                status = withProducerKernel<T, __half>(plan, swizzle, prepareProducer);
+            }
             if (status != cudaSuccess)
             {
                 return status;
@@ -1119,7 +1180,8 @@ cudaError_t prepareHopperAttention(HopperPlan const& plan) noexcept
 
 template <typename T>
 cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionMaskView const& mask, T* out,
-    AttentionShape const& shape, AttentionParams const& params, HopperPlan const& plan, cudaStream_t stream) noexcept
+    AttentionShape const& shape, AttentionParams const& params, HopperPlan const& plan,
+    HopperHalfValues const& halfValues, cudaStream_t stream) noexcept
 {
     if (plan.keys == 0)
     {
@@ -1150,11 +1212,42 @@ cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionM
             || (producerKernelBuilt(plan, false)
                 && encodeHopperMaps(maps, q, k, v, shape, plan, plan.producerKeys, false)))
         {
-            return withProducerKernel<T>(plan, swizzle, [&](auto kernel) {
+            auto const launchProducer = [&](auto kernel, HopperMaps const& kernelMaps, HopperGate const& gate) {
                 kernel<<<static_cast<uint32_t>(grid.blocks), 384U, static_cast<size_t>(plan.producerSharedBytes),
-                    stream>>>(q, k, v, out, shape, params, static_cast<int32_t>(grid.qTiles), plan.variant, maps);
+                    stream>>>(q, k, v, out, shape, params, static_cast<int32_t>(grid.qTiles), plan.variant,
+                    kernelMaps, gate);
                 return cudaGetLastError();
-            });
+            };
+            // bfloat16 with kHOPPER_VARIANT_HALF_VALUES: V to float16 in the workspace, the float16
+            // P·V kernel, then the split kernel, which runs only where the conversion found a
+            // finite |v| above 65504 (the other returns at once); maps of the converted V
+            HopperMaps halfMaps = maps;
+            if (halfValuesPlanned<T>(plan) && halfValues.values != nullptr && halfValues.overflow != nullptr
+                && encodeHopperMaps(halfMaps, q, k, halfValues.values, shape, plan, plan.producerKeys, swizzle))
+            {
+                int64_t const n = shape.batch * shape.headsKV * shape.seqK * shape.valueDim;
+                int64_t const blocks = std::min<int64_t>((n / 8 + 255) / 256, 4096);
+                cudaError_t status = cudaMemsetAsync(halfValues.overflow, 0, sizeof(int32_t), stream);
+                if (status != cudaSuccess)
+                {
+                    return status;
+                }
+                convertValuesToHalf<<<static_cast<uint32_t>(blocks), 256U, 0, stream>>>(
+                    reinterpret_cast<__nv_bfloat16 const*>(v), static_cast<__half*>(halfValues.values), n,
+                    halfValues.overflow);
+                status = withProducerKernel<T, __half>(plan, swizzle, [&](auto kernel) {
+                    return launchProducer(kernel, halfMaps, HopperGate{halfValues.overflow, false});
+                });
+                if (status != cudaSuccess)
+                {
+                    return status;
+                }
+                return withProducerKernel<T, T>(plan, swizzle, [&](auto kernel) {
+                    return launchProducer(kernel, maps, HopperGate{halfValues.overflow, true});
+                });
+            }
+            return withProducerKernel<T, T>(
+                plan, swizzle, [&](auto kernel) { return launchProducer(kernel, maps, HopperGate{}); });
         }
     }
     bool const tmaMaps = tma && encodeHopperMaps(maps, q, k, v, shape, plan, plan.keys, false);

@@ -15,7 +15,9 @@
  * The online softmax runs on the accumulators in registers (the per-score code of the mma.sync
  * flash kernel: masks, causal, softcap, mask_fill, nan_to_zero); the probabilities become the
  * register A operand of O += P V_j (wgmma with V N-major in shared memory). float16 rounds P
- * once; bfloat16 splits it into two terms, as the mma.sync kernel does (kSPLIT_P).
+ * once; bfloat16 splits it into two terms, as the mma.sync kernel does (kSPLIT_P), or, in the
+ * warp-specialised kernel with kHOPPER_VARIANT_HALF_VALUES, rounds it once to float16 against V
+ * converted to float16 (HopperHalfValues).
  * Without mask and softcap a warp-specialised kernel runs instead at padded head dims 128 (Dv
  * 128), 64 (float16, more than 128 keys) and 256 (D and Dv above 192, more than 64 keys)
  * (hopperProducerKernel, kHOPPER_VARIANT_PRODUCER): a producer warpgroup issues the TMA loads of
@@ -78,11 +80,18 @@ constexpr int32_t kHOPPER_VARIANT_PRODUCER{32};
 //! and the no-swizzle kernel runs; that one exists at padded head dim 128 only, so elsewhere (and
 //! without this bit) the kernel above runs.
 constexpr int32_t kHOPPER_VARIANT_SWIZZLE{128};
+//! bfloat16's warp-specialised kernel with P·V in float16 (off by default until measured: a
+//! diagnostic bit): V converted to float16 in the plugin's workspace by a memory-bound pass
+//! (HopperHalfValues), P rounded once to float16 (relative error at most 2^-11, 8x below cuDNN's
+//! one bfloat16 rounding, 2^-8; the split bfloat16 P's two terms cost 1.5x the tensor work),
+//! S = Q Kᵀ still bfloat16. A V holding a finite |v| above float16's 65504 raises a flag on the
+//! device and the split kernel launched after the float16 one runs instead (no host sync).
+constexpr int32_t kHOPPER_VARIANT_HALF_VALUES{256};
 //! The options the plan takes unless GRAPHFIX_ATTENTION_HOPPER_VARIANT says otherwise; bfloat16 adds
 //! kHOPPER_VARIANT_LATE_LOADS except at head dim 80 and drops kHOPPER_VARIANT_PRODUCER at padded
-//! head dim 64 (hopperPlanFor in graphfixAttentionPlugin.cpp; the load order is moot while TMA
-//! loads are on); the float32 kernel and shapes whose maps the driver rejects drop
-//! kHOPPER_VARIANT_TMA there.
+//! head dim 64 unless kHOPPER_VARIANT_HALF_VALUES is set (hopperPlanFor in
+//! graphfixAttentionPlugin.cpp; the load order is moot while TMA loads are on); the float32 kernel
+//! and shapes whose maps the driver rejects drop kHOPPER_VARIANT_TMA there.
 constexpr int32_t kHOPPER_DEFAULT_VARIANT{kHOPPER_VARIANT_CAUSAL_ORDER | kHOPPER_VARIANT_KEY_MASK
     | kHOPPER_VARIANT_TMA | kHOPPER_VARIANT_PRODUCER | kHOPPER_VARIANT_SWIZZLE};
 //! The 128-byte swizzle repeats every 1024 bytes, counted from 1024-byte boundaries by TMA and by
@@ -121,6 +130,29 @@ struct HopperMaps
     CUtensorMap v;
 };
 
+//! The run-time gate of the warp-specialised kernel (kHOPPER_VARIANT_HALF_VALUES): it runs where
+//! `overflow` is null or its value (nonzero: raised) equals runWhenRaised, else returns at once.
+struct HopperGate
+{
+    int32_t const* overflow{nullptr};
+    bool runWhenRaised{false};
+};
+
+//! bfloat16's float16 P·V scratch (kHOPPER_VARIANT_HALF_VALUES), in the caller's workspace:
+//! `values` holds V converted to float16 ([B, Hkv, T, Dv], hopperHalfValuesBytes, 16-byte
+//! aligned), `overflow` one int32 the conversion raises. Null: the split bfloat16 kernel runs.
+struct HopperHalfValues
+{
+    void* values{nullptr};
+    int32_t* overflow{nullptr};
+};
+
+//! Bytes of HopperHalfValues::values for `shape` (V's elements, 2 bytes each).
+inline int64_t hopperHalfValuesBytes(AttentionShape const& shape) noexcept
+{
+    return shape.batch * shape.headsKV * shape.seqK * shape.valueDim * 2;
+}
+
 //! Encodes the tensor maps of 16-bit q, k, v for `plan` (cuTensorMapEncodeTiled, found through
 //! cudaGetDriverEntryPointByVersion; no allocation). Each matrix [B*H, T, D] is described as the
 //! 4-d tensor {8 elements, T rows, D/8 chunks, B*H} with byte strides {-, 2 D, 16, 2 T D} and
@@ -149,9 +181,12 @@ cudaError_t prepareHopperAttention(HopperPlan const& plan) noexcept;
 
 //! Runs the planned kernel (the contract of launchFlashAttention: q, k, v, out 16-byte aligned,
 //! else cudaErrorMisalignedAddress; K in [.., T, D] rows). Allocation-free and capture-safe.
+//! halfValues: bfloat16's float16 P·V scratch (read only by bfloat16 with
+//! kHOPPER_VARIANT_HALF_VALUES; may be empty).
 template <typename T>
 cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionMaskView const& mask, T* out,
-    AttentionShape const& shape, AttentionParams const& params, HopperPlan const& plan, cudaStream_t stream) noexcept;
+    AttentionShape const& shape, AttentionParams const& params, HopperPlan const& plan,
+    HopperHalfValues const& halfValues, cudaStream_t stream) noexcept;
 
 //! The float32 kernel (3xTF32 on wgmma): prepareHopperAttention and launchHopperAttention for
 //! float, with the same contracts.

@@ -256,7 +256,7 @@ cudaError_t prepareHopperAttention(HopperPlan const& /*plan*/) noexcept
 
 template <typename T>
 cudaError_t launchHopperAttention(T const*, T const*, T const*, AttentionMaskView const&, T*, AttentionShape const&,
-    AttentionParams const&, HopperPlan const&, cudaStream_t) noexcept
+    AttentionParams const&, HopperPlan const&, HopperHalfValues const&, cudaStream_t) noexcept
 {
     return cudaErrorNotSupported;
 }
@@ -276,10 +276,10 @@ template cudaError_t prepareHopperAttention<__half>(HopperPlan const&) noexcept;
 template cudaError_t prepareHopperAttention<__nv_bfloat16>(HopperPlan const&) noexcept;
 template cudaError_t launchHopperAttention<__half>(__half const*, __half const*, __half const*,
     AttentionMaskView const&, __half*, AttentionShape const&, AttentionParams const&, HopperPlan const&,
-    cudaStream_t) noexcept;
+    HopperHalfValues const&, cudaStream_t) noexcept;
 template cudaError_t launchHopperAttention<__nv_bfloat16>(__nv_bfloat16 const*, __nv_bfloat16 const*,
     __nv_bfloat16 const*, AttentionMaskView const&, __nv_bfloat16*, AttentionShape const&, AttentionParams const&,
-    HopperPlan const&, cudaStream_t) noexcept;
+    HopperPlan const&, HopperHalfValues const&, cudaStream_t) noexcept;
 
 #endif
 
