@@ -237,14 +237,23 @@ def test_fuzz_regression_that_aborted_the_process():
     assert replayed["findings"] == [] and ["inspect", 2] in replayed["exits"], replayed
 
 
-def test_fuzz_regression_under_a_memory_cap():
-    """An attribute declaring a size no memory holds: shape inference (value_info's pass in fix,
-    the Q/DQ lint's FLOP count) raised MemoryError.  Replayed in a child process under the
-    campaign's 8 GiB address-space cap, so the test process never allocates it."""
-    plan = (
+@pytest.mark.parametrize(
+    "plan",
+    [
+        # an attribute declaring a size no memory holds: shape inference (value_info's pass in
+        # fix, the Q/DQ lint's FLOP count) raised MemoryError
         '{"command": "qdq", "mutations": [{"a": 655, "b": 655, "c": 65535, "kind": '
-        '"attr_value"}], "seed": "sdpa_mask-ort_qdq", "strategy": "mark_output"}'
-    )
+        '"attr_value"}], "seed": "sdpa_mask-ort_qdq", "strategy": "mark_output"}',
+        # a bfloat16 input of 2**31 - 1 elements: 4 GiB as stored passed validate's size check,
+        # but numpy drew it as float64 (16 GiB)
+        '{"command": "validate", "mutations": [{"a": 14952, "b": 720, "c": 4943, "kind": "dim"}, '
+        '{"a": 720, "b": 347, "c": 720, "kind": "rank"}, {"a": 720, "b": 347, "c": 720, "kind": '
+        '"rank"}], "seed": "eager_bf16-legacy17", "strategy": "fused_plugin"}',
+    ],
+)
+def test_fuzz_regression_under_a_memory_cap(plan):
+    """Replayed in a child process under the campaign's 8 GiB address-space cap, so the test
+    process never allocates what the case asks for."""
 
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))

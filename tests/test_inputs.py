@@ -153,6 +153,18 @@ def test_bad_shapes_and_ranges(kwargs, message):
         make_inputs(_text_model(), **kwargs)
 
 
+@pytest.mark.parametrize("elem", [TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.INT16])
+def test_an_input_too_large_to_draw_is_refused_before_any_allocation(elem):
+    """2**31 - 1 elements of a 2-byte type: 4 GiB as stored, but numpy draws them as 8-byte
+    values first (16 GiB: the fuzz campaign's MemoryError under its 8 GiB address-space cap)."""
+    x = helper.make_tensor_value_info("x", elem, ["n"])
+    y = helper.make_tensor_value_info("y", elem, ["n"])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ValidationUsageError, match=r"'x' \[2147483647\] would take 16 GiB"):
+        make_inputs(model, shapes={"x": (2**31 - 1,)})
+
+
 def test_static_dims_cannot_be_overridden():
     with pytest.raises(
         ValidationUsageError, match=r"does not fit the model's pixels \[1, 3, 4, 4\]"

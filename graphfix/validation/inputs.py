@@ -337,7 +337,8 @@ def _resolve_shapes(
             "(a sequence length of 1 would make every attention softmax trivially 1)"
         )
     for spec in specs:
-        size = math.prod(resolved[spec.name]) * spec.dtype.itemsize
+        # numpy draws float64 / int64 values and casts them: 8 bytes an element at the peak
+        size = math.prod(resolved[spec.name]) * max(spec.dtype.itemsize, 8)
         if size > _MAX_INPUT_BYTES:
             raise ValidationUsageError(
                 f"input '{spec.name}' {list(resolved[spec.name])} would take "
