@@ -46,6 +46,9 @@ constexpr int32_t kHOPPER_ROWS{128};
 //! The float32 kernel's key tiles above head dim 72 (hopperTf32WideKernel: one stage of K and V
 //! hi / lo and a staging buffer, 224 KB at head dim 128).
 constexpr int32_t kHOPPER_TF32_WIDE_KEYS{32};
+//! ... and above head dim 128 (one warpgroup of 64 rows: Q hi / lo, one stage of K and V hi / lo
+//! and the staging buffer, 224 KB at head dim 256).
+constexpr int32_t kHOPPER_TF32_WIDEST_KEYS{16};
 
 //! Options of the Hopper kernel (bits of HopperPlan::variant), each on by default where it measured
 //! faster on the H200 (notes/attention_plugin.md, "16-bit Hopper kernel: key-mask kernel, causal
