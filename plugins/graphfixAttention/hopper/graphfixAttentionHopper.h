@@ -3,7 +3,7 @@
  *
  * GraphfixAttention's Hopper kernels (sm_90a only): float16 / bfloat16 attention on wgmma (head dims
  * up to 256), what runs without cuDNN on an H100/H200, and float32 on tf32 wgmma with 3xTF32 products
- * (graphfixAttentionHopperFloat.cu, head dims up to 128). Nothing here knows TensorRT.
+ * (graphfixAttentionHopperFloat.cu, head dims up to 256). Nothing here knows TensorRT.
  *
  * A block is 2 warpgroups, each owning 64 query rows of one (batch, head); Q, K and V tiles
  * of 64 keys live in shared memory in the wgmma "no swizzle" core-matrix layout (8 rows x 16

@@ -36,8 +36,9 @@
  * (2 x 128 + 8 x 64) x D x 4 bytes, 192 KB at D = 64, 216 KB at D = 72; one block per SM.
  * Head dims up to 72 (32, 64, 72 as built; 80 would need 240 KB). Above 72, up to 128 (96 and 128
  * as built), hopperTf32WideKernel runs the same steps on 32-key tiles with one stage of K and V
- * hi / lo and a staging buffer for the next raw tiles (224 KB at 128). Wider heads and other GPUs
- * run the mma.sync flash kernel (flashTf32x3Kernel).
+ * hi / lo and a staging buffer for the next raw tiles (224 KB at 128); above 128 (192 and 256 as
+ * built) on one warpgroup of 64 rows with 16-key tiles (224 KB at 256). Other GPUs run the
+ * mma.sync flash kernel (flashTf32x3Kernel).
  *
  * Short key sequences (every key in at most two tiles, T <= 128; head dims 32 and 64): the
  * persistent hopperTf32ShortKernel (below) runs instead. One block per SM walks a contiguous run
