@@ -3,12 +3,14 @@
 For each shape and 16-bit dtype of attention_bench.py: the own path (GRAPHFIX_ATTENTION_BACKEND=
 portable) once per distinct variant (bits that cannot change a shape's kernel are dropped: the
 causal order only on causal shapes, the key-mask kernel only on masked ones, the warp-specialised
-kernel only on unmasked ones), each timed by CUDA
+kernel only on unmasked ones, its 128-byte swizzle only where it runs: unmasked at
+padded head dims 64 and 256 over more than one key tile, and 128; bfloat16's float16 P·V only in
+bfloat16 where that kernel runs), each timed by CUDA
 events and CUDA-graph replay through the host harness, with its max abs error against float64;
 torch's cuDNN SDPA timed the same two ways in the same run. Prints one table (graphs ms, own/cudnn)
 and writes JSON.
 
-    python benchmarks/attention_variants.py --variants 0,6,14 [--only Llama] [--json out.json]
+    python benchmarks/attention_variants.py --variants 54,118,182,246 --only Llama,Flux [--json out.json]
 
 With --ncu-cases "SHAPE:DTYPE:VARIANT;...", each such case is also run once under Nsight Compute
 (`ncu`, --clock-control none, the Hopper kernel's first launch) and its report printed to
@@ -47,7 +49,8 @@ from graphfix.plugins.build import (  # noqa: E402
     cudnn_runtime_environment,
 )
 
-CAUSAL_ORDER, KEY_MASK, LATE_LOADS, TMA, PRODUCER = 2, 4, 8, 16, 32
+CAUSAL_ORDER, KEY_MASK, LATE_LOADS, TMA, PRODUCER, SWIZZLE = 2, 4, 8, 16, 32, 128
+HALF_VALUES = 256  # bfloat16's float16 P·V on the warp-specialised kernel
 NCU_SECTIONS = (
     "SpeedOfLight",
     "ComputeWorkloadAnalysis",
@@ -99,15 +102,24 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as work:
         for shape in [s for s in SHAPES if any(o in s.name for o in args.only.split(","))]:
+            # the warp-specialised kernel's own bit where the plan gives it the shape (padded
+            # head dims 64 and 256 over more than one of its key tiles, 128)
+            producer_runs = not shape.padding_mask and (
+                (shape.head_dim <= 64 and shape.seq_k > 128)
+                or 96 < shape.head_dim <= 128
+                or (192 < shape.head_dim <= 256 and shape.seq_k > 64)
+            )
             relevant = (
                 LATE_LOADS
                 | TMA
                 | (CAUSAL_ORDER if shape.causal else 0)
                 | (KEY_MASK if shape.padding_mask else 0)
                 | (0 if shape.padding_mask else PRODUCER)
+                | (SWIZZLE if producer_runs else 0)
             )
-            mine = sorted({v & relevant for v in variants})
             for dtype in args.dtypes.split(","):
+                half_values = HALF_VALUES if dtype == "bfloat16" and producer_runs else 0
+                mine = sorted({v & (relevant | half_values) for v in variants})
                 q, k, v, keep = _inputs(torch, shape, dtype)
                 reference = _reference(torch, q, k, v, keep, shape)
                 stem = Path(work) / "case"

@@ -291,11 +291,14 @@ def _check_text(proto: onnx.ModelProto) -> None:
 
 # Attributes of ai.onnx ops holding an element type (the checker sees only an INT there).
 _TYPE_ATTRIBUTES = {"to", "dtype", "output_dtype"}
+# Text attributes of ai.onnx ops are UTF-8 by the spec; a custom domain's may hold bytes.
+_TEXT = (onnx.AttributeProto.STRING, onnx.AttributeProto.STRINGS)
 
 
 def _check_nodes(graph: onnx.GraphProto) -> None:
     """Every declared tensor type and every type-valued attribute names an ONNX element type
-    (the checker leaves both unchecked), and every Split's `num_outputs` is its output count
+    (the checker leaves both unchecked), ai.onnx ops' text attributes are UTF-8 (Einsum's
+    equation is decoded), and every Split's `num_outputs` is its output count
     (fewer outputs abort the process in onnx's shape inference, onnx/onnx#8255), in `graph` and
     the bodies inside it."""
     defined = onnx.TensorProto.DataType.values()
@@ -322,6 +325,15 @@ def _check_nodes(graph: onnx.GraphProto) -> None:
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 for body in attr.graphs:
                     _check_nodes(body)
+            elif attr.type in _TEXT and node.domain in ("", "ai.onnx"):
+                for text in (attr.s,) if attr.type == onnx.AttributeProto.STRING else attr.strings:
+                    try:
+                        text.decode()
+                    except UnicodeDecodeError:
+                        raise onnx.checker.ValidationError(
+                            f"node {node.name!r} ({node.op_type}) has attribute {attr.name!r} "
+                            "whose text is not UTF-8"
+                        ) from None
             elif (
                 attr.name == "num_outputs"
                 and node.op_type == "Split"

@@ -43,12 +43,18 @@ def require_build_tools() -> None:
         pytest.skip(f"building the plugins needs nvcc and CMake: {exc}")
 
 
+def plugin_build_dir(archs: str) -> Path:
+    """Where the tests build the plugins for CUDA architectures `archs`: one folder per checkout
+    (CMake refuses a build folder configured from other sources). benchmarks/gpu_env.sh builds
+    there too, so that a GPU run's tests find the build done."""
+    checkout = hashlib.sha1(str(plugin_build.plugin_source_dir()).encode()).hexdigest()[:10]
+    return cache_dirs.root() / f"plugin-build-{archs.replace(';', '-')}-{checkout}"
+
+
 def build_tools(archs: str, target: str | None = None) -> Tools:
     """The plugin libraries for CUDA architectures `archs` and the harness `target`."""
     require_build_tools()
-    # One folder per checkout: CMake refuses a build folder configured from other sources.
-    checkout = hashlib.sha1(str(plugin_build.plugin_source_dir()).encode()).hexdigest()[:10]
-    build_dir = cache_dirs.root() / f"plugin-build-{archs.replace(';', '-')}-{checkout}"
+    build_dir = plugin_build_dir(archs)
     with owned_temp_folder():  # nvcc's temporaries, removed however the build ends
         libraries = build_plugins(build_dir=build_dir, cuda_archs=archs).libraries
         harness = build_plugin_harness(build_dir=build_dir, target=target)

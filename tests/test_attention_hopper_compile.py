@@ -64,9 +64,19 @@ ENTRIES = {"float16": 72, "bfloat16": 72, "float32": 18}
 # The float32 short-key kernel's head dims (its third Q buffer does not fit at 72).
 SHORT_DIMS = {32, 64}
 # The 16-bit warp-specialised kernel (hopperProducerKernel, shapes without mask and softcap):
-# padded head dim, keys per tile, K/V stages.
-PRODUCER_INSTANCE = r"hopperProducerKernelI(?:6__half|13__nv_bfloat16)Li(\d+)ELi(\d+)ELi(\d+)E"
-PRODUCER_BUILT = {(128, 128, 2)}
+# P·V's type (the I/O type, a substitution in the mangled name, or bfloat16's float16 P·V:
+# 6__half, kHOPPER_VARIANT_HALF_VALUES), padded head dim, keys per tile, K/V stages and 128-byte
+# swizzled tiles (kHOPPER_VARIANT_SWIZZLE): at 128 with and without, at 64 (128-key tiles) and
+# 256 (64-key tiles) swizzled only.
+PRODUCER_INSTANCE = (
+    r"hopperProducerKernelI(?:6__half|13__nv_bfloat16)(S\d*_|6__half)"
+    r"Li(\d+)ELi(\d+)ELi(\d+)ELb([01])E"
+)
+PRODUCER_SHAPES = {(128, 128, 2, 0), (128, 128, 2, 1), (64, 128, 2, 1), (256, 64, 2, 1)}
+PRODUCER_BUILT = {
+    "float16": {(False, *shape) for shape in PRODUCER_SHAPES},
+    "bfloat16": {(half, *shape) for shape in PRODUCER_SHAPES for half in (False, True)},
+}
 # Kernels left serialised on purpose, with the measurement that chose it: bfloat16's plain
 # head-dim-80 kernels keep two blocks of 128 registers, where ptxas serialises them whether or not
 # they wait (kWAIT_PV in graphfixAttentionHopper.cuh); SigLIP-384 b32 on the H200: 0.487 ms
@@ -120,8 +130,8 @@ def test_every_hopper_kernel_instance_compiles_for_sm_90a(compiled):
 
 
 def test_the_warp_specialised_kernels_compile_without_spills(compiled):
-    """16-bit: the warp-specialised kernel at padded head dim 128 (128-key tiles, two K/V
-    stages), with no spills: its consumers run at the 240 registers setmaxnreg gives them
+    """16-bit: the warp-specialised kernel (two K/V stages; PRODUCER_BUILT; bfloat16 also with
+    float16 P·V), with no spills: its consumers run at the 240 registers setmaxnreg gives them
     (ptxas reports the 168 of the launch)."""
     _, log, dtype = compiled
     if dtype == "float32":
@@ -131,8 +141,8 @@ def test_the_warp_specialised_kernels_compile_without_spills(compiled):
         r"[^\n]*\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores",
         log,
     )
-    built = {(int(d), int(n), int(st)) for _, d, n, st, _, _ in properties}
-    assert built == PRODUCER_BUILT, properties
+    built = {(instance[1] == "6__half", *map(int, instance[2:6])) for instance in properties}
+    assert built == PRODUCER_BUILT[dtype], properties
     assert all(stack == "0" and spills == "0" for *_, stack, spills in properties), properties
 
 

@@ -27,8 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "plugins" / "graphfixAttention" / "hopper"
 H100_SHARED = 232448  # cudaDevAttrMaxSharedMemoryPerBlockOptin on H100/H200 (227 KB)
 ROWS, KEYS = 128, 64  # 2 warpgroups x 64 query rows, 64-key tiles
-PRODUCER_KEYS = 128  # the warp-specialised kernel's key tiles (kHOPPER_PRODUCER_KEYS)
-PRODUCER_BIT = 32  # kHOPPER_VARIANT_PRODUCER
+PRODUCER_BIT, SWIZZLE_BIT = 32, 128  # kHOPPER_VARIANT_PRODUCER, kHOPPER_VARIANT_SWIZZLE
 
 
 @pytest.fixture(scope="module")
@@ -83,31 +82,46 @@ def test_sixteen_bit_heads_take_the_next_built_dim(probe, d: int, dv: int, padde
     assert got["shared_bytes"] == sixteen_bit_bytes(padded)
 
 
+SWIZZLE_ALIGN = 1024  # the 128-byte swizzle's period, to which its tiles are aligned
+
+
+def producer_keys(padded: int) -> int:
+    """The warp-specialised kernel's key tiles: 128, 64 at padded head dim 256 (O's registers)."""
+    return 64 if padded == 256 else 128
+
+
 def producer_bytes(padded: int) -> int:
-    """The warp-specialised kernel: Q (128 rows) and two stages each of K and V (128 keys)."""
-    return (ROWS + 4 * PRODUCER_KEYS) * padded * 2
+    """The warp-specialised kernel: Q (128 rows) and two stages each of K and V, and the slack to
+    start them on a 1024-byte boundary (kHOPPER_SWIZZLE_ALIGN)."""
+    return (ROWS + 4 * producer_keys(padded)) * padded * 2 + SWIZZLE_ALIGN
 
 
 @pytest.mark.parametrize(
-    ("d", "dv", "padded", "stages"),
-    [(40, 40, 64, 0), (64, 64, 64, 0), (72, 72, 80, 0), (96, 96, 96, 0), (104, 104, 128, 0),
-     (104, 128, 128, 2), (64, 128, 128, 2), (128, 128, 128, 2), (128, 112, 128, 0),
-     (256, 256, 256, 0)],
+    ("d", "dv", "t", "padded", "stages"),
+    [(40, 40, 4096, 64, 2), (64, 64, 4096, 64, 2), (64, 64, 129, 64, 2), (64, 64, 128, 64, 0),
+     (64, 64, 77, 64, 0), (72, 72, 4096, 80, 0), (96, 96, 4096, 96, 0), (104, 104, 4096, 128, 0),
+     (104, 128, 4096, 128, 2), (64, 128, 4096, 128, 2), (128, 128, 4096, 128, 2),
+     (128, 128, 77, 128, 2), (128, 112, 4096, 128, 0), (160, 160, 4096, 160, 0),
+     (256, 256, 4096, 256, 2), (200, 200, 65, 256, 2), (256, 256, 64, 256, 0),
+     (192, 256, 4096, 256, 0), (256, 192, 4096, 256, 0)],
 )  # fmt: skip
-def test_sixteen_bit_head_dim_128_has_the_warp_specialised_kernel(probe, d, dv, padded, stages):
-    """Shapes without mask and softcap at padded head dim 128 and value dim 128 run the
-    warp-specialised kernel (hopperProducerKernel: 128-key tiles, two K/V stages; measured slower
-    at 64; a narrower value dim never ran on the GPU); the others, and float32, have none."""
-    got = plan(probe, 2, d, dv)
+def test_sixteen_bit_warp_specialised_kernel_shapes(probe, d, dv, t, padded, stages):
+    """Shapes without mask and softcap run the warp-specialised kernel (hopperProducerKernel, two
+    K/V stages): at padded head dim 128 with value dim 128 (a narrower one never ran on the GPU),
+    at 64 and 256 (built swizzled only: D and Dv above 192 there) over more than one key tile;
+    the others, and float32, have none."""
+    got = plan(probe, 2, d, dv, t=t)
     assert (got["padded_dim"], got["producer_stages"]) == (padded, stages)
+    assert got["producer_keys"] == (producer_keys(padded) if stages else 0)
     assert got["producer_shared_bytes"] == (producer_bytes(padded) if stages else 0)
     assert got["producer_shared_bytes"] <= H100_SHARED
-    assert got["variant"] & PRODUCER_BIT
+    assert got["variant"] & PRODUCER_BIT and got["variant"] & SWIZZLE_BIT
     assert plan(probe, 4, 64)["producer_stages"] == 0
 
 
 def test_the_warp_specialised_kernel_needs_its_shared_memory(probe) -> None:
-    """A device with room for the 64-key kernel's tiles but not for 128-key ones keeps that."""
+    """A device with room for the 64-key kernel's tiles but not for the warp-specialised
+    kernel's keeps the 64-key kernel."""
     got = plan(probe, 2, 128, shared=producer_bytes(128) - 1)
     assert (got["keys"], got["producer_stages"]) == (KEYS, 0)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import helper, numpy_helper
 
 import graphfix
@@ -93,3 +94,43 @@ def test_keys_from_a_strided_conv_of_the_same_tokens_are_reduced_self_attention(
 def test_keys_from_another_input_are_cross_attention() -> None:
     memory = helper.make_tensor_value_info("memory", F, [1, 4, 8])
     assert _kind(_attention([], [], [memory], "memory", None)) is AttentionKind.CROSS
+
+
+def test_keys_through_their_own_reshape_and_qdq_pair_are_still_self_attention() -> None:
+    """A quantized export gives each projection its own Reshape and Q/DQ pair of the one input
+    (onnxruntime's quant_pre_process turns MatMul + Add into Reshape → Gemm → Reshape)."""
+    inits = [
+        numpy_helper.from_array(np.array([1, 16, 8], np.int64), "same"),
+        numpy_helper.from_array(np.array(0.05, np.float32), "scale"),
+    ]
+    nodes = [
+        helper.make_node("Reshape", ["x", "same"], ["x_k"]),
+        helper.make_node("QuantizeLinear", ["x_k", "scale"], ["x_kq"]),
+        helper.make_node("DequantizeLinear", ["x_kq", "scale"], ["x_kd"]),
+    ]
+    assert _kind(_attention(nodes, inits, [], "x_kd", None)) is AttentionKind.SELF
+
+
+@pytest.mark.parametrize("name", ["clip_vision_eager-legacy17", "whisper_eager-legacy17"])
+def test_quantized_exports_keep_their_labels(name, tmp_path, corpus_dir) -> None:
+    """transformers' CLIP vision tower and Whisper (model_corpus) through onnxruntime's
+    documented flow, quant_pre_process then quantize_static (QDQ): the blocks keep the kinds of
+    the float export (self-attention was labelled cross)."""
+    import model_corpus
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    entry = next(e for e in model_corpus.CORPUS if e.name == name)
+    source = model_corpus.model_path(entry, cache_dir=corpus_dir)
+    model = onnx.load(str(source))
+    feeds = iter([model_corpus.random_feed(model, np.random.default_rng(i)) for i in range(2)])
+
+    class Reader(CalibrationDataReader):
+        def get_next(self) -> dict | None:
+            return next(feeds, None)
+
+    pre, quantized = tmp_path / "pre.onnx", tmp_path / "q.onnx"
+    quant_pre_process(str(source), str(pre))
+    quantize_static(str(pre), str(quantized), Reader(), quant_format=QuantFormat.QDQ)
+    kinds = sorted(m.kind.value for m in graphfix.find_attention(onnx.load(str(quantized))))
+    assert kinds == sorted(m.kind.value for m in graphfix.find_attention(model))

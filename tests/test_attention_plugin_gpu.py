@@ -81,6 +81,11 @@ class Case:
     mask_fill: float = float("-inf")
     nan_to_zero: bool = False
     magnitude: float = 1.0
+    # V's scale (the absolute error allowed scales with it: attention is linear in V)
+    value_magnitude: float = 1.0
+    # bfloat16 only: column 5 of V set to this in every head (so that column of the output is this
+    # value, exact, whatever P's rounding: cuDNN's bound holds too)
+    value_peak: float = 0.0
     # whether the plugin should take cuDNN for float16/bfloat16 when cuDNN is there
     cudnn_eligible: bool = True
     # a shape the plugin must refuse with this message (at onShapeChange), not run
@@ -134,6 +139,19 @@ CASES = (
     # wrapping the ring three times with a partial last one, grouped heads; and causal
     Case("ring_gqa_d128", (2, 2, 260, 128), 1, 700, 128),
     Case("ring_causal_d128", (1, 4, 300, 128), 2, 300, 128, causal=True),
+    # the same kernel at a head dim that pads to 128 with a partial 64-column block (its 128-byte
+    # swizzled tiles, kHOPPER_VARIANT_SWIZZLE: the second box of each Q and K row zero-filled past
+    # D = 112), over a partial query tile and a partial key tile
+    Case("ring_d112_dv128", (1, 3, 200, 112), 3, 250, 128),
+    # the same kernel at padded head dims 64 (D 40: one 64-column box zero-filled past 40; causal,
+    # grouped heads) and 256 (64-key tiles; grouped heads, partial tiles)
+    Case("ring_causal_d40", (1, 4, 300, 40), 2, 300, 40, causal=True),
+    Case("ring_gqa_d256", (1, 4, 200, 256), 2, 300, 256),
+    # bfloat16's float16 P·V on that kernel (kHOPPER_VARIANT_HALF_VALUES): V values above
+    # float16's 65504 (the split bfloat16 kernel must run instead, exact as ever), and a V below
+    # float16's normal range (2^-14; its subnormals round V by at most 2^-25)
+    Case("ring_huge_v_d128", (1, 2, 200, 128), 2, 300, 128, value_peak=1.0e5),
+    Case("ring_tiny_v_d64", (1, 2, 200, 64), 2, 300, 64, value_magnitude=2.0**-17),
     Case("rand_bool", (2, 4, 64, 80), 4, 80, 64, mask="rand_bool", mask_shape=(2, 4, 64, 80)),
     Case("add_q", (2, 4, 64, 80), 4, 80, 64, mask="add_q", mask_shape=(2, 1, 1, 80)),
     Case("add_q_direct", (2, 4, 64, 64), 4, 64, 64, mask="add_q", mask_shape=(2, 1, 64, 64)),
@@ -495,6 +513,24 @@ def expected_own_path(case: Case, dtype: str, backend: str = "portable") -> str:
     return "flash" if fits else "fallback"
 
 
+def _half_values_path(case: Case, dtype: str) -> bool:
+    """Whether the Hopper kernel runs `case` in bfloat16 with P·V in float16: bit 256 of
+    GRAPHFIX_ATTENTION_HOPPER_VARIANT (kHOPPER_VARIANT_HALF_VALUES, off by default) with TMA loads
+    (16) and the warp-specialised kernel (32), whose shapes these are (planHopperAttention), and
+    no V value above float16's 65504 (the split kernel runs those)."""
+    variant = os.environ.get("GRAPHFIX_ATTENTION_HOPPER_VARIANT", "")
+    if dtype != "bfloat16" or not variant or int(variant) & (256 | 32 | 16) != 256 | 32 | 16:
+        return False
+    d, dv, t = case.q[-1], case.value_dim, case.seq_k
+    padded = next((p for p in (32, 64, 80, 96, 128, 160, 192, 256) if max(d, dv) <= p), 0)
+    producer = (
+        (padded == 128 and dv == 128)
+        or (padded == 64 and t > 128)
+        or (padded == 256 and d > 192 and dv > 192 and t > 64)
+    )
+    return producer and case.mask == "none" and case.softcap == 0.0 and case.value_peak <= 65504.0
+
+
 @pytest.fixture(scope="session")
 def gpu_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, str], Outcome]:
     tools = support.gpu_tools(ATTENTION_HARNESS_NAME)
@@ -506,7 +542,7 @@ def gpu_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, st
         k_shape, v_shape, out_shape = _shapes(case)
         q = rng.standard_normal(case.q) * case.magnitude
         k = rng.standard_normal(k_shape) * case.magnitude
-        v = rng.standard_normal(v_shape)
+        v = rng.standard_normal(v_shape) * case.value_magnitude
         mask = _make_mask(case, rng)
         scale = float(1.0 / np.sqrt(case.q[-1]))
         fields = [
@@ -520,7 +556,10 @@ def gpu_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, st
         for dtype in DTYPES:
             stem = work / f"{case.name}-{dtype}"
             tensors, exact = [], []
-            for name, x, kind in (("q", q, dtype), ("k", k, dtype), ("v", v, dtype)):
+            peaked = v.copy()
+            if case.value_peak and dtype == "bfloat16":
+                peaked[..., 5] = case.value_peak
+            for name, x, kind in (("q", q, dtype), ("k", k, dtype), ("v", peaked, dtype)):
                 raw, value = _encode(x, kind)
                 (stem.parent / f"{stem.name}.{name}").write_bytes(raw)
                 tensors.append(f"{kind}:{','.join(map(str, x.shape))}:{stem}.{name}")
@@ -593,11 +632,18 @@ def test_enqueue_matches_float64_reference(
     if outcome.path == "cudnn" and mode != "stale":
         bound = CUDNN_ATOL[dtype] + EPS[dtype] * np.abs(outcome.reference[valid])
     else:
-        bound = 4e-5 + EPS[dtype] * np.abs(outcome.reference[valid])
+        bound = 4e-5 * case.value_magnitude + EPS[dtype] * np.abs(outcome.reference[valid])
         if dtype == "float16" and expected_own_path(case, dtype, backend) in ("flash", "hopper"):
             # The float16 flash and Hopper kernels round each probability once to float16 before
             # P·V (as cuDNN and FlashAttention do): |sum (p~ - p) v| / sum p <= EPS * max|v|.
             bound = bound + EPS[dtype] * outcome.value_max
+        if dtype == "float16":
+            # an output below float16's normal range (2^-14) rounds to its subnormal spacing 2^-24
+            bound = bound + 2.0**-25
+        if outcome.path == "hopper" and _half_values_path(case, dtype):
+            # bfloat16 with float16 P·V rounds P as float16 does, and V below 2^-14 to float16's
+            # subnormal spacing (at most 2^-25 an output, the probabilities summing to 1)
+            bound = bound + EPS["float16"] * outcome.value_max + 2.0**-25
     worst = float(np.max(error - bound, initial=-1.0))
     assert worst <= 0.0, (
         f"{outcome.path}: max error {error.max():.3g} exceeds the bound by {worst:.3g}"

@@ -107,6 +107,11 @@ REGRESSIONS = [
         '"flip_bytes"}], "seed": "vit_demo", "strategy": "plugin"}',
         [("inspect", 2)],
     ),
+    (  # Einsum's equation with a 0xff byte (not UTF-8): the matcher decoded it
+        '{"command": "inspect", "mutations": [{"a": 8167, "b": 8167, "c": 8167, "kind": '
+        '"attr_value"}], "seed": "eager_einsum-legacy17", "strategy": "fused_plugin"}',
+        [("inspect", 2)],
+    ),
     (  # a graph input 2**40 long, through locate's reference run
         '{"command": "locate", "mutations": [{"a": 144, "b": 9759, "c": 9499, "kind": "dim"}], '
         '"seed": "moe_router-legacy17", "strategy": "mark_output"}',
@@ -178,6 +183,31 @@ def test_split_with_fewer_outputs_than_num_outputs_is_a_load_error(tmp_path):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     with pytest.raises(ModelLoadError, match="'cut' has num_outputs=1 but 3 outputs"):
         load_model(_saved(model, tmp_path), load_weights=False)
+
+
+def test_text_attribute_not_utf8_is_a_load_error(tmp_path):
+    """An ai.onnx op's text attribute is UTF-8 by the spec (the checker does not look); a
+    custom domain's may carry bytes (plugin data) and loads."""
+    value = helper.make_tensor_value_info
+    einsum = helper.make_node("Einsum", ["x", "x"], ["y"], equation="ij,jk->ik", name="mm")
+    einsum.attribute[0].s = b"\xffj,jk->ik"
+    custom = helper.make_node("Blob", ["y"], ["z"], domain="example", data="x", name="blob")
+    custom.attribute[0].s = b"\xff\x00"
+    graph = helper.make_graph(
+        [einsum, custom],
+        "g",
+        [value("x", TensorProto.FLOAT, [2, 2])],
+        [value("z", TensorProto.FLOAT, [2, 2])],
+    )
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("example", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    with pytest.raises(ModelLoadError, match="'mm' \\(Einsum\\) has attribute 'equation' whose"):
+        load_model(_saved(model, tmp_path), load_weights=False)
+    model.graph.node[0].attribute[0].s = b"ij,jk->ik"
+    assert (
+        load_model(_saved(model, tmp_path), load_weights=False).model.graph.node[1].op_type
+        == "Blob"
+    )
 
 
 def _replay_in_child(plan: str, *, preexec_fn=None) -> subprocess.CompletedProcess:

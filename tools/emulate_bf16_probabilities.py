@@ -1,9 +1,11 @@
-"""CPU emulation: how rounding the probabilities to bfloat16 moves attention's max error.
+"""CPU emulation: how rounding the probabilities to bfloat16 (or float16) moves attention's max error.
 
 The tiled online softmax of GraphfixAttention's kernels (64-key tiles, running max, float32
 scores and sums) in float64 with the roundings of its bfloat16 paths: P rounded once, normalised
 by the exact sum ("U", as cuDNN and FlashAttention round) or by the rounded one ("R"), and P split
-into hi + lo ("split", what the kernels do); each output rounded to bfloat16 and compared with the
+into hi + lo ("split", what the kernels do), and P rounded once to float16 with V in float16
+(exact for bfloat16 values of |v| <= 65504; "half", bfloat16's float16 P·V, normalised by the
+exact sum as the kernels' float16 path is); each output rounded to bfloat16 and compared with the
 float64 reference. "outround" is the reference itself rounded to bfloat16: no result can beat it.
 notes/attention_plugin.md ("Missing / next") has what it showed.
 
@@ -24,11 +26,17 @@ CASES = {
     "llama": (4096, 4096, 128),
     "bert": (512, 512, 64),
     "bertpad": (512, 512, 64),
+    "gemma": (2048, 2048, 256),
+    "flux": (4608, 4608, 128),
 }
 
 
 def bf(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.bfloat16).to(torch.float64)
+
+
+def f16(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float16).to(torch.float64)
 
 
 def f32(x: torch.Tensor) -> torch.Tensor:
@@ -49,7 +57,7 @@ def run(s_len, t, d, *, causal=False, pad=False, heads=2, seed=0, tile=64) -> di
         s = f32(f32(q @ k.T) * scale).masked_fill(~keep, -math.inf)
         ref = torch.softmax((q @ k.T * scale).masked_fill(~keep, -math.inf), -1) @ v
         m = torch.full((s_len, 1), -math.inf, dtype=torch.float64)
-        out = {n: torch.zeros(s_len, d, dtype=torch.float64) for n in ("U", "R", "split")}
+        out = {n: torch.zeros(s_len, d, dtype=torch.float64) for n in ("U", "R", "split", "half")}
         total = {n: torch.zeros(s_len, 1, dtype=torch.float64) for n in out}
         for j in range(0, t, tile):
             st = s[:, j : j + tile]
@@ -67,6 +75,8 @@ def run(s_len, t, d, *, causal=False, pad=False, heads=2, seed=0, tile=64) -> di
             total["R"] += hi.sum(-1, keepdim=True)
             out["split"] += (hi + lo) @ v[j : j + tile]
             total["split"] += p.sum(-1, keepdim=True)
+            out["half"] += f16(p) @ f16(v[j : j + tile])
+            total["half"] += p.sum(-1, keepdim=True)
             m = new
         for n in out:
             err = (bf(f32(out[n] / total[n])) - ref).abs().max().item()
@@ -81,7 +91,13 @@ def main(argv: list[str]) -> int:
     s_len, t, d = CASES[name]
     for seed in range(seeds):
         got = run(
-            s_len, t, d, causal=name == "llama", pad=name == "bertpad", heads=heads, seed=seed
+            s_len,
+            t,
+            d,
+            causal=name in ("llama", "gemma"),
+            pad=name == "bertpad",
+            heads=heads,
+            seed=seed,
         )
         print(name, seed, {k: f"{v:.3e}" for k, v in got.items()}, flush=True)
     return 0

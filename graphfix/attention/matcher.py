@@ -683,7 +683,7 @@ def _projection_source(index: GraphIndex, tensor: str) -> str:
         if node.op_type in ("MatMul", "Gemm", "Conv") and len(node.input) >= 2:
             weight = node.input[1]
             if weight in index.initializers or index.is_constant(weight):
-                return node.input[0]
+                return _activation(index, node.input[0])
             if node.op_type == "MatMul" and index.is_constant(node.input[0]):
                 return _strip_layout(index, node.input[1])  # weight on the left: Kᵀ = W·xᵀ
         if node.op_type in ("MatMul", "Einsum") and len(node.input) == 2:
@@ -715,6 +715,25 @@ def _reduced_from(index: GraphIndex, k_source: str, q_source: str) -> bool:
             return False
         current = data[0]
     return False
+
+
+def _activation(index: GraphIndex, tensor: str) -> str:
+    """The activation a projection reads, through layout ops and fake quantization: a
+    quantized export gives each projection its own Reshape and Q/DQ pair of the same input
+    (onnxruntime's quantize_static after its MatMul → Gemm pre-processing)."""
+    for _ in range(MAX_OPERAND_HOPS):
+        node = index.producer_of(tensor)
+        if node is None:
+            break
+        if node.op_type == "DequantizeLinear":
+            quantize = index.producer_of(node.input[0])
+            if quantize is None or quantize.op_type != "QuantizeLinear":
+                break
+            node = quantize
+        elif node.op_type not in LAYOUT_OPS:
+            break
+        tensor = node.input[0]
+    return tensor
 
 
 def _strip_layout(index: GraphIndex, tensor: str) -> str:

@@ -185,10 +185,17 @@ AttentionMaskView maskView(AttentionProblem const& p, void const* data)
     return view;
 }
 
+//! Whether the Hopper kernel's float16 P·V (kHOPPER_VARIANT_HALF_VALUES) may run `p`: bfloat16
+//! without mask and softcap (the warp-specialised kernel's shapes).
+bool halfValuesMayRun(AttentionProblem const& p, float softcap)
+{
+    return p.type == DataType::kBF16 && !p.hasMask && softcap == 0.F;
+}
+
 //! The scratch for `p`: K transposed (both paths), cuDNN's workspace and the mask as a bias
-//! (`withCudnn`). Monotone in every dimension, so the layout of the largest shapes bounds that of
-//! every smaller one.
-AttentionWorkspace workspaceLayout(AttentionProblem const& p, bool kTransposed, bool withCudnn)
+//! (`withCudnn`), bfloat16's V in float16 (`withHalfValues`). Monotone in every dimension, so the
+//! layout of the largest shapes bounds that of every smaller one.
+AttentionWorkspace workspaceLayout(AttentionProblem const& p, bool kTransposed, bool withCudnn, bool withHalfValues)
 {
     AttentionShape const& s = p.shape;
     int64_t const size = elementSize(p.type);
@@ -210,6 +217,17 @@ AttentionWorkspace workspaceLayout(AttentionProblem const& p, bool kTransposed, 
     if (withCudnn && p.hasMask)
     {
         at += roundUp(p.maskDims[0] * p.maskDims[1] * p.maskDims[2] * 4, kSCRATCH_ALIGNMENT);
+    }
+    w.halfValuesOffset = at;
+    if (withHalfValues)
+    {
+        w.halfValuesBytes = hopperHalfValuesBytes(s);
+        at += roundUp(w.halfValuesBytes, kSCRATCH_ALIGNMENT);
+    }
+    w.overflowOffset = at;
+    if (withHalfValues)
+    {
+        at += kSCRATCH_ALIGNMENT;
     }
     w.total = at;
     return w;
@@ -314,6 +332,14 @@ HopperPlan hopperPlanFor(AttentionProblem const& p)
         // slower (BERT)
         plan.variant |= kHOPPER_VARIANT_LATE_LOADS;
     }
+    if (p.type == DataType::kBF16 && plan.paddedDim == 64 && (plan.variant & kHOPPER_VARIANT_HALF_VALUES) == 0)
+    {
+        // measured on the H200: the warp-specialised kernel at padded head dim 64 no faster than
+        // the two-block 64-key kernel in bfloat16 (SDXL self -4%, SD 1.5 self 0%, BERT +10%; in
+        // float16 -25%, -13%, -13%): bfloat16's split P binds it to the tensor cores there (its
+        // float16 P·V, kHOPPER_VARIANT_HALF_VALUES, does not)
+        plan.variant &= ~kHOPPER_VARIANT_PRODUCER;
+    }
     // GRAPHFIX_ATTENTION_HOPPER_VARIANT=<bits>: the kernel's options (kHOPPER_VARIANT_*), for measuring them
     char const* const variant = std::getenv(kGRAPHFIX_ATTENTION_HOPPER_VARIANT_ENV);
     if (variant != nullptr && *variant != '\0')
@@ -334,7 +360,8 @@ HopperPlan hopperPlanFor(AttentionProblem const& p)
         // them again with the real ones and loads with cp.async should that fail)
         HopperMaps maps{};
         void const* const aligned = reinterpret_cast<void const*>(uintptr_t{256});
-        if (p.type == DataType::kFLOAT || !encodeHopperMaps(maps, aligned, aligned, aligned, p.shape, plan, plan.keys))
+        if (p.type == DataType::kFLOAT
+            || !encodeHopperMaps(maps, aligned, aligned, aligned, p.shape, plan, plan.keys, false))
         {
             plan.variant &= ~kHOPPER_VARIANT_TMA;
         }
@@ -366,8 +393,13 @@ std::string hopperText(HopperPlan const& plan, DataType type)
         + (plan.producerStages > 0 && (plan.variant & kHOPPER_VARIANT_PRODUCER) != 0
                   && (plan.variant & kHOPPER_VARIANT_TMA) != 0
               ? ", warp-specialised without mask or softcap (" + std::to_string(plan.blockRows) + "x"
-                  + std::to_string(kHOPPER_PRODUCER_KEYS) + " tiles, " + std::to_string(plan.producerStages)
-                  + " K/V stages, " + std::to_string(plan.producerSharedBytes) + " bytes)"
+                  + std::to_string(plan.producerKeys) + " tiles, " + std::to_string(plan.producerStages)
+                  + " K/V stages, " + std::to_string(plan.producerSharedBytes) + " bytes"
+                  + ((plan.variant & kHOPPER_VARIANT_SWIZZLE) != 0 ? ", 128-byte swizzled" : "")
+                  + (type == DataType::kBF16 && (plan.variant & kHOPPER_VARIANT_HALF_VALUES) != 0
+                          ? ", float16 PV unless a |V| exceeds 65504"
+                          : "")
+                  + ")"
               : "")
         + ((plan.variant & kHOPPER_VARIANT_TMA) != 0 ? ", TMA loads" : "");
 }
@@ -599,7 +631,8 @@ size_t GraphfixAttentionPlugin::getWorkspaceSize(nvinfer1::DynamicPluginTensorDe
         }
         AttentionProblem const p = describe(dims, types, nbInputs, mAttributes.kTransposed != 0);
         return static_cast<size_t>(
-            workspaceLayout(p, mAttributes.kTransposed != 0, cudnnMayRun(p.type, p.hasMask, p.maskType)).total);
+            workspaceLayout(p, mAttributes.kTransposed != 0, cudnnMayRun(p.type, p.hasMask, p.maskType),
+                halfValuesMayRun(p, mAttributes.softcap)).total);
     }
     catch (...)
     {
@@ -666,7 +699,8 @@ int32_t GraphfixAttentionPlugin::enqueue(nvinfer1::PluginTensorDesc const* input
             // Shapes onShapeChange did not see: no re-planning here (no cuDNN graph build, no
             // allocation, capture-safe); the own kernels need only a host-side plan.
             AttentionWorkspace const scratch
-                = workspaceLayout(p, mAttributes.kTransposed != 0, cudnnMayRun(p.type, p.hasMask, p.maskType));
+                = workspaceLayout(p, mAttributes.kTransposed != 0, cudnnMayRun(p.type, p.hasMask, p.maskType),
+                    halfValuesMayRun(p, mAttributes.softcap));
             FlashPlan const flash = flashPlanFor(p);
             if (flash.kernel != FlashKernel::kNone)
             {
@@ -747,7 +781,8 @@ void GraphfixAttentionPlugin::plan(AttentionProblem const& p)
     mPlanned = true;
     mUseCudnn = false;
     mDirectBias = false;
-    mWorkspace = workspaceLayout(p, mAttributes.kTransposed != 0, cudnnMayRun(p.type, p.hasMask, p.maskType));
+    mWorkspace = workspaceLayout(p, mAttributes.kTransposed != 0, cudnnMayRun(p.type, p.hasMask, p.maskType),
+        halfValuesMayRun(p, mAttributes.softcap));
     mFlash = flashPlanFor(p);
     mHopper = hopperPlanFor(p);
     std::string reason = cudnnRefusal(p);
@@ -1000,8 +1035,16 @@ void GraphfixAttentionPlugin::enqueueOwn(AttentionProblem const& p, HopperPlan c
                     }
                     else
                     {
+                        HopperHalfValues halfValues;
+                        if (scratch.halfValuesBytes != 0 && workspace != nullptr)
+                        {
+                            halfValues.values = static_cast<char*>(workspace) + scratch.halfValuesOffset;
+                            halfValues.overflow
+                                = reinterpret_cast<int32_t*>(static_cast<char*>(workspace) + scratch.overflowOffset);
+                        }
                         return launchHopperAttention<T>(static_cast<T const*>(inputs[0]), static_cast<T const*>(keys),
-                            static_cast<T const*>(inputs[2]), mask, static_cast<T*>(output), s, rows, hopper, stream);
+                            static_cast<T const*>(inputs[2]), mask, static_cast<T*>(output), s, rows, hopper,
+                            halfValues, stream);
                     }
                 });
                 if (status == cudaErrorMisalignedAddress || status == cudaErrorInvalidConfiguration)

@@ -94,7 +94,7 @@ class NativeAttentionStrategy:
         elif self.accumulate:
             features.append(f"Q is {match.dtype}: no float32 casts needed")
         if mask.tensor is not None and match.nan_guard is None:
-            features.append("a row with every key masked gives 0, where the chain gives NaN")
+            features.append("a row with every key at -inf gives 0, where the chain gives NaN")
         return Outcome(True, f"chain → Attention ({', '.join(features)})")
 
 
@@ -164,6 +164,19 @@ class _Nodes:
         self.edit.add_initializer(onnx.numpy_helper.from_array(np.array(values, np.int64), name))
         return name
 
+    def clamp_fill(self, tensor: str) -> str:
+        """Finite mask values below -1e30 (HF's finfo.min fill) raised to -1e30, -inf kept.
+
+        A row whose every key holds finfo.min is uniform in the chain and in Attention-23's
+        reference, but onnxruntime's kernel zeroes a row whose maximum is the type's lowest
+        value, and a kernel folding log2(e) into the scores overflows it to -inf (a NaN row).
+        -1e30 still absorbs every score below 3.8e22 (s + -1e30 == -1e30), so rows with a kept
+        key are unchanged and fully masked rows stay uniform.  Not for float16, whose lowest
+        (-65504) is the only absorbing value it has."""
+        floor = self.add("CastLike", [self.floats("fill_floor", -_ABSORBING), tensor])
+        raised = self.add("Max", [tensor, floor])
+        return self.add("Where", [self.add("IsInf", [tensor], detect_positive=0), tensor, raised])
+
     def attention(self, operands: Operands, mask: MaskPlan, *, widen: bool) -> str:
         """The Attention node in the importer's layout: K not transposed, float32 Q/K/V when
         `widen`, the mask of Q's type (or boolean) as [.., .., S, T]."""
@@ -181,6 +194,8 @@ class _Nodes:
                 tensor = self.add("Where", [tensor, zero, blocked])
             if mask.fill != -math.inf:  # additive: in Q's type, as IAttention takes it
                 tensor = self.add("CastLike", [tensor, q])
+                if self.edit.index.elem_type(q) != onnx.TensorProto.FLOAT16:
+                    tensor = self.clamp_fill(tensor)
             if rank == 3:  # [N, S, T] or [S, T] against [N, 1, S, T]
                 tensor = self.add("Unsqueeze", [tensor, self.ints("head_axis", [-3])])
             # IAttention (and onnxruntime's kernel) take a mask of [.., .., S, T], broadcast

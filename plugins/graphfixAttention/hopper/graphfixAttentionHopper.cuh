@@ -6,8 +6,8 @@
  * (-gencode=arch=compute_90a,code=sm_90a): wgmma exists nowhere else.
  *
  * hopperAttentionKernel, per block: kWG warpgroups x 64 query rows (2 x 64 as built), tiles of
- * kN = 64 keys (hopperProducerKernel, the warp-specialised kernel for unmasked shapes at head dim
- * 128, is described where it is defined). All
+ * kN = 64 keys (hopperProducerKernel, the warp-specialised kernel for unmasked shapes at padded
+ * head dims 64, 128 and 256, is described where it is defined). All
  * threads load with cp.async, K one tile ahead of V (two stages each); or (kTMA, the default
  * where the tensor maps can be encoded) thread 0 issues TMA box loads of the same tiles right
  * after the barrier and every thread waits on the stage's mbarrier instead of its own cp.async
@@ -176,6 +176,17 @@ __device__ __forceinline__ void tmaLoad(
         : "memory");
 }
 
+//! One box of a 3-d tensor map (the 128-byte swizzled maps: column c0, row c1, head c2).
+__device__ __forceinline__ void tmaLoad3d(
+    uint32_t shared, CUtensorMap const* map, int32_t c0, int32_t c1, int32_t c2, uint32_t bar)
+{
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+        "[%5];\n" ::"r"(shared),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
+}
+
 __device__ __forceinline__ void prefetchTensorMap(CUtensorMap const* map)
 {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
@@ -186,6 +197,72 @@ __device__ __forceinline__ uint64_t descriptor(uint32_t address, uint32_t leadin
 {
     return static_cast<uint64_t>((address & 0x3FFFFU) >> 4) | (static_cast<uint64_t>((leading & 0x3FFFFU) >> 4) << 16)
         | (static_cast<uint64_t>((stride & 0x3FFFFU) >> 4) << 32);
+}
+
+//! The same in the 128-byte swizzle mode (layout type 1 in bits 62-63). K-major operands (Q, K):
+//! rows of 128 bytes (64 elements), the next 8 rows 1024 bytes on (SBO); LBO unused (1). N-major
+//! (V): the next 8 keys 1024 bytes on (SBO), the next 64 value-dim elements `leading` bytes on.
+__device__ __forceinline__ uint64_t swizzledDescriptor(uint32_t address, uint32_t leading)
+{
+    return descriptor(address, leading, 1024) | (uint64_t{1} << 62);
+}
+
+//! Where the wgmma chain's step kk (head-dim elements 16 kk .. 16 kk + 15) of a K-major operand
+//! of `rows` rows starts, in the descriptor's 16-byte units: no swizzle, 2 chunk columns of rows
+//! x 16 bytes a step; 128-byte swizzle, 64-element column blocks of rows x 128 bytes, 32 bytes a
+//! step within one (the hardware applies the swizzle to the address it computes, so a step inside
+//! a swizzled row is a plain offset from the 1024-byte-aligned block).
+template <bool kSWIZZLE>
+__device__ __forceinline__ uint64_t kMajorStep(int32_t kk, int32_t rows)
+{
+    return static_cast<uint64_t>(kSWIZZLE ? (kk / 4) * rows * 8 + (kk % 4) * 2 : 2 * kk * rows);
+}
+
+//! A K-major operand of `rows` rows starting at `address` (Q as A, K as B of S = Q Kᵀ): no
+//! swizzle, LBO = the next 8 head-dim elements (rows x 16 bytes on), SBO = 8 rows (128 bytes);
+//! 128-byte swizzle, swizzledDescriptor's. A warpgroup's Q rows start kMajorRowBytes<> x row on.
+template <bool kSWIZZLE>
+__device__ __forceinline__ uint64_t kMajorDescriptor(uint32_t address, int32_t rows)
+{
+    return kSWIZZLE ? swizzledDescriptor(address, 16) : descriptor(address, static_cast<uint32_t>(rows) * 16U, 128);
+}
+
+template <bool kSWIZZLE>
+__device__ __forceinline__ constexpr uint32_t kMajorRowBytes()
+{
+    return kSWIZZLE ? 128U : 16U;
+}
+
+//! V as the N-major B operand of P V, a tile of kN keys at `address`: no swizzle, LBO = the next 8
+//! keys (128 bytes), SBO = the next 8 value-dim elements (kN keys of 16 bytes); 128-byte swizzle,
+//! SBO = the next 8 keys (1024 bytes), LBO = the next 64 value-dim elements (the next column
+//! block, kN rows of 128 bytes on).
+template <bool kSWIZZLE, int32_t kN>
+__device__ __forceinline__ uint64_t valueDescriptor(uint32_t address)
+{
+    return kSWIZZLE ? swizzledDescriptor(address, kN * 128) : descriptor(address, 128, kN * 16);
+}
+
+//! A tile of `rows` rows of a [heads, rows, kD] matrix from row `row0` of head `head` into
+//! `shared` by TMA, completing on `full` (which expects rows x kD elements' bytes): no swizzle,
+//! one box of the 4-d chunk-major map; kSWIZZLE, one box of {64, rows} per 64-element column
+//! block, block b at b x rows x 64 elements (each 1024-byte aligned when `shared` is).
+template <typename T, int32_t kD, bool kSWIZZLE>
+__device__ __forceinline__ void loadTile(
+    T* shared, CUtensorMap const* map, int32_t rows, int32_t row0, int32_t head, uint32_t full)
+{
+    if constexpr (kSWIZZLE)
+    {
+#pragma unroll
+        for (int32_t b = 0; b < kD / 64; ++b)
+        {
+            tmaLoad3d(sharedAddress(shared + b * rows * 64), map, b * 64, row0, head, full);
+        }
+    }
+    else
+    {
+        tmaLoad(sharedAddress(shared), map, row0, head, full);
+    }
 }
 
 //! Copies rows [row0, row0 + kRows) x [0, kD) of a [rows, cols] matrix into the chunk-major
@@ -234,10 +311,11 @@ __device__ __forceinline__ void clearAccumulators(float (&o)[kN][4])
 }
 
 //! S = Q K_jᵀ into s, issued and committed (not waited for): one chain of wgmma with both
-//! operands in shared memory, 2 chunks of 8 head-dim elements a step. Q (A, K-major, kRows rows
+//! operands in shared memory, 16 head-dim elements a step (kMajorStep). Q (A, K-major, kRows rows
 //! in the block): LBO = the next 8 head-dim elements (kRows rows of 16 bytes), SBO = 8 rows;
-//! K (B, K-major, N = kN keys): LBO = kN rows of 16 bytes, SBO = 8 rows.
-template <typename T, int32_t kD, int32_t kN, int32_t kRows>
+//! K (B, K-major, N = kN keys): LBO = kN rows of 16 bytes, SBO = 8 rows (kSWIZZLE:
+//! swizzledDescriptor's).
+template <typename T, int32_t kD, int32_t kN, int32_t kRows, bool kSWIZZLE = false>
 __device__ __forceinline__ void issueScoreChain(float (&s)[kN / 8][4], uint64_t qDesc, uint64_t kDesc)
 {
     fenceOperands(s);
@@ -245,19 +323,20 @@ __device__ __forceinline__ void issueScoreChain(float (&s)[kN / 8][4], uint64_t 
 #pragma unroll
     for (int32_t kk = 0; kk < kD / 16; ++kk)
     {
-        hp::Wgmma<T, kN>::ss(
-            s, qDesc + static_cast<uint64_t>(2 * kk * kRows), kDesc + static_cast<uint64_t>(2 * kk * kN), kk > 0);
+        hp::Wgmma<T, kN>::ss(s, qDesc + kMajorStep<kSWIZZLE>(kk, kRows), kDesc + kMajorStep<kSWIZZLE>(kk, kN), kk > 0);
     }
     wgmmaCommit();
 }
 
 //! O += P V_j, issued and committed: p (and with kSPLIT_P<T> lo, first) as the register A operand,
 //! V (B, N-major, N = the value dim) in shared memory: LBO = the next 8 keys (128 bytes), SBO =
-//! the next 8 value-dim elements (kN keys of 16 bytes); 16 keys a step = 256 bytes.
-template <typename T, int32_t kD, int32_t kN>
+//! the next 8 value-dim elements (kN keys of 16 bytes); 16 keys a step = 256 bytes (kSWIZZLE:
+//! rows of 128 bytes, 16 keys a step = 2048 bytes).
+template <typename T, int32_t kD, int32_t kN, bool kSWIZZLE = false>
 __device__ __forceinline__ void issueValueChain(
     float (&o)[kD / 8][4], uint32_t (&p)[kN / 16][4], uint32_t (&lo)[kN / 16][4], uint64_t vDesc)
 {
+    constexpr int32_t kVALUE_STEP = kSWIZZLE ? 128 : 16; // 16 keys, in the descriptor's 16-byte units
     fenceOperands(o);
     fenceOperands(p);
     if constexpr (kSPLIT_P<T>)
@@ -270,9 +349,9 @@ __device__ __forceinline__ void issueValueChain(
     {
         if constexpr (kSPLIT_P<T>)
         {
-            hp::Wgmma<T, kD>::rs(o, lo[kk], vDesc + static_cast<uint64_t>(kk * 16), true);
+            hp::Wgmma<T, kD>::rs(o, lo[kk], vDesc + static_cast<uint64_t>(kk * kVALUE_STEP), true);
         }
-        hp::Wgmma<T, kD>::rs(o, p[kk], vDesc + static_cast<uint64_t>(kk * 16), true);
+        hp::Wgmma<T, kD>::rs(o, p[kk], vDesc + static_cast<uint64_t>(kk * kVALUE_STEP), true);
     }
     wgmmaCommit();
 }
@@ -695,22 +774,44 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
 //! into a ring of kSTAGES K and kSTAGES V stages (a "full" mbarrier per stage that the load
 //! completes, an "empty" one that each consumer thread arrives on once the wgmma reading the
 //! stage has completed), and lowers its registers to 24 so that warpgroups 1 and 2, 64 query rows each,
-//! run at 240: enough for 128-key tiles (S is 64 registers a thread) beside O at head dim 128.
+//! run at 240: enough for 128-key tiles (S is 64 registers a thread) beside O at head dim 128,
+//! and for 64-key tiles beside O at 256 (128 registers).
 //! No block-wide barrier per tile: a consumer waits only for the stages it reads. Each consumer
 //! warpgroup runs the overlap of hopperAttentionKernel (S_j+1 and P_j V_j issued together, the
 //! softmax of S_j+1 under P_j V_j; bfloat16, whose split P doubles the P registers, waits for
 //! both first, kWAIT_PV's reason).
-template <typename T, int32_t kD, int32_t kN, int32_t kSTAGES>
+//! kSWIZZLE (kHOPPER_VARIANT_SWIZZLE): Q, K and V tiles as column blocks of 64 elements, [block]
+//! [row][64] with the 128-byte swizzle (each 16-byte chunk of row r at chunk c ^ (r % 8) of its
+//! 128-byte row), written by TMA boxes of {64, rows} and read by wgmma in the same mode
+//! (swizzledDescriptor); where the no-swizzle layout has 16-byte rows, 2048 of them per 32 KB tile,
+//! more than the copy engine moved in the time the tensor cores took for a tile.
+//! TP: the type of P·V's operands, T or, for bfloat16 (kHOPPER_VARIANT_HALF_VALUES), __half: P
+//! rounded once to float16 and V already converted to float16 by convertValuesToHalf (maps.v
+//! describes the converted copy); S = Q Kᵀ stays in T.
+//! gate: the kernel returns at once unless gate.overflow is null or its value (raised: nonzero)
+//! equals gate.runWhenRaised; so the float16 P·V kernel and the bfloat16 split kernel after it
+//! make one launch sequence of which exactly one runs, with no host synchronisation.
+template <typename T, typename TP, int32_t kD, int32_t kN, int32_t kSTAGES, bool kSWIZZLE>
 __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restrict__ q, T const* __restrict__ k,
     T const* __restrict__ v, T* __restrict__ out, AttentionShape const shape, AttentionParams const givenParams,
-    int32_t const qTiles, int32_t const variant, __grid_constant__ HopperMaps const maps)
+    int32_t const qTiles, int32_t const variant, __grid_constant__ HopperMaps const maps, HopperGate const gate)
 {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    static_assert(std::is_same_v<TP, T> || (std::is_same_v<T, __nv_bfloat16> && std::is_same_v<TP, __half>),
+        "P·V in the I/O type, or bfloat16's in float16");
+    if (gate.overflow != nullptr && (*gate.overflow != 0) != gate.runWhenRaised)
+    {
+        return;
+    }
     constexpr int32_t kRows = 128; // two consumer warpgroups
     constexpr int32_t kTILE = kN * kD;
     constexpr uint32_t kTILE_BYTES = kTILE * sizeof(T);
+    static_assert(!kSWIZZLE || kD % 64 == 0, "whole 64-element column blocks");
     extern __shared__ __align__(128) unsigned char sharedRaw[];
-    T* const sQ = reinterpret_cast<T*>(sharedRaw);
+    // (kSWIZZLE: the tiles start on a 1024-byte boundary, kHOPPER_SWIZZLE_ALIGN's reason; the
+    // plan's producerSharedBytes holds the slack)
+    uint32_t const skip = kSWIZZLE ? (0U - sharedAddress(sharedRaw)) % uint32_t{kHOPPER_SWIZZLE_ALIGN} : 0U;
+    T* const sQ = reinterpret_cast<T*>(sharedRaw + skip);
     T* const sK = sQ + kRows * kD; // kSTAGES stages
     T* const sV = sK + kSTAGES * kTILE;
     // Q's; then per stage: K full, V full, K empty, V empty
@@ -756,14 +857,14 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
             int32_t const qHead = static_cast<int32_t>((block.qBase - q) / (shape.seqQ * shape.headDim));
             int32_t const kvHead = static_cast<int32_t>((block.kBase - k) / (shape.seqK * shape.headDim));
             mbarrierArriveExpect(barrierQ, kRows * kD * sizeof(T));
-            tmaLoad(sharedAddress(sQ), &maps.q, static_cast<int32_t>(block.q0), qHead, barrierQ);
+            loadTile<T, kD, kSWIZZLE>(sQ, &maps.q, kRows, static_cast<int32_t>(block.q0), qHead, barrierQ);
             auto const load = [&](CUtensorMap const* map, T* stages, uint32_t full, uint32_t empty, int32_t j) {
                 if (j >= kSTAGES)
                 {
                     mbarrierWait(empty, parity(j) ^ 1U);
                 }
                 mbarrierArriveExpect(full, kTILE_BYTES);
-                tmaLoad(sharedAddress(stages + (j % kSTAGES) * kTILE), map, j * kN, kvHead, full);
+                loadTile<T, kD, kSWIZZLE>(stages + (j % kSTAGES) * kTILE, map, kN, j * kN, kvHead, full);
             };
             // in the order the consumers read them: K_j+1 before V_j
             for (int32_t j = 0; j < keyTiles; ++j)
@@ -785,8 +886,9 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
     int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
     // a consumer thread done with tile j's K or V (the wgmma that read it has completed)
     auto const release = [&](uint32_t empty) { mbarrierArrive(empty); };
-    // Q (A, K-major): LBO = the next 8 head-dim elements (kRows rows of 16 bytes), SBO = 8 rows.
-    uint64_t const qDesc = descriptor(sharedAddress(sQ) + static_cast<uint32_t>(group * 64 * 16), kRows * 16, 128);
+    // Q (A, K-major): this warpgroup's 64 rows of the block's kRows
+    uint64_t const qDesc = kMajorDescriptor<kSWIZZLE>(
+        sharedAddress(sQ) + static_cast<uint32_t>(group * 64) * kMajorRowBytes<kSWIZZLE>(), kRows);
     uint32_t const kAddress = sharedAddress(sK);
     uint32_t const vAddress = sharedAddress(sV);
 
@@ -797,15 +899,15 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
 
     // S = Q K_jᵀ into s (issued, not waited for), K_j in stage j % kSTAGES
     auto const issueScores = [&](float (&s)[kN / 8][4], int32_t j) {
-        issueScoreChain<T, kD, kN, kRows>(
-            s, qDesc, descriptor(kAddress + static_cast<uint32_t>((j % kSTAGES) * kTILE_BYTES), kN * 16, 128));
+        uint32_t const address = kAddress + static_cast<uint32_t>((j % kSTAGES) * kTILE_BYTES);
+        issueScoreChain<T, kD, kN, kRows, kSWIZZLE>(s, qDesc, kMajorDescriptor<kSWIZZLE>(address, kN));
     };
     auto const probabilities = [&](float (&s)[kN / 8][4], float (&alpha)[2], uint32_t (&p)[kN / 16][4],
                                    uint32_t (&lo)[kN / 16][4], int32_t j) {
         int64_t const k0 = static_cast<int64_t>(j) * kN;
         bool const checkEach = k0 + kN > shape.seqK || (params.causal && k0 + kN - 1 > warpRow0);
         softmax.template update<true>(s, alpha, warpRow0 + lane / 4, k0, noMask, 0, shape, params, checkEach);
-        probabilityFragments<T, kN>(s, p, lo);
+        probabilityFragments<TP, kN>(s, p, lo);
     };
 
     float s[kN / 8][4];
@@ -822,15 +924,16 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
         release(emptyK(0));
         probabilities(s, alpha, p, lo, 0);
     }
-    // O += P_j V_j (issued and committed, issueValueChain). float16 copies P first (the softmax of
-    // the next tile rewrites p while this product still reads it); bfloat16 reads p and lo in
-    // place and waits before that softmax.
+    // O += P_j V_j (issued and committed, issueValueChain). A float16 P is copied first (the
+    // softmax of the next tile rewrites p while this product still reads it); bfloat16's split P
+    // is read in place (p and lo), waited for before that softmax.
     uint32_t pv[kN / 16][4];
     auto const issueValues = [&](int32_t j) {
-        uint64_t const vDesc = descriptor(vAddress + static_cast<uint32_t>((j % kSTAGES) * kTILE_BYTES), 128, kN * 16);
-        if constexpr (kSPLIT_P<T>)
+        uint32_t const address = vAddress + static_cast<uint32_t>((j % kSTAGES) * kTILE_BYTES);
+        uint64_t const vDesc = valueDescriptor<kSWIZZLE, kN>(address);
+        if constexpr (kSPLIT_P<TP>)
         {
-            issueValueChain<T, kD, kN>(o, p, lo, vDesc);
+            issueValueChain<TP, kD, kN, kSWIZZLE>(o, p, lo, vDesc);
         }
         else
         {
@@ -843,7 +946,7 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
                     pv[kk][e] = p[kk][e];
                 }
             }
-            issueValueChain<T, kD, kN>(o, pv, pv, vDesc);
+            issueValueChain<TP, kD, kN, kSWIZZLE>(o, pv, pv, vDesc);
         }
     };
     for (int32_t j = 0; j + 1 < keyTiles; ++j)
@@ -854,7 +957,7 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
         mbarrierWait(fullV(j), parity(j));
         issueScores(s, j + 1); // S_j+1 on the tensor cores, then P_j V_j, while ...
         issueValues(j);
-        if constexpr (kSPLIT_P<T>)
+        if constexpr (kSPLIT_P<TP>)
         {
             wgmmaWait<0>();
             fenceOperands(p);
@@ -867,10 +970,10 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
         }
         fenceOperands(s);
         release(emptyK(j + 1));
-        probabilities(s, alpha, p, lo, j + 1); // ... the softmax of S_j+1 runs here (float16)
+        probabilities(s, alpha, p, lo, j + 1); // ... the softmax of S_j+1 runs here (float16 P)
         wgmmaWait<0>();
         fenceOperands(o);
-        if constexpr (!kSPLIT_P<T>)
+        if constexpr (!kSPLIT_P<TP>)
         {
             fenceOperands(pv);
             release(emptyV(j));
@@ -895,6 +998,40 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
     namedBarrier(1, 256);
     storeStagedOutput<T, kD, kRows>(sOut, block, shape, static_cast<int32_t>(threadIdx.x) - 128, 256);
 #endif
+}
+
+//! V (bfloat16, n elements, a multiple of 8, 16-byte aligned) converted to float16 into `values`
+//! for the float16 P·V of hopperProducerKernel (kHOPPER_VARIANT_HALF_VALUES), 8 elements a thread
+//! a step. Exact for every finite |v| <= 65504 down to float16's normal range (bfloat16's 8
+//! significant bits fit float16's 11); below 2^-14 float16's subnormal spacing 2^-24 rounds v by
+//! at most 2^-25, and since a row's probabilities sum to 1 an output moves by at most 2^-25 more.
+//! A finite |v| above 65504 (float16 would give infinity or round it) raises `overflow` (the
+//! stream cleared it before): the split bfloat16 kernel then runs instead. Infinities and NaNs
+//! convert to themselves.
+__global__ void __launch_bounds__(256) convertValuesToHalf(
+    __nv_bfloat16 const* __restrict__ v, __half* __restrict__ values, int64_t const n, int32_t* __restrict__ overflow)
+{
+    bool beyond = false;
+    int64_t const stride = static_cast<int64_t>(gridDim.x) * blockDim.x * 8;
+    for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8; i < n; i += stride)
+    {
+        uint4 const raw = *reinterpret_cast<uint4 const*>(v + i);
+        uint32_t const in[4]{raw.x, raw.y, raw.z, raw.w};
+        uint32_t converted[4];
+#pragma unroll
+        for (int32_t e = 0; e < 4; ++e)
+        {
+            float2 const f = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 const*>(&in[e]));
+            beyond = beyond || (isfinite(f.x) && fabsf(f.x) > 65504.F) || (isfinite(f.y) && fabsf(f.y) > 65504.F);
+            __half2 const h = __floats2half2_rn(f.x, f.y);
+            converted[e] = *reinterpret_cast<uint32_t const*>(&h);
+        }
+        *reinterpret_cast<uint4*>(values + i) = make_uint4(converted[0], converted[1], converted[2], converted[3]);
+    }
+    if (beyond)
+    {
+        *overflow = 1; // every writer writes the same value
+    }
 }
 
 //! Which kernel: plain (no mask, no softcap), a key mask (kKEYMASK), or the general one.
@@ -952,17 +1089,39 @@ cudaError_t withHopperKernel(HopperPlan const& plan, HopperKind kind, bool tma, 
     }
 }
 
-//! Calls f with the warp-specialised kernel for the plan (plan.producerStages > 0), or returns
-//! cudaErrorInvalidConfiguration.
-template <typename T, typename F>
-cudaError_t withProducerKernel(HopperPlan const& plan, F&& f)
+//! Whether the warp-specialised kernel is built for the plan's padded head dim in this layout:
+//! swizzled at 64, 128 and 256, unswizzled at 128 only.
+inline bool producerKernelBuilt(HopperPlan const& plan, bool swizzle)
 {
-    constexpr int32_t kN = kHOPPER_PRODUCER_KEYS;
-    if (plan.producerStages != 2 || plan.blockRows != kHOPPER_ROWS)
+    return plan.paddedDim == 128 || (swizzle && (plan.paddedDim == 64 || plan.paddedDim == 256));
+}
+
+//! Calls f with the warp-specialised kernel for the plan (plan.producerStages > 0) in the layout
+//! asked for, P·V in TP, or returns cudaErrorInvalidConfiguration where none is built.
+template <typename T, typename TP, typename F>
+cudaError_t withProducerKernel(HopperPlan const& plan, bool swizzle, F&& f)
+{
+    if (plan.producerStages != 2 || plan.blockRows != kHOPPER_ROWS || !producerKernelBuilt(plan, swizzle)
+        || plan.producerKeys != (plan.paddedDim == 256 ? 64 : 128))
     {
         return cudaErrorInvalidConfiguration;
     }
-    return plan.paddedDim == 128 ? f(hopperProducerKernel<T, 128, kN, 2>) : cudaErrorInvalidConfiguration;
+    switch (plan.paddedDim)
+    {
+    case 64: return f(hopperProducerKernel<T, TP, 64, 128, 2, true>);
+    case 128:
+        return swizzle ? f(hopperProducerKernel<T, TP, 128, 128, 2, true>)
+                       : f(hopperProducerKernel<T, TP, 128, 128, 2, false>);
+    default: return f(hopperProducerKernel<T, TP, 256, 64, 2, true>);
+    }
+}
+
+//! Whether the plan runs bfloat16's P·V in float16 (kHOPPER_VARIANT_HALF_VALUES) where it runs
+//! the warp-specialised kernel.
+template <typename T>
+bool halfValuesPlanned(HopperPlan const& plan)
+{
+    return std::is_same_v<T, __nv_bfloat16> && (plan.variant & kHOPPER_VARIANT_HALF_VALUES) != 0;
 }
 
 } // namespace
@@ -981,12 +1140,27 @@ cudaError_t prepareHopperAttention(HopperPlan const& plan) noexcept
     };
     if (plan.producerStages > 0)
     {
-        cudaError_t const status = withProducerKernel<T>(plan, [&](auto kernel) {
-            return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.producerSharedBytes);
-        });
-        if (status != cudaSuccess)
+        // both layouts where both are built: a shape the swizzled maps cannot take runs the
+        // unswizzled kernel (encodeHopperMaps), else the kernel above
+        for (bool const swizzle : {false, (plan.variant & kHOPPER_VARIANT_SWIZZLE) != 0})
         {
-            return status;
+            if (!producerKernelBuilt(plan, swizzle))
+            {
+                continue;
+            }
+            auto const prepareProducer = [&](auto kernel) {
+                return cudaFuncSetAttribute(
+                    kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.producerSharedBytes);
+            };
+            cudaError_t status = withProducerKernel<T, T>(plan, swizzle, prepareProducer);
+            if (status == cudaSuccess && halfValuesPlanned<T>(plan))
+            {
+                status = withProducerKernel<T, __half>(plan, swizzle, prepareProducer);
+            }
+            if (status != cudaSuccess)
+            {
+                return status;
+            }
         }
     }
     for (HopperKind const kind : {HopperKind::kPlain, HopperKind::kKeyMask, HopperKind::kGeneral})
@@ -1006,7 +1180,8 @@ cudaError_t prepareHopperAttention(HopperPlan const& plan) noexcept
 
 template <typename T>
 cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionMaskView const& mask, T* out,
-    AttentionShape const& shape, AttentionParams const& params, HopperPlan const& plan, cudaStream_t stream) noexcept
+    AttentionShape const& shape, AttentionParams const& params, HopperPlan const& plan,
+    HopperHalfValues const& halfValues, cudaStream_t stream) noexcept
 {
     if (plan.keys == 0)
     {
@@ -1027,16 +1202,55 @@ cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionM
     HopperMaps maps{};
     bool const tma = (plan.variant & kHOPPER_VARIANT_TMA) != 0;
     if (tma && kind == HopperKind::kPlain && plan.producerStages > 0
-        && (plan.variant & kHOPPER_VARIANT_PRODUCER) != 0
-        && encodeHopperMaps(maps, q, k, v, shape, plan, kHOPPER_PRODUCER_KEYS))
+        && (plan.variant & kHOPPER_VARIANT_PRODUCER) != 0)
     {
-        return withProducerKernel<T>(plan, [&](auto kernel) {
-            kernel<<<static_cast<uint32_t>(grid.blocks), 384U, static_cast<size_t>(plan.producerSharedBytes),
-                stream>>>(q, k, v, out, shape, params, static_cast<int32_t>(grid.qTiles), plan.variant, maps);
-            return cudaGetLastError();
-        });
+        // the swizzled maps where the variant asks for them and the shape has them, else the
+        // others where that kernel is built, else the kernel below
+        bool const swizzle = (plan.variant & kHOPPER_VARIANT_SWIZZLE) != 0
+            && encodeHopperMaps(maps, q, k, v, shape, plan, plan.producerKeys, true);
+        if (swizzle
+            || (producerKernelBuilt(plan, false)
+                && encodeHopperMaps(maps, q, k, v, shape, plan, plan.producerKeys, false)))
+        {
+            auto const launchProducer = [&](auto kernel, HopperMaps const& kernelMaps, HopperGate const& gate) {
+                kernel<<<static_cast<uint32_t>(grid.blocks), 384U, static_cast<size_t>(plan.producerSharedBytes),
+                    stream>>>(q, k, v, out, shape, params, static_cast<int32_t>(grid.qTiles), plan.variant,
+                    kernelMaps, gate);
+                return cudaGetLastError();
+            };
+            // bfloat16 with kHOPPER_VARIANT_HALF_VALUES: V to float16 in the workspace, the float16
+            // P·V kernel, then the split kernel, which runs only where the conversion found a
+            // finite |v| above 65504 (the other returns at once); maps of the converted V
+            HopperMaps halfMaps = maps;
+            if (halfValuesPlanned<T>(plan) && halfValues.values != nullptr && halfValues.overflow != nullptr
+                && encodeHopperMaps(halfMaps, q, k, halfValues.values, shape, plan, plan.producerKeys, swizzle))
+            {
+                int64_t const n = shape.batch * shape.headsKV * shape.seqK * shape.valueDim;
+                int64_t const blocks = std::min<int64_t>((n / 8 + 255) / 256, 4096);
+                cudaError_t status = cudaMemsetAsync(halfValues.overflow, 0, sizeof(int32_t), stream);
+                if (status != cudaSuccess)
+                {
+                    return status;
+                }
+                convertValuesToHalf<<<static_cast<uint32_t>(blocks), 256U, 0, stream>>>(
+                    reinterpret_cast<__nv_bfloat16 const*>(v), static_cast<__half*>(halfValues.values), n,
+                    halfValues.overflow);
+                status = withProducerKernel<T, __half>(plan, swizzle, [&](auto kernel) {
+                    return launchProducer(kernel, halfMaps, HopperGate{halfValues.overflow, false});
+                });
+                if (status != cudaSuccess)
+                {
+                    return status;
+                }
+                return withProducerKernel<T, T>(plan, swizzle, [&](auto kernel) {
+                    return launchProducer(kernel, maps, HopperGate{halfValues.overflow, true});
+                });
+            }
+            return withProducerKernel<T, T>(
+                plan, swizzle, [&](auto kernel) { return launchProducer(kernel, maps, HopperGate{}); });
+        }
     }
-    bool const tmaMaps = tma && encodeHopperMaps(maps, q, k, v, shape, plan, plan.keys);
+    bool const tmaMaps = tma && encodeHopperMaps(maps, q, k, v, shape, plan, plan.keys, false);
     return withHopperKernel<T>(plan, kind, tmaMaps, [&](auto kernel) {
         kernel<<<static_cast<uint32_t>(grid.blocks), threads, static_cast<size_t>(plan.sharedBytes), stream>>>(
             q, k, v, mask, out, shape, params, static_cast<int32_t>(grid.qTiles), plan.variant, maps);

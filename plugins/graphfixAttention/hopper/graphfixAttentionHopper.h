@@ -15,11 +15,15 @@
  * The online softmax runs on the accumulators in registers (the per-score code of the mma.sync
  * flash kernel: masks, causal, softcap, mask_fill, nan_to_zero); the probabilities become the
  * register A operand of O += P V_j (wgmma with V N-major in shared memory). float16 rounds P
- * once; bfloat16 splits it into two terms, as the mma.sync kernel does (kSPLIT_P).
- * At padded head dim 128 without mask and softcap a warp-specialised kernel runs instead
+ * once; bfloat16 splits it into two terms, as the mma.sync kernel does (kSPLIT_P), or, in the
+ * warp-specialised kernel with kHOPPER_VARIANT_HALF_VALUES, rounds it once to float16 against V
+ * converted to float16 (HopperHalfValues).
+ * Without mask and softcap a warp-specialised kernel runs instead at padded head dims 128 (Dv
+ * 128), 64 (float16, more than 128 keys) and 256 (D and Dv above 192, more than 64 keys)
  * (hopperProducerKernel, kHOPPER_VARIANT_PRODUCER): a producer warpgroup issues the TMA loads of
- * 128-key tiles into a two-stage ring paced by mbarriers, and the two consumer warpgroups run at
- * 240 registers (setmaxnreg) with no block-wide barrier per tile.
+ * 128-key tiles (64 at 256) in the 128-byte swizzled layout into a two-stage ring paced by
+ * mbarriers, and the two consumer warpgroups run at 240 registers (setmaxnreg) with no
+ * block-wide barrier per tile.
  *
  * Built only when the build's CUDA architectures include 90 (GRAPHFIX_WITH_HOPPER); otherwise
  * planHopperAttention always answers keys = 0, and the mma.sync flash kernel runs instead.
@@ -66,17 +70,36 @@ constexpr int32_t kHOPPER_VARIANT_LATE_LOADS{8};
 //! Falls back to cp.async where the tensor maps cannot be encoded (encodeHopperMaps).
 constexpr int32_t kHOPPER_VARIANT_TMA{16};
 //! Shapes without mask and softcap, loaded by TMA, run the warp-specialised kernel
-//! (hopperProducerKernel: a producer warpgroup, 128-key tiles) where the plan has one
-//! (HopperPlan::producerStages); else the kernel above.
+//! (hopperProducerKernel: a producer warpgroup, HopperPlan::producerKeys-key tiles) where the plan
+//! has one (HopperPlan::producerStages); else the kernel above.
 constexpr int32_t kHOPPER_VARIANT_PRODUCER{32};
+//! (Bit 64, the consumer warpgroups taking turns on the tensor cores, measured no faster on the
+//! H200 and removed: notes/attention_plugin.md, "128-byte swizzled tiles".)
+//! The warp-specialised kernel's Q, K and V tiles in the 128-byte swizzled layout (TMA boxes of
+//! 64-element rows, wgmma descriptors in the 128-byte swizzle mode) instead of the no-swizzle
+//! chunk-major one, whose 16-byte box rows (2048 per 32 KB tile) bound the copy engine: on the
+//! H200 at head dim 128, 38-43% faster in float16 and 15-20% in bfloat16. Where a 64-column box
+//! would hold no column of Q, K or V (D or Dv <= padded head dim - 64) the maps are not encoded
+//! and the no-swizzle kernel runs; that one exists at padded head dim 128 only, so elsewhere (and
+//! without this bit) the kernel above runs.
+constexpr int32_t kHOPPER_VARIANT_SWIZZLE{128};
+//! bfloat16's warp-specialised kernel with P·V in float16 (off by default until measured: a
+//! diagnostic bit): V converted to float16 in the plugin's workspace by a memory-bound pass
+//! (HopperHalfValues), P rounded once to float16 (relative error at most 2^-11, 8x below cuDNN's
+//! one bfloat16 rounding, 2^-8; the split bfloat16 P's two terms cost 1.5x the tensor work),
+//! S = Q Kᵀ still bfloat16. A V holding a finite |v| above float16's 65504 raises a flag on the
+//! device and the split kernel launched after the float16 one runs instead (no host sync).
+constexpr int32_t kHOPPER_VARIANT_HALF_VALUES{256};
 //! The options the plan takes unless GRAPHFIX_ATTENTION_HOPPER_VARIANT says otherwise; bfloat16 adds
-//! kHOPPER_VARIANT_LATE_LOADS except at head dim 80 (hopperPlanFor in graphfixAttentionPlugin.cpp;
-//! moot while TMA loads are on); the float32 kernel and shapes whose maps the driver rejects drop
-//! kHOPPER_VARIANT_TMA there.
-constexpr int32_t kHOPPER_DEFAULT_VARIANT{
-    kHOPPER_VARIANT_CAUSAL_ORDER | kHOPPER_VARIANT_KEY_MASK | kHOPPER_VARIANT_TMA | kHOPPER_VARIANT_PRODUCER};
-//! The warp-specialised kernel's key tiles (its query rows: kHOPPER_ROWS).
-constexpr int32_t kHOPPER_PRODUCER_KEYS{128};
+//! kHOPPER_VARIANT_LATE_LOADS except at head dim 80 and drops kHOPPER_VARIANT_PRODUCER at padded
+//! head dim 64 unless kHOPPER_VARIANT_HALF_VALUES is set (hopperPlanFor in
+//! graphfixAttentionPlugin.cpp; the load order is moot while TMA loads are on); the float32 kernel
+//! and shapes whose maps the driver rejects drop kHOPPER_VARIANT_TMA there.
+constexpr int32_t kHOPPER_DEFAULT_VARIANT{kHOPPER_VARIANT_CAUSAL_ORDER | kHOPPER_VARIANT_KEY_MASK
+    | kHOPPER_VARIANT_TMA | kHOPPER_VARIANT_PRODUCER | kHOPPER_VARIANT_SWIZZLE};
+//! The 128-byte swizzle repeats every 1024 bytes, counted from 1024-byte boundaries by TMA and by
+//! wgmma (descriptor base offset 0): the swizzled tiles start on one.
+constexpr int32_t kHOPPER_SWIZZLE_ALIGN{1024};
 
 //! What planHopperAttention chose; `keys` 0 means the Hopper kernel does not run (see reason).
 struct HopperPlan
@@ -90,8 +113,10 @@ struct HopperPlan
     //! persistent short-key kernel (hopperTf32ShortKernel) runs, sharedBytes is its 3 Q buffers'
     bool shortKeys{false};
     //! 16-bit only: the K and V stages of the warp-specialised kernel (kHOPPER_VARIANT_PRODUCER;
-    //! 0: none for this head dim) and its dynamic shared memory
+    //! 0: none for this head dim) and its dynamic shared memory (with 1 KB to align the tiles to
+    //! the 1024-byte period of the 128-byte swizzle, kHOPPER_VARIANT_SWIZZLE)
     int32_t producerStages{0};
+    int32_t producerKeys{0}; //!< its keys per tile (its query rows: kHOPPER_ROWS)
     int32_t producerSharedBytes{0};
     char const* reason{""}; //!< why not, when keys is 0
 };
@@ -108,16 +133,43 @@ struct HopperMaps
     CUtensorMap v;
 };
 
+//! The run-time gate of the warp-specialised kernel (kHOPPER_VARIANT_HALF_VALUES): it runs where
+//! `overflow` is null or its value (nonzero: raised) equals runWhenRaised, else returns at once.
+struct HopperGate
+{
+    int32_t const* overflow{nullptr};
+    bool runWhenRaised{false};
+};
+
+//! bfloat16's float16 P·V scratch (kHOPPER_VARIANT_HALF_VALUES), in the caller's workspace:
+//! `values` holds V converted to float16 ([B, Hkv, T, Dv], hopperHalfValuesBytes, 16-byte
+//! aligned), `overflow` one int32 the conversion raises. Null: the split bfloat16 kernel runs.
+struct HopperHalfValues
+{
+    void* values{nullptr};
+    int32_t* overflow{nullptr};
+};
+
+//! Bytes of HopperHalfValues::values for `shape` (V's elements, 2 bytes each).
+inline int64_t hopperHalfValuesBytes(AttentionShape const& shape) noexcept
+{
+    return shape.batch * shape.headsKV * shape.seqK * shape.valueDim * 2;
+}
+
 //! Encodes the tensor maps of 16-bit q, k, v for `plan` (cuTensorMapEncodeTiled, found through
 //! cudaGetDriverEntryPointByVersion; no allocation). Each matrix [B*H, T, D] is described as the
 //! 4-d tensor {8 elements, T rows, D/8 chunks, B*H} with byte strides {-, 2 D, 16, 2 T D} and
 //! read in boxes {8, rows of a tile (Q: plan.blockRows, K and V: `keys`), paddedDim/8, 1}: a box
 //! lands in shared memory innermost first, [chunk][row][8 elements], the kernel's no-swizzle
-//! chunk-major layout, zero-filled past T and D. False (the kernel then loads with cp.async)
-//! where the driver has no encoder or rejects a map (addresses not 16-byte aligned, D not a
-//! multiple of 8).
+//! chunk-major layout, zero-filled past T and D. With `swizzle128` (the warp-specialised
+//! kernel's kHOPPER_VARIANT_SWIZZLE) each matrix is the 3-d tensor {D, T, B*H} read in boxes
+//! {64, rows of a tile, 1} with CU_TENSOR_MAP_SWIZZLE_128B, paddedDim/64 boxes a tile, each
+//! landing as rows of 128 bytes whose 16-byte chunks are permuted within each 8 rows; false where
+//! one of those boxes would lie wholly past D (D <= paddedDim - 64). False (the kernel then loads
+//! with cp.async, or without the swizzle) where the driver has no encoder or rejects a map
+//! (addresses not 16-byte aligned, D not a multiple of 8).
 bool encodeHopperMaps(HopperMaps& maps, void const* q, void const* k, void const* v, AttentionShape const& shape,
-    HopperPlan const& plan, int32_t keys) noexcept;
+    HopperPlan const& plan, int32_t keys, bool swizzle128) noexcept;
 
 //! The Hopper kernel's plan for `shape` with elements of `elementBytes` (2: the 16-bit kernel;
 //! 4: the float32 3xTF32 kernel) on a device of compute capability `computeMajor`.`computeMinor`
@@ -132,9 +184,12 @@ cudaError_t prepareHopperAttention(HopperPlan const& plan) noexcept;
 
 //! Runs the planned kernel (the contract of launchFlashAttention: q, k, v, out 16-byte aligned,
 //! else cudaErrorMisalignedAddress; K in [.., T, D] rows). Allocation-free and capture-safe.
+//! halfValues: bfloat16's float16 P·V scratch (read only by bfloat16 with
+//! kHOPPER_VARIANT_HALF_VALUES; may be empty).
 template <typename T>
 cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionMaskView const& mask, T* out,
-    AttentionShape const& shape, AttentionParams const& params, HopperPlan const& plan, cudaStream_t stream) noexcept;
+    AttentionShape const& shape, AttentionParams const& params, HopperPlan const& plan,
+    HopperHalfValues const& halfValues, cudaStream_t stream) noexcept;
 
 //! The float32 kernel (3xTF32 on wgmma): prepareHopperAttention and launchHopperAttention for
 //! float, with the same contracts.

@@ -12,7 +12,8 @@ namespace plugin
 
 template cudaError_t prepareHopperAttention<__half>(HopperPlan const&) noexcept;
 template cudaError_t launchHopperAttention<__half>(__half const*, __half const*, __half const*, AttentionMaskView const&,
-    __half*, AttentionShape const&, AttentionParams const&, HopperPlan const&, cudaStream_t) noexcept;
+    __half*, AttentionShape const&, AttentionParams const&, HopperPlan const&, HopperHalfValues const&,
+    cudaStream_t) noexcept;
 
 } // namespace plugin
 } // namespace graphfix

@@ -74,25 +74,47 @@ bool encodeChunkMajor(EncodeTiled encode, CUtensorMap& map, void const* data, in
                CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
         == CUDA_SUCCESS;
 }
+
+//! One matrix [heads, rows, cols] (16-bit, row-major) as {cols, rows, heads}, boxes of {64,
+//! boxRows, 1} with the 128-byte swizzle (64 elements are the swizzle's 128-byte row), read
+//! paddedDim / 64 times a tile. Refused where a box would lie wholly past the columns.
+bool encodeSwizzled(EncodeTiled encode, CUtensorMap& map, void const* data, int64_t heads, int64_t rows,
+    int64_t cols, int32_t boxRows, int32_t paddedDim) noexcept
+{
+    if (cols % 8 != 0 || cols > paddedDim || paddedDim % 64 != 0 || cols <= paddedDim - 64 || rows <= 0 || heads <= 0
+        || boxRows > 256)
+    {
+        return false;
+    }
+    cuuint64_t const dims[3]{
+        static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows), static_cast<cuuint64_t>(heads)};
+    cuuint64_t const strides[2]{static_cast<cuuint64_t>(cols * 2), static_cast<cuuint64_t>(rows * cols * 2)};
+    cuuint32_t const box[3]{64, static_cast<cuuint32_t>(boxRows), 1};
+    cuuint32_t const elementStrides[3]{1, 1, 1};
+    return encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(data), dims, strides, box,
+               elementStrides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+        == CUDA_SUCCESS;
+}
 #endif
 
 } // namespace
 
 bool encodeHopperMaps(HopperMaps& maps, void const* q, void const* k, void const* v, AttentionShape const& shape,
-    HopperPlan const& plan, int32_t keys) noexcept
+    HopperPlan const& plan, int32_t keys, bool swizzle128) noexcept
 {
 #if CUDART_VERSION >= 12000
     EncodeTiled const encode = tensorMapEncoder();
+    auto const encodeOne = swizzle128 ? encodeSwizzled : encodeChunkMajor;
     return encode != nullptr && plan.keys != 0
-        && encodeChunkMajor(encode, maps.q, q, shape.batch * shape.headsQ, shape.seqQ, shape.headDim, plan.blockRows,
+        && encodeOne(encode, maps.q, q, shape.batch * shape.headsQ, shape.seqQ, shape.headDim, plan.blockRows,
             plan.paddedDim)
-        && encodeChunkMajor(
-            encode, maps.k, k, shape.batch * shape.headsKV, shape.seqK, shape.headDim, keys, plan.paddedDim)
-        && encodeChunkMajor(
+        && encodeOne(encode, maps.k, k, shape.batch * shape.headsKV, shape.seqK, shape.headDim, keys, plan.paddedDim)
+        && encodeOne(
             encode, maps.v, v, shape.batch * shape.headsKV, shape.seqK, shape.valueDim, keys, plan.paddedDim);
 #else
     static_cast<void>(maps), static_cast<void>(q), static_cast<void>(k), static_cast<void>(v);
-    static_cast<void>(shape), static_cast<void>(plan), static_cast<void>(keys);
+    static_cast<void>(shape), static_cast<void>(plan), static_cast<void>(keys), static_cast<void>(swizzle128);
     return false;
 #endif
 }
@@ -204,15 +226,25 @@ HopperPlan planHopperAttention(AttentionShape const& shape, int32_t elementBytes
         return plan;
     }
     // the warp-specialised kernel (shapes without mask and softcap): Q and two stages each of K
-    // and V of 128 keys. Padded head dim 128 only: measured on the H200 it was 1-14% faster there
-    // (Llama causal, Flux-like) and at 64 5-50% slower on every row but SDXL self float16 (one
-    // block per SM where the two-block 64-key kernel runs, whole 128-key tiles for 77 keys).
-    // And only with a value dim of 128: the GPU tests ran it at D 128 and D 64 (Q and K zero-filled
-    // past D) with Dv 128, never with V zero-filled past a narrower Dv
-    int32_t const producerBytes = (plan.blockRows + 4 * kHOPPER_PRODUCER_KEYS) * plan.paddedDim * elementBytes;
-    if (plan.paddedDim == 128 && shape.valueDim == 128 && producerBytes <= maxSharedBytes)
+    // and V (128-key tiles; 64 at padded head dim 256, where O takes 128 registers a thread),
+    // and 1 KB to align the tiles for the 128-byte swizzle (kHOPPER_VARIANT_SWIZZLE). At padded
+    // head dim 128 only with a value dim of 128: the GPU tests ran it at D 128 and D 64 (Q and K
+    // zero-filled past D) with Dv 128, never with V zero-filled past a narrower Dv. At 64 and 256
+    // only swizzled (every 64-column box holding a column: D and Dv above 192 at 256) and over
+    // more than one key tile: without the swizzle, at 64, it was 5-50% slower than the two-block
+    // 64-key kernel on every row but SDXL self float16, most where the keys fit one tile (SDXL
+    // cross, 77 keys: +45%).
+    int32_t const producerKeys = plan.paddedDim == 256 ? 64 : 128;
+    int32_t const producerBytes
+        = (plan.blockRows + 4 * producerKeys) * plan.paddedDim * elementBytes + kHOPPER_SWIZZLE_ALIGN;
+    bool const producerShape = plan.paddedDim == 128 ? shape.valueDim == 128
+        : plan.paddedDim == 64                      ? shape.seqK > producerKeys
+        : plan.paddedDim == 256 ? shape.headDim > 192 && shape.valueDim > 192 && shape.seqK > producerKeys
+                                : false;
+    if (producerShape && producerBytes <= maxSharedBytes)
     {
         plan.producerStages = 2;
+        plan.producerKeys = producerKeys;
         plan.producerSharedBytes = producerBytes;
     }
     return plan;
@@ -228,7 +260,7 @@ cudaError_t prepareHopperAttention(HopperPlan const& /*plan*/) noexcept
 
 template <typename T>
 cudaError_t launchHopperAttention(T const*, T const*, T const*, AttentionMaskView const&, T*, AttentionShape const&,
-    AttentionParams const&, HopperPlan const&, cudaStream_t) noexcept
+    AttentionParams const&, HopperPlan const&, HopperHalfValues const&, cudaStream_t) noexcept
 {
     return cudaErrorNotSupported;
 }
@@ -248,10 +280,10 @@ template cudaError_t prepareHopperAttention<__half>(HopperPlan const&) noexcept;
 template cudaError_t prepareHopperAttention<__nv_bfloat16>(HopperPlan const&) noexcept;
 template cudaError_t launchHopperAttention<__half>(__half const*, __half const*, __half const*,
     AttentionMaskView const&, __half*, AttentionShape const&, AttentionParams const&, HopperPlan const&,
-    cudaStream_t) noexcept;
+    HopperHalfValues const&, cudaStream_t) noexcept;
 template cudaError_t launchHopperAttention<__nv_bfloat16>(__nv_bfloat16 const*, __nv_bfloat16 const*,
     __nv_bfloat16 const*, AttentionMaskView const&, __nv_bfloat16*, AttentionShape const&, AttentionParams const&,
-    HopperPlan const&, cudaStream_t) noexcept;
+    HopperPlan const&, HopperHalfValues const&, cudaStream_t) noexcept;
 
 #endif
 
