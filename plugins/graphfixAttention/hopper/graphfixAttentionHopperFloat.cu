@@ -948,7 +948,8 @@ cudaError_t withTf32WideTiles(HopperPlan const& plan, bool plain, F&& f)
 {
     if (plan.keys == kN && plan.blockRows == kWG * 64)
     {
-        return plain ? f(hopperTf32WideKernel<kD, kWG, kN, true>, kWG) : f(hopperTf32WideKernel<kD, kWG, kN, false>, kWG);
+        return plain ? f(hopperTf32WideKernel<kD, kWG, kN, true>, kWG)
+                     : f(hopperTf32WideKernel<kD, kWG, kN, false>, kWG);
     }
     return cudaErrorInvalidConfiguration;
 }
