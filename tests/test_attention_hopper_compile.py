@@ -54,13 +54,13 @@ WIDE = {160, 192, 256}
 DIMS = {
     "float16": {64, 80, 96, 128} | WIDE,
     "bfloat16": {64, 80, 96, 128} | WIDE,
-    "float32": {32, 64, 72, 96, 128},
+    "float32": {32, 64, 72, 96, 128, 192, 256},
 }
 # 16-bit: the 8 padded head dims x plain, key-mask and general x loads by cp.async early or late,
 # or by TMA (72); float32: its 3 head dims x plain and masked (6), the persistent short-key
 # kernel (keys in at most two tiles) at head dims 32 and 64 x plain and masked (4), and the
-# wide-head kernel at 96 and 128 x plain and masked (4).
-ENTRIES = {"float16": 72, "bfloat16": 72, "float32": 14}
+# wide-head kernel at 96, 128, 192 and 256 x plain and masked (8).
+ENTRIES = {"float16": 72, "bfloat16": 72, "float32": 18}
 # The float32 short-key kernel's head dims (its third Q buffer does not fit at 72).
 SHORT_DIMS = {32, 64}
 # The 16-bit warp-specialised kernel (hopperProducerKernel, shapes without mask and softcap):
@@ -114,7 +114,7 @@ def compiled(request) -> tuple[Path, str, str]:
 def test_every_hopper_kernel_instance_compiles_for_sm_90a(compiled):
     """Compile-only: every head dim (16-bit: 32/64/80/96/128/160/192/256, 72 padded to 80, plain, key-mask
     and general kernels, cp.async loads early or late or TMA loads; float32: 32/64/72, plain and
-    masked, the short-key kernel at 32/64 and the wide-head kernel at 96/128)."""
+    masked, the short-key kernel at 32/64 and the wide-head kernel at 96/128/192/256)."""
     _, log, dtype = compiled
     entries = re.findall(
         r"Compiling entry function '(\w*" + KERNEL[dtype] + r"\w*)' for 'sm_90a'", log

@@ -166,6 +166,32 @@ def test_float32_heads_above_72_run_the_wide_head_kernel(probe, d, dv, padded) -
         assert got["short_keys"] is False
 
 
+WIDEST_ROWS, WIDEST_KEYS = 64, 16  # above 128: one warpgroup, 16-key tiles
+
+
+def float32_widest_bytes(padded: int) -> int:
+    """Q hi and lo (64 rows), one stage of K hi, K lo, Vᵀ hi, Vᵀ lo and the staging buffer (16 keys
+    each): (2 x 64 + 6 x 16) x padded x 4, 224 KB at 256."""
+    return (2 * WIDEST_ROWS + 6 * WIDEST_KEYS) * padded * 4
+
+
+@pytest.mark.parametrize(
+    ("d", "dv", "padded"),
+    [(132, 132, 192), (160, 160, 192), (192, 192, 192), (160, 128, 192), (64, 192, 192),
+     (196, 196, 256), (256, 256, 256), (256, 128, 256), (128, 256, 256)],
+)  # fmt: skip
+def test_float32_heads_above_128_run_the_wide_head_kernel_on_64_rows(probe, d, dv, padded) -> None:
+    """Q hi / lo of 128 rows would be 256 KB at 256: above 128 one warpgroup of 64 rows and 16-key
+    tiles, the same one stage and staging buffer (160 padded to 192)."""
+    for t in (77, 4096):
+        got = plan(probe, 4, d, dv, t=t)
+        assert got["reason"] == ""
+        tiles = (got["padded_dim"], got["block_rows"], got["keys"])
+        assert tiles == (padded, WIDEST_ROWS, WIDEST_KEYS)
+        assert got["shared_bytes"] == float32_widest_bytes(padded) <= H100_SHARED
+        assert got["short_keys"] is False
+
+
 @pytest.mark.parametrize(
     ("d", "t", "short", "padded"),
     [(64, 77, True, 64), (64, 128, True, 64), (20, 1, True, 32), (64, 129, False, 64),
@@ -191,8 +217,9 @@ def test_float32_short_keys_need_the_room_for_the_third_q_buffer(probe) -> None:
 @pytest.mark.parametrize(
     ("element_bytes", "d", "cc", "shared", "reason"),
     [
-        (4, 136, (9, 0), H100_SHARED, "float32 head dimensions above 128"),
+        (4, 260, (9, 0), H100_SHARED, "float32 head dimensions above 256"),
         (4, 128, (9, 0), 229375, "more shared memory than this GPU has"),
+        (4, 256, (9, 0), 229375, "more shared memory than this GPU has"),
         (4, 22, (9, 0), H100_SHARED, "head dimensions not multiples of 4"),
         (2, 20, (9, 0), H100_SHARED, "head dimensions not multiples of 8"),
         (2, 264, (9, 0), H100_SHARED, "head dimensions above 256"),

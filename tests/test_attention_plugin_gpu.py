@@ -13,7 +13,7 @@ shapes (enqueue then runs the own kernels from a host-side plan, building nothin
 `nvidia-cudnn-cu12/cu13` wheel (as PyTorch ships it) or the system.
 
 The own kernels: on an sm_90 GPU, the Hopper kernels (wgmma) for float16/bfloat16 (head dims up
-to 256) and, up to head dim 128, float32 (3xTF32 on tf32 wgmma); the flash kernels on tensor cores (mma.sync
+to 256) and float32 (3xTF32 on tf32 wgmma, up to 256 too); the flash kernels on tensor cores (mma.sync
 m16n8k16 for float16/bfloat16; 3xTF32 mma.sync m16n8k8 for float32) for head dimensions up to
 256 in multiples of 8 (4 for float32) whose tiles fit the GPU's shared memory; the fallback kernel
 for the rest. Which one ran is read
@@ -286,6 +286,9 @@ CASES = (
         mask_shape=(1, 1, 100, 150),
     ),
     Case("few_keys_d256", (1, 2, 70, 256), 1, 20, 256),
+    # float32's Hopper kernel above head dim 128 (64-row blocks, 16-key tiles): causal over 6
+    # query blocks (the last partial) and 21 key tiles heavy-first, 2:1 grouped heads
+    Case("causal_gqa_d256", (1, 4, 330, 256), 2, 330, 256, causal=True),
     # float32's persistent short-key Hopper kernel (keys in <= 2 tiles, head dims <= 64): on a
     # 132-SM H200, 2 x 10 x 7 query tiles are 140 work items, 2 per block, and block 3's run
     # (items 6, 7) crosses from (0, 0) to (0, 1); pairs of heads share K and V (GQA, kept loaded
@@ -475,8 +478,8 @@ def _flash_shared_bytes(dtype: str, padded: int) -> int:
 
 def expected_own_path(case: Case, dtype: str, backend: str = "portable") -> str:
     """Which own kernel the plugin must take (sm_80+): the Hopper kernels' and the flash kernels'
-    limits (the Hopper kernels on sm_90, unless GRAPHFIX_ATTENTION_HOPPER=0: float16/bfloat16 up
-    to head dim 256, float32 up to 128; float32 up to 64 with at most 128 keys: hopper_short; the
+    limits (the Hopper kernels on sm_90, unless GRAPHFIX_ATTENTION_HOPPER=0: float16/bfloat16 and
+    float32 up to head dim 256; float32 up to 64 with at most 128 keys: hopper_short; the
     flash kernels up to 256 where their tiles fit the GPU's shared memory)."""
     d, dv = case.q[-1], case.value_dim
     multiple = 4 if dtype == "float32" else 8
@@ -489,12 +492,14 @@ def expected_own_path(case: Case, dtype: str, backend: str = "portable") -> str:
         and (padded <= 128 or _flash_shared_bytes(dtype, padded) <= _shared_optin())
     )
     # the Hopper kernels take 16-bit head dims up to 256 where Q and two stages of K and V fit
-    # (128 + 4 x 64 rows), float32 (3xTF32 on wgmma) up to 128 (above 72 the wide-head kernel:
-    # 2 x 128 + 6 x 32 rows, 96 and 128 built)
+    # (128 + 4 x 64 rows), float32 (3xTF32 on wgmma) up to 256 (above 72 the wide-head kernel:
+    # 2 x 128 + 6 x 32 rows, 96 and 128 built; above 128 on 64 rows, 2 x 64 + 6 x 16 rows, 192
+    # and 256 built)
     hopper_fits = fits and (
         (
             widest <= 72
             or (widest <= 128 and 448 * (96 if widest <= 96 else 128) * 4 <= _shared_optin())
+            or (widest > 128 and 224 * (192 if widest <= 192 else 256) * 4 <= _shared_optin())
         )
         if dtype == "float32"
         else 384 * padded * 2 <= _shared_optin()

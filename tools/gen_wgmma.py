@@ -11,9 +11,9 @@ from pathlib import Path
 WIDTHS = (32, 64, 80, 96, 128, 160, 192, 256)
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 # float (tf32 operands, K = 8 per instruction, both operands K-major: no transpose flags): the
-# scores' 64 keys (32 in the wide-head kernel) and the float32 kernels' value widths
+# scores' 64 keys (32 and 16 in the wide-head kernel) and the float32 kernels' value widths
 # (graphfixAttentionHopperFloat.cu).
-TF32_WIDTHS = (32, 64, 72, 96, 128)
+TF32_WIDTHS = (16, 32, 64, 72, 96, 128)
 
 HEAD = """/*
  * SPDX-License-Identifier: Apache-2.0

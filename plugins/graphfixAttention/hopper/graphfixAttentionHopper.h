@@ -3,7 +3,7 @@
  *
  * GraphfixAttention's Hopper kernels (sm_90a only): float16 / bfloat16 attention on wgmma (head dims
  * up to 256), what runs without cuDNN on an H100/H200, and float32 on tf32 wgmma with 3xTF32 products
- * (graphfixAttentionHopperFloat.cu, head dims up to 128). Nothing here knows TensorRT.
+ * (graphfixAttentionHopperFloat.cu, head dims up to 256). Nothing here knows TensorRT.
  *
  * A block is 2 warpgroups, each owning 64 query rows of one (batch, head); Q, K and V tiles
  * of 64 keys live in shared memory in the wgmma "no swizzle" core-matrix layout (8 rows x 16
@@ -50,6 +50,9 @@ constexpr int32_t kHOPPER_ROWS{128};
 //! The float32 kernel's key tiles above head dim 72 (hopperTf32WideKernel: one stage of K and V
 //! hi / lo and a staging buffer, 224 KB at head dim 128).
 constexpr int32_t kHOPPER_TF32_WIDE_KEYS{32};
+//! ... and above head dim 128 (one warpgroup of 64 rows: Q hi / lo, one stage of K and V hi / lo
+//! and the staging buffer, 224 KB at head dim 256).
+constexpr int32_t kHOPPER_TF32_WIDEST_KEYS{16};
 
 //! Options of the Hopper kernel (bits of HopperPlan::variant), each on by default where it measured
 //! faster on the H200 (notes/attention_plugin.md, "16-bit Hopper kernel: key-mask kernel, causal

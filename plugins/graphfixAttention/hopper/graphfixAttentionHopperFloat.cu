@@ -36,8 +36,9 @@
  * (2 x 128 + 8 x 64) x D x 4 bytes, 192 KB at D = 64, 216 KB at D = 72; one block per SM.
  * Head dims up to 72 (32, 64, 72 as built; 80 would need 240 KB). Above 72, up to 128 (96 and 128
  * as built), hopperTf32WideKernel runs the same steps on 32-key tiles with one stage of K and V
- * hi / lo and a staging buffer for the next raw tiles (224 KB at 128). Wider heads and other GPUs
- * run the mma.sync flash kernel (flashTf32x3Kernel).
+ * hi / lo and a staging buffer for the next raw tiles (224 KB at 128); above 128 (192 and 256 as
+ * built) on one warpgroup of 64 rows with 16-key tiles (224 KB at 256). Other GPUs run the
+ * mma.sync flash kernel (flashTf32x3Kernel).
  *
  * Short key sequences (every key in at most two tiles, T <= 128; head dims 32 and 64): the
  * persistent hopperTf32ShortKernel (below) runs instead. One block per SM walks a contiguous run
@@ -178,22 +179,27 @@ __device__ __forceinline__ void transposedF32(
     }
 }
 
-//! S = Q K_jᵀ (issued and committed, not waited for) into two accumulators: the first takes the
-//! lo·hi and hi·lo products of every k8 step, then the hi·hi products of the first half of the
-//! steps; the second those of the other half. The tensor core truncates as it accumulates (each
-//! instruction can lose an ulp of its running sum, always towards zero), so the large hi·hi
-//! products come last and are shared between two sums, added in float32 afterwards (one
-//! accumulator, each step's three products in turn, measured 1.8-2.2x the unfused chain's error on
-//! SDXL cross and SigLIP; this order, 0.64x and 0.51x). Q (A, K-major): LBO = the next 4 head-dim
-//! elements (kRows rows of 16 bytes), SBO = 8 rows; K (B, K-major, N = keys): LBO = kN rows of 16
-//! bytes, SBO = 8 rows; a k8 step is 2 chunks.
-template <int32_t kD, int32_t kN, int32_t kRows>
-__device__ __forceinline__ void issueTf32Scores(float (&acc)[2][kN / 8][4], uint64_t const qHiDesc,
+//! S = Q K_jᵀ (issued and committed, not waited for) into kSUMS accumulators: the first takes the
+//! lo·hi and hi·lo products of every k8 step, then the hi·hi products of the first part of the
+//! steps; each other accumulator those of its part (the last takes what is left). The tensor core
+//! truncates as it accumulates (each instruction can lose an ulp of its running sum, always towards
+//! zero), so the large hi·hi products come last and are shared between several sums, added in
+//! float32 afterwards (one accumulator, each step's three products in turn, measured 1.8-2.2x the
+//! unfused chain's error on SDXL cross and SigLIP; two sums, 0.64x and 0.51x). Two sums up to head
+//! dim 128 (at most 8 hi·hi steps each); above, kD / 64 (8 steps each again). Q (A, K-major): LBO =
+//! the next 4 head-dim elements (kRows rows of 16 bytes), SBO = 8 rows; K (B, K-major, N = keys):
+//! LBO = kN rows of 16 bytes, SBO = 8 rows; a k8 step is 2 chunks.
+template <int32_t kD, int32_t kN, int32_t kRows, int32_t kSUMS = 2>
+__device__ __forceinline__ void issueTf32Scores(float (&acc)[kSUMS][kN / 8][4], uint64_t const qHiDesc,
     uint64_t const qLoDesc, uint64_t const kHiDesc, uint64_t const kLoDesc)
 {
     constexpr int32_t kSTEPS = kD / 8;
-    fenceOperands(acc[0]);
-    fenceOperands(acc[1]);
+    constexpr int32_t kPART = kSTEPS / kSUMS;
+#pragma unroll
+    for (int32_t i = 0; i < kSUMS; ++i)
+    {
+        fenceOperands(acc[i]);
+    }
     wgmmaFence();
 #pragma unroll
     for (int32_t kk = 0; kk < kSTEPS; ++kk)
@@ -208,14 +214,8 @@ __device__ __forceinline__ void issueTf32Scores(float (&acc)[2][kN / 8][4], uint
     {
         uint64_t const qStep = static_cast<uint64_t>(2 * kk * kRows);
         uint64_t const kStep = static_cast<uint64_t>(2 * kk * kN);
-        if (kk < kSTEPS / 2)
-        {
-            hp::Wgmma<float, kN>::ss(acc[0], qHiDesc + qStep, kHiDesc + kStep, true);
-        }
-        else
-        {
-            hp::Wgmma<float, kN>::ss(acc[1], qHiDesc + qStep, kHiDesc + kStep, kk > kSTEPS / 2);
-        }
+        int32_t const part = kk / kPART < kSUMS ? kk / kPART : kSUMS - 1;
+        hp::Wgmma<float, kN>::ss(acc[part], qHiDesc + qStep, kHiDesc + kStep, part == 0 || kk > part * kPART);
     }
     wgmmaCommit();
 }
@@ -223,8 +223,9 @@ __device__ __forceinline__ void issueTf32Scores(float (&acc)[2][kN / 8][4], uint
 //! T = P V_j over the key steps [from, to) (8 keys each) into a zeroed accumulator, the same order
 //! (lo terms, then hi·hi), issued and committed. A tile is taken in two halves, each added to O in
 //! float32 (the same argument: 32 keys' worth of truncation, not 64). Vᵀ (B, K-major, N = value
-//! dim): LBO = the next 4 keys (kD rows of 16 bytes), SBO = 8 rows.
-template <int32_t kD, int32_t kN>
+//! dim): LBO = the next 4 keys (kVROWS rows of 16 bytes), SBO = 8 rows. kD is the N of the
+//! wgmma: the descriptors may start inside the kVROWS value rows of the tile (one part of O).
+template <int32_t kD, int32_t kN, int32_t kVROWS = kD>
 __device__ __forceinline__ void issueTf32Values(float (&t)[kD / 8][4], uint32_t (&pHi)[kN / 8][4],
     uint32_t (&pLo)[kN / 8][4], uint64_t const vHiDesc, uint64_t const vLoDesc, int32_t const from, int32_t const to)
 {
@@ -235,14 +236,14 @@ __device__ __forceinline__ void issueTf32Values(float (&t)[kD / 8][4], uint32_t 
 #pragma unroll
     for (int32_t kk = from; kk < to; ++kk)
     {
-        uint64_t const vStep = static_cast<uint64_t>(2 * kk * kD);
+        uint64_t const vStep = static_cast<uint64_t>(2 * kk * kVROWS);
         hp::Wgmma<float, kD>::rs(t, pLo[kk], vHiDesc + vStep, kk > from);
         hp::Wgmma<float, kD>::rs(t, pHi[kk], vLoDesc + vStep, true);
     }
 #pragma unroll
     for (int32_t kk = from; kk < to; ++kk)
     {
-        hp::Wgmma<float, kD>::rs(t, pHi[kk], vHiDesc + static_cast<uint64_t>(2 * kk * kD), true);
+        hp::Wgmma<float, kD>::rs(t, pHi[kk], vHiDesc + static_cast<uint64_t>(2 * kk * kVROWS), true);
     }
     wgmmaCommit();
 }
@@ -259,36 +260,44 @@ __device__ __forceinline__ void splitProbabilities(
     }
 }
 
-//! Waits for every wgmma of this warpgroup, then o += t (a P V_j half, see issueTf32Values).
-template <int32_t kD>
-__device__ __forceinline__ void addValuesInto(float (&o)[kD / 8][4], float (&t)[kD / 8][4])
+//! Waits for every wgmma of this warpgroup, then o += t (a P V_j half, see issueTf32Values), or
+//! with t narrower than o, o[first..] += t (one part of the value dim).
+template <int32_t kD, int32_t kDT = kD>
+__device__ __forceinline__ void addValuesInto(float (&o)[kD / 8][4], float (&t)[kDT / 8][4], int32_t const first = 0)
 {
     wgmmaWait<0>();
     fenceOperands(t);
 #pragma unroll
-    for (int32_t n = 0; n < kD / 8; ++n)
+    for (int32_t n = 0; n < kDT / 8; ++n)
     {
 #pragma unroll
         for (int32_t e = 0; e < 4; ++e)
         {
-            o[n][e] += t[n][e];
+            o[first + n][e] += t[n][e];
         }
     }
 }
 
-//! The scores' two sums (see issueTf32Scores) added into the first, once they are waited for.
-template <int32_t kN>
-__device__ __forceinline__ void addScoreSums(float (&acc)[2][kN / 8][4])
+//! The scores' sums (see issueTf32Scores) added into the first, once they are waited for.
+template <int32_t kN, int32_t kSUMS = 2>
+__device__ __forceinline__ void addScoreSums(float (&acc)[kSUMS][kN / 8][4])
 {
-    fenceOperands(acc[0]);
-    fenceOperands(acc[1]);
 #pragma unroll
-    for (int32_t n = 0; n < kN / 8; ++n)
+    for (int32_t i = 0; i < kSUMS; ++i)
+    {
+        fenceOperands(acc[i]);
+    }
+#pragma unroll
+    for (int32_t i = 1; i < kSUMS; ++i)
     {
 #pragma unroll
-        for (int32_t e = 0; e < 4; ++e)
+        for (int32_t n = 0; n < kN / 8; ++n)
         {
-            acc[0][n][e] += acc[1][n][e];
+#pragma unroll
+            for (int32_t e = 0; e < 4; ++e)
+            {
+                acc[0][n][e] += acc[i][n][e];
+            }
         }
     }
 }
@@ -489,7 +498,7 @@ __global__ void __launch_bounds__(kWG * 128, kWG == 1 ? 2 : 1) hopperTf32Kernel(
 
 //! Head dims above 72 (96 and 128 as built): Q hi / lo of 128 rows alone take 128 KB at 128, so the
 //! two stages of K and V hi / lo of hopperTf32Kernel (256 KB more) do not fit. This kernel keeps one
-//! stage of K and Vᵀ hi / lo of kTF32_WIDE_KEYS = 32 keys and lands the next tiles' raw K and Vᵀ
+//! stage of K and Vᵀ hi / lo of kN = kTF32_WIDE_KEYS = 32 keys and lands the next tiles' raw K and Vᵀ
 //! in a staging buffer (cp.async) while the current ones compute: (2 x 128 + 6 x 32) x D x 4 bytes,
 //! 224 KB at D = 128. Per tile, in each warpgroup, with K_j and V_j-1 split in shared memory, P_j-1
 //! split in registers, raw K_j+1 and V_j on their way into the staging buffer:
@@ -502,10 +511,24 @@ __global__ void __launch_bounds__(kWG * 128, kWG == 1 ? 2 : 1) hopperTf32Kernel(
 //! no barrier of its own. The products and accumulator splits are hopperTf32Kernel's (S in two
 //! accumulators, P V over 32 keys into a zeroed accumulator added in float32): the same error
 //! bound. Causal blocks run heavy-first over all (batch, head)s (one block per SM).
+//!
+//! Above 128 (192 and 256 as built) the same steps run with one warpgroup of 64 rows and
+//! kTF32_WIDEST_KEYS = 16-key tiles: Q hi / lo of 64 rows are 128 KB at 256 and the tiles 96 KB,
+//! (2 x 64 + 6 x 16) x D x 4 bytes = 224 KB. O is 128 registers per thread at 256, so T = P V_j is
+//! taken in kPARTS slices of the value dim (each its own zeroed accumulator, added to its slice of
+//! O) instead of one accumulator as wide as O; S takes kD / 64 sums (8 hi·hi steps each, as at 128).
 constexpr int32_t kTF32_WIDE_KEYS{kHOPPER_TF32_WIDE_KEYS};
+constexpr int32_t kTF32_WIDEST_KEYS{kHOPPER_TF32_WIDEST_KEYS};
+//! The parts of the value dim T = P V_j is taken in, each into its own zeroed accumulator (the
+//! registers hold O and one part): 1 up to head dim 128, 2 at 192 (96 columns), 4 at 256 (64
+//! columns: two parts of 128 made ptxas spill 420-512 bytes).
+__host__ __device__ constexpr int32_t tf32ValueParts(int32_t d)
+{
+    return d <= 128 ? 1 : d <= 192 ? 2 : 4;
+}
 
-template <int32_t kD, bool kPLAIN>
-__global__ void __launch_bounds__(kTF32_WG * 128, 1) hopperTf32WideKernel(float const* __restrict__ q,
+template <int32_t kD, int32_t kWG, int32_t kN, bool kPLAIN>
+__global__ void __launch_bounds__(kWG * 128, 1) hopperTf32WideKernel(float const* __restrict__ q,
     float const* __restrict__ k, float const* __restrict__ v, AttentionMaskView const givenMask,
     float* __restrict__ out, AttentionShape const shape, AttentionParams const givenParams, int32_t const qTiles)
 {
@@ -517,12 +540,14 @@ __global__ void __launch_bounds__(kTF32_WG * 128, 1) hopperTf32WideKernel(float 
     {
         params.softcap = 0.F;
     }
-    constexpr int32_t kWG = kTF32_WG;
-    constexpr int32_t kN = kTF32_WIDE_KEYS;
     constexpr int32_t kThreads = kWG * 128;
     constexpr int32_t kRows = kWG * 64;
     constexpr int32_t kTILE = kN * kD;
     constexpr int32_t kPV_STEPS = kN / 8;
+    constexpr int32_t kSUMS = kD > 128 ? kD / 64 : 2;
+    constexpr int32_t kPARTS = tf32ValueParts(kD);
+    constexpr int32_t kDT = kD / kPARTS; // value dims of one part of T
+    static_assert(kDT % 8 == 0 && kDT * kPARTS == kD, "whole parts");
     extern __shared__ __align__(128) unsigned char sharedRaw[];
     float* const sQ = reinterpret_cast<float*>(sharedRaw); // hi
     float* const sQlo = sQ + kRows * kD;
@@ -590,9 +615,9 @@ __global__ void __launch_bounds__(kTF32_WG * 128, 1) hopperTf32WideKernel(float 
     }
     OnlineSoftmax softmax;
     int64_t const warpRow0 = block.q0 + warp * 16;
-    auto const softmaxOf = [&](float (&acc)[2][kN / 8][4], float (&alpha)[2], int32_t j, auto wait) {
+    auto const softmaxOf = [&](auto& acc, float (&alpha)[2], int32_t j, auto wait) {
         wait();
-        addScoreSums<kN>(acc);
+        addScoreSums<kN, kSUMS>(acc);
         int64_t const k0 = static_cast<int64_t>(j) * kN;
         bool const checkEach = k0 + kN > shape.seqK || (params.causal && k0 + kN - 1 > warpRow0);
         softmax.template update<false>(acc[0], alpha, warpRow0 + lane / 4, k0, mask, block.maskBase, shape,
@@ -621,24 +646,41 @@ __global__ void __launch_bounds__(kTF32_WG * 128, 1) hopperTf32WideKernel(float 
         __syncthreads();
     };
 
-    float s[2][kN / 8][4];
-    float t[kD / 8][4];
+    float s[kSUMS][kN / 8][4];
+    float t[kDT / 8][4];
     float alpha[2];
     uint32_t pHi[kN / 8][4];
     uint32_t pLo[kN / 8][4];
+    // T = P V_j for value dims [part kDT, (part + 1) kDT): Vᵀ rows start part kDT rows (of 16
+    // bytes: the descriptors count 16-byte units) into the tile
+    auto const issueValues = [&](int32_t part) {
+        uint64_t const rows = static_cast<uint64_t>(part * kDT);
+        issueTf32Values<kDT, kN, kD>(t, pHi, pLo, vHiDesc + rows, vLoDesc + rows, 0, kPV_STEPS);
+    };
+    // P_j-1 V_j-1 into O, the first part already issued; each further part issued once the one
+    // before is added (one T accumulator)
+    auto const addValues = [&] {
+        addValuesInto<kD, kDT>(o, t);
+#pragma unroll
+        for (int32_t part = 1; part < kPARTS; ++part)
+        {
+            issueValues(part);
+            addValuesInto<kD, kDT>(o, t, part * kDT / 8);
+        }
+    };
     if (keyTiles > 0)
     {
-        issueTf32Scores<kD, kN, kRows>(s, qHiDesc, qLoDesc, kHiDesc, kLoDesc);
+        issueTf32Scores<kD, kN, kRows, kSUMS>(s, qHiDesc, qLoDesc, kHiDesc, kLoDesc);
         softmaxOf(s, alpha, 0, [] { wgmmaWait<0>(); });
         splitProbabilities<kN>(s[0], pHi, pLo);
         nextTiles(0);
     }
     for (int32_t j = 1; j < keyTiles; ++j)
     {
-        issueTf32Scores<kD, kN, kRows>(s, qHiDesc, qLoDesc, kHiDesc, kLoDesc);
-        issueTf32Values<kD, kN>(t, pHi, pLo, vHiDesc, vLoDesc, 0, kPV_STEPS);
+        issueTf32Scores<kD, kN, kRows, kSUMS>(s, qHiDesc, qLoDesc, kHiDesc, kLoDesc);
+        issueValues(0);
         softmaxOf(s, alpha, j, [] { wgmmaWait<1>(); }); // while P_j-1 V_j-1 runs
-        addValuesInto<kD>(o, t);
+        addValues();
         fenceOperands(pHi);
         fenceOperands(pLo);
         rescale(o, alpha);
@@ -647,8 +689,8 @@ __global__ void __launch_bounds__(kTF32_WG * 128, 1) hopperTf32WideKernel(float 
     }
     if (keyTiles > 0)
     {
-        issueTf32Values<kD, kN>(t, pHi, pLo, vHiDesc, vLoDesc, 0, kPV_STEPS);
-        addValuesInto<kD>(o, t);
+        issueValues(0);
+        addValues();
     }
     waitAsync<0>();
     softmax.finish();
@@ -901,12 +943,13 @@ cudaError_t withTf32Tiles(HopperPlan const& plan, bool plain, F&& f)
     return cudaErrorInvalidConfiguration;
 }
 
-template <int32_t kD, typename F>
+template <int32_t kD, int32_t kWG, int32_t kN, typename F>
 cudaError_t withTf32WideTiles(HopperPlan const& plan, bool plain, F&& f)
 {
-    if (plan.keys == kTF32_WIDE_KEYS && plan.blockRows == kTF32_WG * 64)
+    if (plan.keys == kN && plan.blockRows == kWG * 64)
     {
-        return plain ? f(hopperTf32WideKernel<kD, true>, kTF32_WG) : f(hopperTf32WideKernel<kD, false>, kTF32_WG);
+        return plain ? f(hopperTf32WideKernel<kD, kWG, kN, true>, kWG)
+                     : f(hopperTf32WideKernel<kD, kWG, kN, false>, kWG);
     }
     return cudaErrorInvalidConfiguration;
 }
@@ -920,8 +963,10 @@ cudaError_t withHopperTf32Kernel(HopperPlan const& plan, bool plain, F&& f)
     case 32: return withTf32Tiles<32>(plan, plain, f);
     case 64: return withTf32Tiles<64>(plan, plain, f);
     case 72: return withTf32Tiles<72>(plan, plain, f);
-    case 96: return withTf32WideTiles<96>(plan, plain, f);
-    case 128: return withTf32WideTiles<128>(plan, plain, f);
+    case 96: return withTf32WideTiles<96, kTF32_WG, kTF32_WIDE_KEYS>(plan, plain, f);
+    case 128: return withTf32WideTiles<128, kTF32_WG, kTF32_WIDE_KEYS>(plan, plain, f);
+    case 192: return withTf32WideTiles<192, 1, kTF32_WIDEST_KEYS>(plan, plain, f);
+    case 256: return withTf32WideTiles<256, 1, kTF32_WIDEST_KEYS>(plan, plain, f);
     default: return cudaErrorInvalidConfiguration;
     }
 }

@@ -22,9 +22,11 @@ namespace
 constexpr int32_t kHOPPER_DIMS[]{32, 64, 80, 96, 128, 160, 192, 256};
 //! The float32 kernels' head dims: tf32 steps are 8 wide, so 72 needs no padding; above 72 the
 //! wide-head kernel (32-key tiles, one stage and a staging buffer) takes 96 and 128, since two
-//! stages of 64-key tiles would not fit (graphfixAttentionHopperFloat.cu).
-constexpr int32_t kHOPPER_TF32_DIMS[]{32, 64, 72, 96, 128};
+//! stages of 64-key tiles would not fit; above 128 the same kernel with one warpgroup of 64 rows
+//! and 16-key tiles takes 192 (160 padded) and 256 (graphfixAttentionHopperFloat.cu).
+constexpr int32_t kHOPPER_TF32_DIMS[]{32, 64, 72, 96, 128, 192, 256};
 constexpr int32_t kHOPPER_TF32_WIDEST_LONG{72};
+constexpr int32_t kHOPPER_TF32_WIDEST_TWO_GROUPS{128};
 
 #if CUDART_VERSION >= 12000
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, cuuint64_t const*,
@@ -160,14 +162,16 @@ HopperPlan planHopperAttention(AttentionShape const& shape, int32_t elementBytes
         }
         if (plan.paddedDim == 0)
         {
-            plan.reason = "float32 head dimensions above 128";
+            plan.reason = "float32 head dimensions above 256";
             return plan;
         }
-        plan.blockRows = kHOPPER_ROWS;
+        // above 128: one warpgroup of 64 rows, 16-key tiles (Q hi/lo of 128 rows would be 256 KB)
+        bool const widest = plan.paddedDim > kHOPPER_TF32_WIDEST_TWO_GROUPS;
+        plan.blockRows = widest ? kHOPPER_ROWS / 2 : kHOPPER_ROWS;
         bool const wide = plan.paddedDim > kHOPPER_TF32_WIDEST_LONG;
         // above 72: Q hi/lo, one stage of K and Vᵀ hi/lo and the staging buffer for the next raw K
-        // and Vᵀ (32 keys each)
-        plan.keys = wide ? kHOPPER_TF32_WIDE_KEYS : kHOPPER_KEYS;
+        // and Vᵀ (32 keys each; 16 above 128)
+        plan.keys = widest ? kHOPPER_TF32_WIDEST_KEYS : wide ? kHOPPER_TF32_WIDE_KEYS : kHOPPER_KEYS;
         plan.sharedBytes = (2 * plan.blockRows + (wide ? 6 : 8) * plan.keys) * plan.paddedDim * elementBytes;
         if (plan.sharedBytes > maxSharedBytes)
         {

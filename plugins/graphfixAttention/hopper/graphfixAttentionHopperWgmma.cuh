@@ -936,6 +936,35 @@ struct Wgmma<__nv_bfloat16, 256>
 };
 
 template <>
+struct Wgmma<float, 16>
+{
+    static __device__ __forceinline__ void ss(float (&d)[2][4], uint64_t a, uint64_t b, bool accumulate)
+    {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n16k8.f32.tf32.tf32 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7}, "
+            "%8, %9, p, 1, 1;\n}\n"
+            :
+              "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+              "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+            : "l"(a), "l"(b), "r"(static_cast<int32_t>(accumulate)));
+    }
+
+    static __device__ __forceinline__ void rs(
+        float (&d)[2][4], uint32_t const (&a)[4], uint64_t b, bool accumulate)
+    {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n16k8.f32.tf32.tf32 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7}, "
+            "{%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
+            :
+              "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+              "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int32_t>(accumulate)));
+    }
+};
+
+template <>
 struct Wgmma<float, 32>
 {
     static __device__ __forceinline__ void ss(float (&d)[4][4], uint64_t a, uint64_t b, bool accumulate)
