@@ -58,7 +58,8 @@ def test_the_tile_probe_compiles_without_spills_or_serialised_wgmma(probe) -> No
     _, log = probe
     entries = re.findall(r"Compiling entry function '(\w*tileProbeKernel\w*)' for 'sm_90a'", log)
     assert len(entries) == 4, entries
-    assert re.findall(r"(\d+) bytes spill stores", log) == ["0"] * 4, log
+    # the probe's kernels and any its header brings (the float16 P·V conversion pass)
+    assert set(re.findall(r"(\d+) bytes spill stores", log)) == {"0"}, log
     assert not re.search(r"C751\d", log), log
 
 
