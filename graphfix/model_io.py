@@ -255,9 +255,16 @@ def _check_data_length(tensor: onnx.TensorProto) -> None:
         raise onnx.checker.ValidationError(
             f"tensor {tensor.name!r} has element type {kind}, which ONNX does not define"
         )
-    if kind in (onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING):
+    if kind == onnx.TensorProto.UNDEFINED:
         return
     count = math.prod(tensor.dims)
+    if kind == onnx.TensorProto.STRING:  # one string_data entry an element
+        if len(tensor.string_data) != count:
+            raise onnx.checker.ValidationError(
+                f"tensor {tensor.name!r} holds {len(tensor.string_data)} strings where its "
+                f"shape {list(tensor.dims)} needs {count}"
+            )
+        return
     packed = kind in _PACKED_4BIT
     nbytes = (count + 1) // 2 if packed else count * tensor_dtype_to_np_dtype(kind).itemsize
     if tensor.data_location == onnx.TensorProto.EXTERNAL:

@@ -112,6 +112,13 @@ REGRESSIONS = [
         '"attr_value"}], "seed": "eager_einsum-legacy17", "strategy": "fused_plugin"}',
         [("inspect", 2)],
     ),
+    (  # a weight's element type turned into STRING with no strings: the matcher's constant
+        # folding reshaped an empty array
+        '{"command": "validate", "mutations": [{"a": 271, "b": 6974, "c": 11912, "kind": '
+        '"raw_truncate"}, {"a": 153, "b": 65535, "c": 2190, "kind": "dtype"}], "seed": '
+        '"sdpa_mask-ort_qdq", "strategy": "plugin"}',
+        [("inspect", 2)],
+    ),
     (  # a graph input 2**40 long, through locate's reference run
         '{"command": "locate", "mutations": [{"a": 144, "b": 9759, "c": 9499, "kind": "dim"}], '
         '"seed": "moe_router-legacy17", "strategy": "mark_output"}',
