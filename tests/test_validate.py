@@ -382,3 +382,34 @@ def test_engine_options_by_tensorrt_version():
         ValidationUsageError, match=r"strongly typed .* the precision must be in the ONNX"
     ):
         engine_options("fp16", tensorrt_version="11.0.0")
+
+
+def test_a_different_quantization_is_said_to_change_the_outputs_by_design(tmp_path):
+    """A quantized model against its float original, and against a copy with one Q/DQ pair
+    fewer (what `qdq fix` does): the notes say the outputs differ by design and where the measure
+    is; the same quantization on both sides gets no note."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
+    scale = numpy_helper.from_array(np.array(0.1, np.float32), "s")
+
+    def model(pairs: int) -> onnx.ModelProto:
+        nodes, tensor = [], "x"
+        for i in range(pairs):
+            nodes += [
+                helper.make_node("QuantizeLinear", [tensor, "s"], [f"q{i}"]),
+                helper.make_node("DequantizeLinear", [f"q{i}", "s"], [f"d{i}"]),
+            ]
+            tensor = f"d{i}"
+        nodes.append(helper.make_node("Relu", [tensor], ["y"]))
+        graph = helper.make_graph(nodes, "g", [x], [y], [scale])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    float_model, once, twice = model(0), model(1), model(2)
+    against_float = validate(float_model, once, backend="onnxruntime")
+    assert any(
+        "only the candidate is quantized (1 QuantizeLinear" in n for n in against_float.notes
+    )
+    fixed = validate(twice, once, backend="onnxruntime")
+    assert any("original has 2 QuantizeLinear nodes and the candidate 1" in n for n in fixed.notes)
+    assert any("qdq fix --reference" in n for n in fixed.notes)
+    assert not any("QuantizeLinear" in n for n in validate(once, once, backend="onnxruntime").notes)

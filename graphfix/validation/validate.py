@@ -229,6 +229,32 @@ class ValidationPlan:
         return {name: tuple(array.shape) for name, array in self.inputs.feeds.items()}
 
 
+def _quantization_note(reference: onnx.ModelProto, candidate: onnx.ModelProto) -> list[str]:
+    """A note when the two models quantize differently: their outputs then differ by design, and
+    the float model is the measure (`graphfix qdq fix --reference` reports both errors)."""
+
+    def pairs(model: onnx.ModelProto) -> int:
+        return sum(n.op_type == "QuantizeLinear" for n in model.graph.node)
+
+    ours, theirs = pairs(reference), pairs(candidate)
+    if ours == theirs:
+        return []
+    wider = "judge a quantile with wider tolerances (--quantile, --atol, --rtol)"
+    if not ours or not theirs:
+        which = "candidate" if theirs else "original"
+        return [
+            f"only the {which} is quantized ({max(ours, theirs)} QuantizeLinear nodes): the "
+            f"outputs differ by its quantization error, which the default tolerances (for float "
+            f"models) do not allow; {wider}"
+        ]
+    return [
+        f"the original has {ours} QuantizeLinear nodes and the candidate {theirs}: a different "
+        "quantization changes the outputs by design, so this compares two quantizations; measure "
+        "each against the float model instead (`graphfix qdq fix --reference FLOAT.onnx` prints "
+        f"both errors), or {wider}"
+    ]
+
+
 def validate(
     reference_model: ModelArg,
     candidate_model: ModelArg,
@@ -275,6 +301,7 @@ def validate(
         by=pair_outputs,
     )
     notes += outputs.notes
+    notes += _quantization_note(reference.model, candidate.model)
 
     chosen = None if precision is None else FloatType.parse(precision, error=ValidationUsageError)
     runs_on = _backend_plan(candidate, backend=backend, precision=chosen, plugins=plugins)
