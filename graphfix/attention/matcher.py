@@ -685,7 +685,7 @@ def _projection_source(index: GraphIndex, tensor: str) -> str:
             if weight in index.initializers or index.is_constant(weight):
                 return _activation(index, node.input[0])
             if node.op_type == "MatMul" and index.is_constant(node.input[0]):
-                return _strip_layout(index, node.input[1])  # weight on the left: Kᵀ = W·xᵀ
+                return _activation(index, node.input[1])  # weight on the left: Kᵀ = W·xᵀ
         if node.op_type in ("MatMul", "Einsum") and len(node.input) == 2:
             return f"<{index.bind(node).name}>"
         data = [i for i in node.input if i and not index.is_constant(i)]
@@ -731,15 +731,6 @@ def _activation(index: GraphIndex, tensor: str) -> str:
                 break
             node = quantize
         elif node.op_type not in LAYOUT_OPS:
-            break
-        tensor = node.input[0]
-    return tensor
-
-
-def _strip_layout(index: GraphIndex, tensor: str) -> str:
-    for _ in range(MAX_OPERAND_HOPS):
-        node = index.producer_of(tensor)
-        if node is None or node.op_type not in LAYOUT_OPS:
             break
         tensor = node.input[0]
     return tensor
