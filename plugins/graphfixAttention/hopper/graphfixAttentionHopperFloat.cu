@@ -179,6 +179,16 @@ __device__ __forceinline__ void transposedF32(
     }
 }
 
+//! desc moved on by `units` 16-byte units: a 32-bit add to the start address (bits 0-13; shared
+//! addresses stay below 256 KB, so it never carries into the leading offset), the high word (the
+//! stride offset, a compile-time constant) left as it is. A 64-bit add lets the carry reach the
+//! high word, and ptxas then rebuilt each step's descriptor in ordinary registers: about 12
+//! instructions a wgmma, 40% of the 256-wide kernel's instructions per key tile.
+__device__ __forceinline__ uint64_t advanced(uint64_t desc, uint32_t units)
+{
+    return (desc & 0xFFFFFFFF00000000ULL) | (static_cast<uint32_t>(desc) + units);
+}
+
 //! S = Q K_jᵀ (issued and committed, not waited for) into kSUMS accumulators: the first takes the
 //! lo·hi and hi·lo products of every k8 step, then the hi·hi products of the first part of the
 //! steps; each other accumulator those of its part (the last takes what is left). The tensor core
@@ -201,21 +211,80 @@ __device__ __forceinline__ void issueTf32Scores(float (&acc)[kSUMS][kN / 8][4], 
         fenceOperands(acc[i]);
     }
     wgmmaFence();
-#pragma unroll
-    for (int32_t kk = 0; kk < kSTEPS; ++kk)
+    if constexpr (kD > 128)
     {
-        uint64_t const qStep = static_cast<uint64_t>(2 * kk * kRows);
-        uint64_t const kStep = static_cast<uint64_t>(2 * kk * kN);
-        hp::Wgmma<float, kN>::ss(acc[0], qLoDesc + qStep, kHiDesc + kStep, kk > 0);
-        hp::Wgmma<float, kN>::ss(acc[0], qHiDesc + qStep, kLoDesc + kStep, true);
+        // 32 k8 steps: a loop of kROLL steps a trip (4 ss wgmmas' descriptors moved on by one add
+        // each), where unrolled ptxas computed all 96 descriptors in ordinary registers and moved
+        // each to uniform ones before its wgmma
+        constexpr int32_t kROLL = 4;
+        static_assert(kPART % kROLL == 0 && kPART * kSUMS == kSTEPS, "whole trips");
+        uint64_t qLo = qLoDesc;
+        uint64_t qHi = qHiDesc;
+        uint64_t kHi = kHiDesc;
+        uint64_t kLo = kLoDesc;
+#pragma unroll 1
+        for (int32_t k0 = 0; k0 < kSTEPS; k0 += kROLL)
+        {
+            wgmmaFence(); // each trip's (else ptxas adds it, C7519)
+#pragma unroll
+            for (int32_t u = 0; u < kROLL; ++u)
+            {
+                uint32_t const qStep = static_cast<uint32_t>(2 * u * kRows);
+                uint32_t const kStep = static_cast<uint32_t>(2 * u * kN);
+                hp::Wgmma<float, kN>::ss(acc[0], advanced(qLo, qStep), advanced(kHi, kStep), k0 + u > 0);
+                hp::Wgmma<float, kN>::ss(acc[0], advanced(qHi, qStep), advanced(kLo, kStep), true);
+            }
+            qLo = advanced(qLo, 2 * kROLL * kRows);
+            qHi = advanced(qHi, 2 * kROLL * kRows);
+            kHi = advanced(kHi, 2 * kROLL * kN);
+            kLo = advanced(kLo, 2 * kROLL * kN);
+        }
+        // the hi·hi products: step k0 + u of every part in one trip (each sum still takes its steps
+        // in order); the last trip after the loop, so that the commit follows straight-line wgmmas
+        // (after a loop ptxas closes the group with an added empty wgmma and warpgroup.arrive, C7519)
+        qHi = qHiDesc;
+        kHi = kHiDesc;
+        auto const hiTrip = [&](int32_t k0) {
+            wgmmaFence();
+#pragma unroll
+            for (int32_t u = 0; u < kROLL; ++u)
+            {
+#pragma unroll
+                for (int32_t part = 0; part < kSUMS; ++part)
+                {
+                    int32_t const kk = part * kPART + u;
+                    hp::Wgmma<float, kN>::ss(acc[part], advanced(qHi, static_cast<uint32_t>(2 * kk * kRows)),
+                        advanced(kHi, static_cast<uint32_t>(2 * kk * kN)), part == 0 || k0 + u > 0);
+                }
+            }
+            qHi = advanced(qHi, 2 * kROLL * kRows);
+            kHi = advanced(kHi, 2 * kROLL * kN);
+        };
+#pragma unroll 1
+        for (int32_t k0 = 0; k0 + kROLL < kPART; k0 += kROLL)
+        {
+            hiTrip(k0);
+        }
+        hiTrip(kPART - kROLL);
     }
-#pragma unroll
-    for (int32_t kk = 0; kk < kSTEPS; ++kk)
+    else
     {
-        uint64_t const qStep = static_cast<uint64_t>(2 * kk * kRows);
-        uint64_t const kStep = static_cast<uint64_t>(2 * kk * kN);
-        int32_t const part = kk / kPART < kSUMS ? kk / kPART : kSUMS - 1;
-        hp::Wgmma<float, kN>::ss(acc[part], qHiDesc + qStep, kHiDesc + kStep, part == 0 || kk > part * kPART);
+#pragma unroll
+        for (int32_t kk = 0; kk < kSTEPS; ++kk)
+        {
+            uint64_t const qStep = static_cast<uint64_t>(2 * kk * kRows);
+            uint64_t const kStep = static_cast<uint64_t>(2 * kk * kN);
+            hp::Wgmma<float, kN>::ss(acc[0], qLoDesc + qStep, kHiDesc + kStep, kk > 0);
+            hp::Wgmma<float, kN>::ss(acc[0], qHiDesc + qStep, kLoDesc + kStep, true);
+        }
+#pragma unroll
+        for (int32_t kk = 0; kk < kSTEPS; ++kk)
+        {
+            uint64_t const qStep = static_cast<uint64_t>(2 * kk * kRows);
+            uint64_t const kStep = static_cast<uint64_t>(2 * kk * kN);
+            int32_t const part = kk / kPART < kSUMS ? kk / kPART : kSUMS - 1;
+            hp::Wgmma<float, kN>::ss(acc[part], qHiDesc + qStep, kHiDesc + kStep, part == 0 || kk > part * kPART);
+        }
     }
     wgmmaCommit();
 }
@@ -563,7 +632,10 @@ __global__ void __launch_bounds__(kWG * 128, 1) hopperTf32WideKernel(float const
     int32_t const valueDim = static_cast<int32_t>(shape.valueDim);
     int32_t const warp = static_cast<int32_t>(threadIdx.x / 32);
     int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
-    int32_t const group = warp / 4;
+    // a compile-time 0 for one warpgroup: the Q descriptors then depend on no thread index and
+    // ptxas moves them on in uniform registers (from the thread index: 66 instructions a trip of
+    // issueTf32Scores' loop, not 50)
+    int32_t const group = kWG == 1 ? 0 : warp / 4;
     int32_t const keyTiles = static_cast<int32_t>((block.keyEnd + kN - 1) / kN);
 
     auto const loadK = [&](int32_t j) {
