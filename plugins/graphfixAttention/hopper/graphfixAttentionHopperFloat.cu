@@ -179,6 +179,62 @@ __device__ __forceinline__ void transposedF32(
     }
 }
 
+//! Keys [key0, key0 + kN) x [0, kD) of V ([keys, cols] floats) as loaded, row-major (kD floats a
+//! key), zeros past `keys` and `cols`: 16-byte cp.async, consecutive threads along a row (a warp
+//! reads 512 contiguous bytes). splitTransposedF32 makes Vᵀ hi / lo of it.
+template <int32_t kD, int32_t kN, int32_t kThreads>
+__device__ __forceinline__ void rowMajorF32(float* shared, float const* global, int64_t key0, int64_t keys, int32_t cols)
+{
+    constexpr int32_t kCHUNKS = kD / 4; // a key's
+    static_assert(kN * kCHUNKS % kThreads == 0, "whole chunks per thread");
+    int32_t const thread = static_cast<int32_t>(threadIdx.x);
+#pragma unroll
+    for (int32_t i = 0; i < kN * kCHUNKS / kThreads; ++i)
+    {
+        int32_t const c = i * kThreads + thread;
+        int32_t const key = c / kCHUNKS;
+        int32_t const d = (c % kCHUNKS) * 4;
+        bool const valid = key0 + key < keys && d < cols;
+        copyAsync16(shared + c * 4, valid ? global + (key0 + key) * cols + d : global, valid);
+    }
+}
+
+//! rowMajorF32's tile split into Vᵀ hi and lo in transposedF32's layout (chunk 2m + key % 2 of
+//! 8-key group m holds keys 8m + {0, 2, 4, 6} or {1, 3, 5, 7} of one value row). Warp w takes chunk
+//! columns w, w + warps, ...; a lane the value rows lane + 32 r: four 4-byte loads of consecutive
+//! words across the warp and two 16-byte stores of consecutive chunks (no bank conflicts). The
+//! transposedF32 split it replaces at one warpgroup cost each thread 32 4-byte cp.async (about 15
+//! instructions each, with their addresses) and 64 4-byte stores a tile.
+template <int32_t kD, int32_t kN, int32_t kThreads>
+__device__ __forceinline__ void splitTransposedF32(float const* raw, float* hi, float* lo)
+{
+    constexpr int32_t kWARPS = kThreads / 32;
+    constexpr int32_t kCOLUMNS = kN / 4;
+    static_assert(kCOLUMNS % kWARPS == 0 && kD % 32 == 0, "whole columns per warp, rows per lane");
+    int32_t const warp = static_cast<int32_t>(threadIdx.x / 32);
+    int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
+#pragma unroll
+    for (int32_t cc = 0; cc < kCOLUMNS / kWARPS; ++cc)
+    {
+        int32_t const column = warp + cc * kWARPS;
+        float const* const from = raw + ((column / 2) * 8 + column % 2) * kD + lane;
+        int32_t const to = (column * kD + lane) * 4;
+#pragma unroll
+        for (int32_t r = 0; r < kD / 32; ++r)
+        {
+            uint32_t h[4];
+            uint32_t l[4];
+#pragma unroll
+            for (int32_t i = 0; i < 4; ++i)
+            {
+                splitTf32(from[2 * i * kD + 32 * r], h[i], l[i]);
+            }
+            *reinterpret_cast<uint4*>(hi + to + 128 * r) = make_uint4(h[0], h[1], h[2], h[3]);
+            *reinterpret_cast<uint4*>(lo + to + 128 * r) = make_uint4(l[0], l[1], l[2], l[3]);
+        }
+    }
+}
+
 //! desc moved on by `units` 16-byte units: a 32-bit add to the start address (bits 0-13; shared
 //! addresses stay below 256 KB, so it never carries into the leading offset), the high word (the
 //! stride offset, a compile-time constant) left as it is. A 64-bit add lets the carry reach the
@@ -343,6 +399,25 @@ __device__ __forceinline__ void addValuesInto(float (&o)[kD / 8][4], float (&t)[
         for (int32_t e = 0; e < 4; ++e)
         {
             o[first + n][e] += t[n][e];
+        }
+    }
+}
+
+//! Waits for every wgmma of this warpgroup, then o[first..] = o[first..] carry + t, per row (a part
+//! of P V_j added to O while O moves to the maximum of the tile before, see hopperTf32WideKernel).
+template <int32_t kD, int32_t kDT>
+__device__ __forceinline__ void addScaledValuesInto(
+    float (&o)[kD / 8][4], float (&t)[kDT / 8][4], float const (&carry)[2], int32_t const first)
+{
+    wgmmaWait<0>();
+    fenceOperands(t);
+#pragma unroll
+    for (int32_t n = 0; n < kDT / 8; ++n)
+    {
+#pragma unroll
+        for (int32_t e = 0; e < 4; ++e)
+        {
+            o[first + n][e] = fmaf(o[first + n][e], carry[e / 2], t[n][e]);
         }
     }
 }
@@ -625,7 +700,7 @@ __global__ void __launch_bounds__(kWG * 128, 1) hopperTf32WideKernel(float const
     float* const sV = sKlo + kTILE; // Vᵀ hi
     float* const sVlo = sV + kTILE;
     float* const sKraw = sVlo + kTILE; // the next K tile as loaded
-    float* const sVraw = sKraw + kTILE; // the next Vᵀ tile as loaded
+    float* const sVraw = sKraw + kTILE; // the next V tile as loaded (see loadV)
 
     BlockSetup<float> const block(q, k, v, out, mask, shape, params, kRows, qTiles, params.causal);
     int32_t const headDim = static_cast<int32_t>(shape.headDim);
@@ -642,12 +717,30 @@ __global__ void __launch_bounds__(kWG * 128, 1) hopperTf32WideKernel(float const
         chunkMajorF32<kD, kN, kThreads, false>(
             sKraw, nullptr, block.kBase, static_cast<int64_t>(j) * kN, shape.seqK, headDim);
     };
+    // V: at one warpgroup loaded row-major and transposed by its split (rowMajorF32); else loaded
+    // straight into the transposed layout (4-byte cp.async), split in place
     auto const loadV = [&](int32_t j) {
-        transposedF32<kD, kN, kThreads, false>(
-            sVraw, nullptr, block.vBase, static_cast<int64_t>(j) * kN, shape.seqK, valueDim);
+        if constexpr (kWG == 1)
+        {
+            rowMajorF32<kD, kN, kThreads>(sVraw, block.vBase, static_cast<int64_t>(j) * kN, shape.seqK, valueDim);
+        }
+        else
+        {
+            transposedF32<kD, kN, kThreads, false>(
+                sVraw, nullptr, block.vBase, static_cast<int64_t>(j) * kN, shape.seqK, valueDim);
+        }
     };
     auto const splitK = [&] { chunkMajorF32<kD, kN, kThreads, true>(sKraw, sKlo, nullptr, 0, 0, 0, sK); };
-    auto const splitV = [&] { transposedF32<kD, kN, kThreads, true>(sVraw, sVlo, nullptr, 0, 0, 0, sV); };
+    auto const splitV = [&] {
+        if constexpr (kWG == 1)
+        {
+            splitTransposedF32<kD, kN, kThreads>(sVraw, sV, sVlo);
+        }
+        else
+        {
+            transposedF32<kD, kN, kThreads, true>(sVraw, sVlo, nullptr, 0, 0, 0, sV);
+        }
+    };
 
     // Q and K_0, each split by the thread that loaded it; then V_0 and K_1 into the staging buffer.
     chunkMajorF32<kD, kRows, kThreads, false>(sQ, nullptr, block.qBase, block.q0, shape.seqQ, headDim);
@@ -740,29 +833,107 @@ __global__ void __launch_bounds__(kWG * 128, 1) hopperTf32WideKernel(float const
             addValuesInto<kD, kDT>(o, t, part * kDT / 8);
         }
     };
-    if (keyTiles > 0)
+    if constexpr (kWG == 1)
     {
-        issueTf32Scores<kD, kN, kRows, kSUMS>(s, qHiDesc, qLoDesc, kHiDesc, kLoDesc);
-        softmaxOf(s, alpha, 0, [] { wgmmaWait<0>(); });
-        splitProbabilities<kN>(s[0], pHi, pLo);
-        nextTiles(0);
+        // One warpgroup. Each warp waits for its own part of a wgmma, so a barrier follows before
+        // K's or V's hi / lo take the next tile; V's split reads what other threads loaded, so
+        // every thread waits for its V loads before the barrier that precedes it. V_j-1 is split
+        // while S_j runs, K_j+1 while the first part of P_j-1 V_j-1 runs (three barriers a tile,
+        // the splits off the critical path). O is scaled as each part of T is added (fma, one
+        // instruction an element: o = o carry + t, carry the factor of the tile before, P_j-1
+        // being relative to its maximum), not (o + t) then o alpha. At the top of the loop: K_j
+        // split, V's hi / lo free, raw V_j-1 landed, raw K_j+1 on its way, P_j-1 split.
+        float carry[2]{1.F, 1.F};
+        auto const addScaledValues = [&] {
+            addScaledValuesInto<kD, kDT>(o, t, carry, 0);
+#pragma unroll
+            for (int32_t part = 1; part < kPARTS; ++part)
+            {
+                issueValues(part);
+                addScaledValuesInto<kD, kDT>(o, t, carry, part * kDT / 8);
+            }
+        };
+        // K_j+1 split (this thread's chunks, landed), K_j+2's loads issued and committed
+        auto const nextK = [&](int32_t j) {
+            if (j + 1 < keyTiles)
+            {
+                splitK();
+            }
+            if (j + 2 < keyTiles)
+            {
+                loadK(j + 2);
+            }
+            commitAsync();
+        };
+        if (keyTiles > 0)
+        {
+            issueTf32Scores<kD, kN, kRows, kSUMS>(s, qHiDesc, qLoDesc, kHiDesc, kLoDesc);
+            softmaxOf(s, alpha, 0, [] { wgmmaWait<0>(); });
+            splitProbabilities<kN>(s[0], pHi, pLo);
+            __syncthreads();
+            waitAsync<0>(); // V_0 and K_1
+            nextK(0);
+            fenceProxyAsync();
+            __syncthreads();
+        }
+        for (int32_t j = 1; j < keyTiles; ++j)
+        {
+            issueTf32Scores<kD, kN, kRows, kSUMS>(s, qHiDesc, qLoDesc, kHiDesc, kLoDesc);
+            splitV(); // V_j-1, while S_j runs
+            loadV(j);
+            commitAsync();
+            fenceProxyAsync();
+            __syncthreads(); // V_j-1 split by every thread
+            issueValues(0);
+            softmaxOf(s, alpha, j, [] { wgmmaWait<1>(); }); // while P_j-1 V_j-1 runs
+            __syncthreads();                                  // every warp done with S_j
+            waitAsync<1>();                                   // K_j+1 (V_j may be on its way)
+            nextK(j);                                         // while P_j-1 V_j-1 runs
+            addScaledValues();
+            carry[0] = alpha[0];
+            carry[1] = alpha[1];
+            fenceOperands(pHi);
+            fenceOperands(pLo);
+            splitProbabilities<kN>(s[0], pHi, pLo);
+            waitAsync<1>(); // V_j
+            fenceProxyAsync();
+            __syncthreads(); // K_j+1 split, V_j landed, every warp done with P_j-1 V_j-1
+        }
+        if (keyTiles > 0)
+        {
+            splitV();
+            fenceProxyAsync();
+            __syncthreads();
+            issueValues(0);
+            addScaledValues();
+        }
     }
-    for (int32_t j = 1; j < keyTiles; ++j)
+    else
     {
-        issueTf32Scores<kD, kN, kRows, kSUMS>(s, qHiDesc, qLoDesc, kHiDesc, kLoDesc);
-        issueValues(0);
-        softmaxOf(s, alpha, j, [] { wgmmaWait<1>(); }); // while P_j-1 V_j-1 runs
-        addValues();
-        fenceOperands(pHi);
-        fenceOperands(pLo);
-        rescale(o, alpha);
-        splitProbabilities<kN>(s[0], pHi, pLo);
-        nextTiles(j);
-    }
-    if (keyTiles > 0)
-    {
-        issueValues(0);
-        addValues();
+        if (keyTiles > 0)
+        {
+            issueTf32Scores<kD, kN, kRows, kSUMS>(s, qHiDesc, qLoDesc, kHiDesc, kLoDesc);
+            softmaxOf(s, alpha, 0, [] { wgmmaWait<0>(); });
+            splitProbabilities<kN>(s[0], pHi, pLo);
+            nextTiles(0);
+        }
+        for (int32_t j = 1; j < keyTiles; ++j)
+        {
+            issueTf32Scores<kD, kN, kRows, kSUMS>(s, qHiDesc, qLoDesc, kHiDesc, kLoDesc);
+            issueValues(0);
+            softmaxOf(s, alpha, j, [] { wgmmaWait<1>(); }); // while P_j-1 V_j-1 runs
+            addValues();
+            fenceOperands(pHi);
+            fenceOperands(pLo);
+            rescale(o, alpha);
+            splitProbabilities<kN>(s[0], pHi, pLo);
+            nextTiles(j);
+        }
+        if (keyTiles > 0)
+        {
+            issueValues(0);
+            addValues();
+        }
     }
     waitAsync<0>();
     softmax.finish();
