@@ -403,13 +403,14 @@ __device__ __forceinline__ void addValuesInto(float (&o)[kD / 8][4], float (&t)[
     }
 }
 
-//! Waits for every wgmma of this warpgroup, then o[first..] = o[first..] carry + t, per row (a part
-//! of P V_j added to O while O moves to the maximum of the tile before, see hopperTf32WideKernel).
-template <int32_t kD, int32_t kDT>
+//! Waits for the wgmmas of this warpgroup but the last kPENDING groups, then o[first..] =
+//! o[first..] carry + t, per row (a part of P V_j added to O while O moves to the maximum of the
+//! tile before, see hopperTf32WideKernel).
+template <int32_t kD, int32_t kDT, int32_t kPENDING>
 __device__ __forceinline__ void addScaledValuesInto(
     float (&o)[kD / 8][4], float (&t)[kDT / 8][4], float const (&carry)[2], int32_t const first)
 {
-    wgmmaWait<0>();
+    wgmmaWait<kPENDING>();
     fenceOperands(t);
 #pragma unroll
     for (int32_t n = 0; n < kDT / 8; ++n)
@@ -663,12 +664,13 @@ __global__ void __launch_bounds__(kWG * 128, kWG == 1 ? 2 : 1) hopperTf32Kernel(
 //! O) instead of one accumulator as wide as O; S takes kD / 64 sums (8 hi·hi steps each, as at 128).
 constexpr int32_t kTF32_WIDE_KEYS{kHOPPER_TF32_WIDE_KEYS};
 constexpr int32_t kTF32_WIDEST_KEYS{kHOPPER_TF32_WIDEST_KEYS};
-//! The parts of the value dim T = P V_j is taken in, each into its own zeroed accumulator (the
-//! registers hold O and one part): 1 up to head dim 128, 2 at 192 (96 columns), 4 at 256 (64
-//! columns: two parts of 128 made ptxas spill 420-512 bytes).
+//! The parts of the value dim T = P V_j is taken in, each into its own zeroed accumulator: 1 up to
+//! head dim 128; above, parts of 32 columns (6 at 192, 8 at 256) in two accumulators, one part
+//! on the tensor cores while the one before is added to O (one accumulator of 64 columns at 256,
+//! each part waited for before the next was issued, left the tensor cores idle between parts).
 __host__ __device__ constexpr int32_t tf32ValueParts(int32_t d)
 {
-    return d <= 128 ? 1 : d <= 192 ? 2 : 4;
+    return d <= 128 ? 1 : d / 32;
 }
 
 template <int32_t kD, int32_t kWG, int32_t kN, bool kPLAIN>
@@ -812,7 +814,7 @@ __global__ void __launch_bounds__(kWG * 128, 1) hopperTf32WideKernel(float const
     };
 
     float s[kSUMS][kN / 8][4];
-    float t[kDT / 8][4];
+    float t[2][kDT / 8][4]; // T: one part, or at one warpgroup two (see tf32ValueParts)
     float alpha[2];
     uint32_t pHi[kN / 8][4];
     uint32_t pLo[kN / 8][4];
@@ -820,38 +822,40 @@ __global__ void __launch_bounds__(kWG * 128, 1) hopperTf32WideKernel(float const
     // bytes: the descriptors count 16-byte units) into the tile
     auto const issueValues = [&](int32_t part) {
         uint64_t const rows = static_cast<uint64_t>(part * kDT);
-        issueTf32Values<kDT, kN, kD>(t, pHi, pLo, vHiDesc + rows, vLoDesc + rows, 0, kPV_STEPS);
+        issueTf32Values<kDT, kN, kD>(t[part % 2], pHi, pLo, vHiDesc + rows, vLoDesc + rows, 0, kPV_STEPS);
     };
     // P_j-1 V_j-1 into O, the first part already issued; each further part issued once the one
     // before is added (one T accumulator)
     auto const addValues = [&] {
-        addValuesInto<kD, kDT>(o, t);
+        addValuesInto<kD, kDT>(o, t[0]);
 #pragma unroll
         for (int32_t part = 1; part < kPARTS; ++part)
         {
             issueValues(part);
-            addValuesInto<kD, kDT>(o, t, part * kDT / 8);
+            addValuesInto<kD, kDT>(o, t[0], part * kDT / 8);
         }
     };
     if constexpr (kWG == 1)
     {
         // One warpgroup. Each warp waits for its own part of a wgmma, so a barrier follows before
         // K's or V's hi / lo take the next tile; V's split reads what other threads loaded, so
-        // every thread waits for its V loads before the barrier that precedes it. V_j-1 is split
+        // every thread waits for its V loads before the barrier that precedes it, and the next V
+        // loads follow the barrier after it. V_j-1 is split
         // while S_j runs, K_j+1 while the first part of P_j-1 V_j-1 runs (three barriers a tile,
         // the splits off the critical path). O is scaled as each part of T is added (fma, one
         // instruction an element: o = o carry + t, carry the factor of the tile before, P_j-1
         // being relative to its maximum), not (o + t) then o alpha. At the top of the loop: K_j
         // split, V's hi / lo free, raw V_j-1 landed, raw K_j+1 on its way, P_j-1 split.
         float carry[2]{1.F, 1.F};
+        // part 0 issued: each next part issued before the one before is waited for and added
         auto const addScaledValues = [&] {
-            addScaledValuesInto<kD, kDT>(o, t, carry, 0);
 #pragma unroll
             for (int32_t part = 1; part < kPARTS; ++part)
             {
                 issueValues(part);
-                addScaledValuesInto<kD, kDT>(o, t, carry, part * kDT / 8);
+                addScaledValuesInto<kD, kDT, 1>(o, t[(part - 1) % 2], carry, (part - 1) * kDT / 8);
             }
+            addScaledValuesInto<kD, kDT, 0>(o, t[(kPARTS - 1) % 2], carry, (kPARTS - 1) * kDT / 8);
         };
         // K_j+1 split (this thread's chunks, landed), K_j+2's loads issued and committed
         auto const nextK = [&](int32_t j) {
@@ -880,10 +884,10 @@ __global__ void __launch_bounds__(kWG * 128, 1) hopperTf32WideKernel(float const
         {
             issueTf32Scores<kD, kN, kRows, kSUMS>(s, qHiDesc, qLoDesc, kHiDesc, kLoDesc);
             splitV(); // V_j-1, while S_j runs
+            fenceProxyAsync();
+            __syncthreads(); // V_j-1 split by every thread, its raw tile read by every thread
             loadV(j);
             commitAsync();
-            fenceProxyAsync();
-            __syncthreads(); // V_j-1 split by every thread
             issueValues(0);
             softmaxOf(s, alpha, j, [] { wgmmaWait<1>(); }); // while P_j-1 V_j-1 runs
             __syncthreads();                                  // every warp done with S_j
