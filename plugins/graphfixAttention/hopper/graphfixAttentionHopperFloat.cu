@@ -102,8 +102,9 @@ __device__ __forceinline__ void copyAsync4(void* shared, void const* global, boo
 //! layout) instead.
 //! A warp takes 16 rows (row group warp % kRG) x 2 chunks (pair warp / kRG + i 8 / kRG): 32-byte
 //! pieces of global rows, 2 x 256 contiguous bytes of shared memory; each thread's offsets are a
-//! base plus compile-time steps (few live registers).
-template <int32_t kD, int32_t kRows, int32_t kThreads, bool kSPLIT>
+//! base plus compile-time steps (few live registers). kWHOLE: the caller knows that every row is
+//! there and cols == kD (no checks; the global offsets compile-time steps too).
+template <int32_t kD, int32_t kRows, int32_t kThreads, bool kSPLIT, bool kWHOLE = false>
 __device__ __forceinline__ void chunkMajorF32(
     float* shared, float* lo, float const* global, int64_t row0, int64_t rows, int32_t cols, float* hi = nullptr)
 {
@@ -128,6 +129,10 @@ __device__ __forceinline__ void chunkMajorF32(
         if constexpr (kSPLIT)
         {
             splitInto4(shared + at, (hi != nullptr ? hi : shared) + at, lo + at);
+        }
+        else if constexpr (kWHOLE)
+        {
+            copyAsync16(shared + at, global + row * kD + (c0 + 2 * kSTEP * i) * 4, true);
         }
         else
         {
@@ -181,13 +186,26 @@ __device__ __forceinline__ void transposedF32(
 
 //! Keys [key0, key0 + kN) x [0, kD) of V ([keys, cols] floats) as loaded, row-major (kD floats a
 //! key), zeros past `keys` and `cols`: 16-byte cp.async, consecutive threads along a row (a warp
-//! reads 512 contiguous bytes). splitTransposedF32 makes Vᵀ hi / lo of it.
+//! reads 512 contiguous bytes). splitTransposedF32 makes Vᵀ hi / lo of it. Where every key is there
+//! and cols == kD (the common tile), chunk c is at c x 4 floats from the tile's first element in
+//! global memory too: no checks, compile-time offsets.
 template <int32_t kD, int32_t kN, int32_t kThreads>
 __device__ __forceinline__ void rowMajorF32(float* shared, float const* global, int64_t key0, int64_t keys, int32_t cols)
 {
     constexpr int32_t kCHUNKS = kD / 4; // a key's
     static_assert(kN * kCHUNKS % kThreads == 0, "whole chunks per thread");
     int32_t const thread = static_cast<int32_t>(threadIdx.x);
+    if (key0 + kN <= keys && cols == kD)
+    {
+        float const* const tile = global + key0 * kD;
+#pragma unroll
+        for (int32_t i = 0; i < kN * kCHUNKS / kThreads; ++i)
+        {
+            int32_t const c = i * kThreads + thread;
+            copyAsync16(shared + c * 4, tile + c * 4, true);
+        }
+        return;
+    }
 #pragma unroll
     for (int32_t i = 0; i < kN * kCHUNKS / kThreads; ++i)
     {
@@ -269,10 +287,12 @@ __device__ __forceinline__ void issueTf32Scores(float (&acc)[kSUMS][kN / 8][4], 
     wgmmaFence();
     if constexpr (kD > 128)
     {
-        // 32 k8 steps: a loop of kROLL steps a trip (4 ss wgmmas' descriptors moved on by one add
-        // each), where unrolled ptxas computed all 96 descriptors in ordinary registers and moved
-        // each to uniform ones before its wgmma
-        constexpr int32_t kROLL = 4;
+        // 24 or 32 k8 steps: a loop of kROLL steps a trip (4 descriptors moved on by one add each
+        // a trip, each wgmma's by an immediate), where unrolled ptxas computed all 72-96
+        // descriptors in ordinary registers and moved each to uniform ones before its wgmma (about
+        // 12 instructions a wgmma; now about 5, in uniform registers; 8 steps a trip measured 48
+        // instructions a tile fewer in SASS than 4)
+        constexpr int32_t kROLL = 8;
         static_assert(kPART % kROLL == 0 && kPART * kSUMS == kSTEPS, "whole trips");
         uint64_t qLo = qLoDesc;
         uint64_t qHi = qHiDesc;
@@ -716,8 +736,17 @@ __global__ void __launch_bounds__(kWG * 128, 1) hopperTf32WideKernel(float const
     int32_t const keyTiles = static_cast<int32_t>((block.keyEnd + kN - 1) / kN);
 
     auto const loadK = [&](int32_t j) {
-        chunkMajorF32<kD, kN, kThreads, false>(
-            sKraw, nullptr, block.kBase, static_cast<int64_t>(j) * kN, shape.seqK, headDim);
+        int64_t const key0 = static_cast<int64_t>(j) * kN;
+        if (kWG == 1 && key0 + kN <= shape.seqK && headDim == kD)
+        {
+            // every key of the tile there, no columns to zero: no checks (one warpgroup only, so
+            // that the kernels up to head dim 128 stay as measured)
+            chunkMajorF32<kD, kN, kThreads, false, true>(sKraw, nullptr, block.kBase, key0, shape.seqK, headDim);
+        }
+        else
+        {
+            chunkMajorF32<kD, kN, kThreads, false>(sKraw, nullptr, block.kBase, key0, shape.seqK, headDim);
+        }
     };
     // V: at one warpgroup loaded row-major and transposed by its split (rowMajorF32); else loaded
     // straight into the transposed layout (4-byte cp.async), split in place
