@@ -677,11 +677,14 @@ __global__ void __launch_bounds__(kWG * 128, kWG == 1 ? 2 : 1) hopperTf32Kernel(
 //! accumulators, P V over 32 keys into a zeroed accumulator added in float32): the same error
 //! bound. Causal blocks run heavy-first over all (batch, head)s (one block per SM).
 //!
-//! Above 128 (192 and 256 as built) the same steps run with one warpgroup of 64 rows and
+//! Above 128 (192 and 256 as built) the same products run with one warpgroup of 64 rows and
 //! kTF32_WIDEST_KEYS = 16-key tiles: Q hi / lo of 64 rows are 128 KB at 256 and the tiles 96 KB,
 //! (2 x 64 + 6 x 16) x D x 4 bytes = 224 KB. O is 128 registers per thread at 256, so T = P V_j is
 //! taken in kPARTS slices of the value dim (each its own zeroed accumulator, added to its slice of
 //! O) instead of one accumulator as wide as O; S takes kD / 64 sums (8 hi·hi steps each, as at 128).
+//! With one block of 4 warps per SM (one warp per scheduler) a tile takes about as long as its
+//! instructions take to issue, so there V is loaded row-major and transposed by its split, and the
+//! splits run while the tensor cores work (the order is in the loop's comment).
 constexpr int32_t kTF32_WIDE_KEYS{kHOPPER_TF32_WIDE_KEYS};
 constexpr int32_t kTF32_WIDEST_KEYS{kHOPPER_TF32_WIDEST_KEYS};
 //! The parts of the value dim T = P V_j is taken in, each into its own zeroed accumulator: 1 up to
