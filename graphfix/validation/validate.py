@@ -61,6 +61,7 @@ from graphfix.validation.inputs import (
     make_inputs,
 )
 from graphfix.validation.low_precision import LowPrecision, low_precision_mode
+from graphfix.validation.random_ops import random_note
 
 
 class Backend(str, Enum):
@@ -307,6 +308,11 @@ def validate(
     runs_on = _backend_plan(candidate, backend=backend, precision=chosen, plugins=plugins)
     if runs_on.note:
         notes.append(runs_on.note)
+    notes += random_note(
+        reference.model,
+        candidate.model,
+        candidate_on_onnxruntime=runs_on.name is Backend.ONNXRUNTIME,
+    )
     data = make_inputs(reference.model, shapes=shapes, ranges=ranges, npz=inputs, seed=seed)
     lowest = _loosest(
         _model_precision(candidate.model),
