@@ -5,8 +5,8 @@ attention) and rewritten by `fix --strategy fused_plugin` or `native_attention` 
 left-padded inputs, by 0.02 at the padded positions only. There the causal and padding masks
 block every key; the chain adds float16's -65504 to each score and rounds in steps of 32 (an about
 uniform row), the fused node adds it exactly. No valid position reads those rows, so the rewrite
-is not wrong: validate now says so and compares the rest. A minimal graph shows it, with the
-cases that must still fail.
+is not wrong: validate (and locate, which judges outputs alike) now says so and compares the
+rest. A minimal graph shows it, with the cases that must still fail.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import pytest
 from graphs import B, S, Variant, attention_model
 
 import graphfix
+from graphfix.precision.locate import locate
 from graphfix.validation.compare import Tolerance, compare_output
 from graphfix.validation.validate import validate
 
@@ -63,6 +64,10 @@ def test_a_fused_rewrite_differs_only_where_every_key_is_masked(tmp_path, strate
     ref, cand = report.reference_outputs["y"], report.candidate_outputs["y"]
     diff = np.abs(ref.astype(np.float32) - cand.astype(np.float32)).max(axis=-1)
     assert diff[1, :2].min() > 0.01 and diff[0].max() < 0.01 and diff[1, 2:].max() < 0.01
+    # locate judges the outputs as validate does
+    located = locate(tmp_path / "original.onnx", tmp_path / "fixed.onnx", inputs=feeds)
+    assert not located.diverges, located.summary()
+    assert any("every key is masked" in n for n in located.notes)
 
 
 def test_without_fully_masked_rows_nothing_is_left_out(tmp_path) -> None:

@@ -61,7 +61,7 @@ from graphfix.validation.inputs import (
     make_inputs,
 )
 from graphfix.validation.low_precision import LowPrecision, low_precision_mode
-from graphfix.validation.masked_rows import exclusion_for, fully_masked_positions
+from graphfix.validation.masked_rows import leave_out_masked_rows
 from graphfix.validation.random_ops import random_note
 
 
@@ -363,8 +363,13 @@ def _run(plan: ValidationPlan) -> ValidationReport:
     )
     notes = list(plan.notes)
     if not all(c.passed for c in comparisons):
-        comparisons, masked = _without_masked_rows(
-            plan, comparisons, reference_outputs, candidate_outputs
+        comparisons, masked = leave_out_masked_rows(
+            plan.reference,
+            plan.inputs.feeds,
+            comparisons,
+            reference_outputs,
+            {name: candidate_outputs[paired[name]] for name in reference_outputs},
+            plan.tolerance,
         )
         notes += masked
     fusion = None
@@ -387,49 +392,6 @@ def _run(plan: ValidationPlan) -> ValidationReport:
         reference_outputs=reference_outputs,
         candidate_outputs={name: candidate_outputs[paired[name]] for name in reference_outputs},
     )
-
-
-def _without_masked_rows(
-    plan: ValidationPlan,
-    comparisons: tuple[OutputComparison, ...],
-    reference_outputs: Mapping[str, np.ndarray],
-    candidate_outputs: Mapping[str, np.ndarray],
-) -> tuple[tuple[OutputComparison, ...], list[str]]:
-    """The failed outputs that pass once the query positions every key masks are left out
-    (graphfix.validation.masked_rows), compared so, with a note each; the others as they were."""
-    step("comparing again without the query positions every key masks")
-    positions = fully_masked_positions(plan.reference, plan.inputs.feeds)
-    if positions is None:
-        return comparisons, []
-    paired = plan.outputs.candidate_names
-    kept, notes = [], []
-    for comparison in comparisons:
-        name = comparison.name
-        exclude = exclusion_for(positions, comparison.shape)
-        again = None
-        if not comparison.passed and exclude is not None and comparison.problem is None:
-            again = compare_output(
-                name,
-                reference_outputs[name],
-                candidate_outputs[paired[name]],
-                plan.tolerance,
-                exclude=exclude,
-            )
-        if again is None or not again.passed:
-            kept.append(comparison)
-            continue
-        kept.append(again)
-        rows = np.argwhere(np.broadcast_to(positions, comparison.shape[:2]))
-        shown = ", ".join(f"({b}, {s})" for b, s in rows[:4]) + (", ..." if len(rows) > 4 else "")
-        notes.append(
-            f"output '{name}' differs beyond tolerance only at the {len(rows)} (batch, position)s "
-            f"whose every key is masked ({shown}: padding, which no valid position reads), "
-            "where the chain and a fused kernel legitimately differ (the chain rounds the fill "
-            "plus each score in its type, in float16 -65504 in steps of 32; a fused kernel keeps "
-            f"it exact): left out of its verdict ({again.excluded} elements; the rest within "
-            "tolerance)"
-        )
-    return tuple(kept), notes
 
 
 def _runner(plan: ValidationPlan, model: LoadedModel, role: str, *, backend: Backend) -> Runner:
