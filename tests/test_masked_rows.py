@@ -68,6 +68,7 @@ def test_a_fused_rewrite_differs_only_where_every_key_is_masked(tmp_path, strate
     located = locate(tmp_path / "original.onnx", tmp_path / "fixed.onnx", inputs=feeds)
     assert not located.diverges, located.summary()
     assert any("every key is masked" in n for n in located.notes)
+    assert located.to_dict()["outputs"][0]["excluded"] == 2 * 12
 
 
 def test_without_fully_masked_rows_nothing_is_left_out(tmp_path) -> None:
