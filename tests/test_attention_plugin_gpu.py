@@ -514,12 +514,13 @@ def expected_own_path(case: Case, dtype: str, backend: str = "portable") -> str:
 
 
 def _half_values_path(case: Case, dtype: str) -> bool:
-    """Whether the Hopper kernel runs `case` in bfloat16 with P·V in float16: bit 256 of
-    GRAPHFIX_ATTENTION_HOPPER_VARIANT (kHOPPER_VARIANT_HALF_VALUES, off by default) with TMA loads
-    (16) and the warp-specialised kernel (32), whose shapes these are (planHopperAttention), and
-    no V value above float16's 65504 (the split kernel runs those)."""
+    """Whether the Hopper kernel runs `case` in bfloat16 with P·V in float16: bit 256
+    (kHOPPER_VARIANT_HALF_VALUES, on by default; GRAPHFIX_ATTENTION_HOPPER_VARIANT may clear it)
+    with TMA loads (16) and the warp-specialised kernel (32), whose shapes these are
+    (planHopperAttention), and no V value above float16's 65504 (the split kernel runs those)."""
     variant = os.environ.get("GRAPHFIX_ATTENTION_HOPPER_VARIANT", "")
-    if dtype != "bfloat16" or not variant or int(variant) & (256 | 32 | 16) != 256 | 32 | 16:
+    bits = int(variant) if variant else 256 | 32 | 16
+    if dtype != "bfloat16" or bits & (256 | 32 | 16) != 256 | 32 | 16:
         return False
     d, dv, t = case.q[-1], case.value_dim, case.seq_k
     padded = next((p for p in (32, 64, 80, 96, 128, 160, 192, 256) if max(d, dv) <= p), 0)

@@ -332,14 +332,6 @@ HopperPlan hopperPlanFor(AttentionProblem const& p)
         // slower (BERT)
         plan.variant |= kHOPPER_VARIANT_LATE_LOADS;
     }
-    if (p.type == DataType::kBF16 && plan.paddedDim == 64 && (plan.variant & kHOPPER_VARIANT_HALF_VALUES) == 0)
-    {
-        // measured on the H200: the warp-specialised kernel at padded head dim 64 no faster than
-        // the two-block 64-key kernel in bfloat16 (SDXL self -4%, SD 1.5 self 0%, BERT +10%; in
-        // float16 -25%, -13%, -13%): bfloat16's split P binds it to the tensor cores there (its
-        // float16 P·V, kHOPPER_VARIANT_HALF_VALUES, does not)
-        plan.variant &= ~kHOPPER_VARIANT_PRODUCER;
-    }
     // GRAPHFIX_ATTENTION_HOPPER_VARIANT=<bits>: the kernel's options (kHOPPER_VARIANT_*), for measuring them
     char const* const variant = std::getenv(kGRAPHFIX_ATTENTION_HOPPER_VARIANT_ENV);
     if (variant != nullptr && *variant != '\0')

@@ -83,20 +83,22 @@ constexpr int32_t kHOPPER_VARIANT_PRODUCER{32};
 //! and the no-swizzle kernel runs; that one exists at padded head dim 128 only, so elsewhere (and
 //! without this bit) the kernel above runs.
 constexpr int32_t kHOPPER_VARIANT_SWIZZLE{128};
-//! bfloat16's warp-specialised kernel with P·V in float16 (off by default until measured: a
-//! diagnostic bit): V converted to float16 in the plugin's workspace by a memory-bound pass
-//! (HopperHalfValues), P rounded once to float16 (relative error at most 2^-11, 8x below cuDNN's
-//! one bfloat16 rounding, 2^-8; the split bfloat16 P's two terms cost 1.5x the tensor work),
-//! S = Q Kᵀ still bfloat16. A V holding a finite |v| above float16's 65504 raises a flag on the
-//! device and the split kernel launched after the float16 one runs instead (no host sync).
+//! bfloat16's warp-specialised kernel with P·V in float16: V converted to float16 in the plugin's
+//! workspace by a memory-bound pass (HopperHalfValues), P rounded once to float16 (relative error
+//! at most 2^-11, 8x below cuDNN's one bfloat16 rounding, 2^-8; the split bfloat16 P's two terms
+//! cost 1.5x the tensor work), S = Q Kᵀ still bfloat16. A V holding a finite |v| above float16's
+//! 65504 raises a flag on the device and the split kernel launched after the float16 one runs
+//! instead (no host sync). Measured on the H200 against the split kernels: 22-28% faster on the
+//! long rows (Llama causal, Flux-like, SDXL self, SD 1.5), 15% on Gemma-2-like, 7% on BERT by CUDA
+//! graphs (equal by events); at padded head dim 64 it is what makes the warp-specialised kernel
+//! pay in bfloat16 (with the split P it measured no faster there than the 64-key kernel).
 constexpr int32_t kHOPPER_VARIANT_HALF_VALUES{256};
 //! The options the plan takes unless GRAPHFIX_ATTENTION_HOPPER_VARIANT says otherwise; bfloat16 adds
-//! kHOPPER_VARIANT_LATE_LOADS except at head dim 80 and drops kHOPPER_VARIANT_PRODUCER at padded
-//! head dim 64 unless kHOPPER_VARIANT_HALF_VALUES is set (hopperPlanFor in
-//! graphfixAttentionPlugin.cpp; the load order is moot while TMA loads are on); the float32 kernel
-//! and shapes whose maps the driver rejects drop kHOPPER_VARIANT_TMA there.
+//! kHOPPER_VARIANT_LATE_LOADS except at head dim 80 (hopperPlanFor in graphfixAttentionPlugin.cpp;
+//! the load order is moot while TMA loads are on); the float32 kernel and shapes whose maps the
+//! driver rejects drop kHOPPER_VARIANT_TMA there; kHOPPER_VARIANT_HALF_VALUES acts on bfloat16 only.
 constexpr int32_t kHOPPER_DEFAULT_VARIANT{kHOPPER_VARIANT_CAUSAL_ORDER | kHOPPER_VARIANT_KEY_MASK
-    | kHOPPER_VARIANT_TMA | kHOPPER_VARIANT_PRODUCER | kHOPPER_VARIANT_SWIZZLE};
+    | kHOPPER_VARIANT_TMA | kHOPPER_VARIANT_PRODUCER | kHOPPER_VARIANT_SWIZZLE | kHOPPER_VARIANT_HALF_VALUES};
 //! The 128-byte swizzle repeats every 1024 bytes, counted from 1024-byte boundaries by TMA and by
 //! wgmma (descriptor base offset 0): the swizzled tiles start on one.
 constexpr int32_t kHOPPER_SWIZZLE_ALIGN{1024};
