@@ -394,6 +394,22 @@ __device__ __forceinline__ void copyProbabilities(uint32_t const (&p)[kN / 16][4
     }
 }
 
+//! Waits for O += P V_j (issued from the copies pv and lov), then rescales O by the next tile's
+//! alpha; the fences keep the compiler from touching o, pv and lov while the product runs.
+template <typename T, int32_t kO, int32_t kP>
+__device__ __forceinline__ void rescaleAfterValues(
+    float (&o)[kO][4], uint32_t (&pv)[kP][4], uint32_t (&lov)[kP][4], float const (&alpha)[2])
+{
+    wgmmaWait<0>();
+    fenceOperands(o);
+    fenceOperands(pv);
+    if constexpr (kSPLIT_P<T>)
+    {
+        fenceOperands(lov);
+    }
+    rescale(o, alpha);
+}
+
 //! The output of one warp's 16 rows (o / sum, NaN or 0 where no key was allowed) into shared
 //! memory, row-major with rows padded by 16 bytes (conflict-free pair writes); `row` is the
 //! thread's first row there (its second is 8 on).
@@ -742,14 +758,7 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
         }
         fenceOperands(s);
         probabilities(s, alpha, p, lo, j + 1); // ... the softmax of S_j+1 runs here
-        wgmmaWait<0>();
-        fenceOperands(o);
-        fenceOperands(pv);
-        if constexpr (kSPLIT_P<T>)
-        {
-            fenceOperands(lov);
-        }
-        rescale(o, alpha);
+        rescaleAfterValues<T>(o, pv, lov, alpha);
     }
     if (keyTiles > 0)
     {
@@ -1212,14 +1221,7 @@ __global__ void __launch_bounds__(256, kSHORT_BLOCKS_PER_SM) hopperShortKernel(T
         }
         fenceOperands(s);
         probabilities(1); // ... the softmax of S_1 runs here
-        wgmmaWait<0>();
-        fenceOperands(o);
-        fenceOperands(pv);
-        if constexpr (kSPLIT_P<T>)
-        {
-            fenceOperands(lov);
-        }
-        rescale(o, alpha);
+        rescaleAfterValues<T>(o, pv, lov, alpha);
         issueValues(1);
         wgmmaWait<0>();
         fenceOperands(o);
