@@ -319,12 +319,14 @@ CASES = (
     # padded head dims 32 and 64): one key, 2:1 grouped heads, 300 rows (the last 128-row item's
     # second warpgroup wholly past the end: a Q box of zeros); 77 keys over 2 x 10 x 7 = 140
     # items with pairs of heads sharing K and V (runs crossing heads keep them, one crossing
-    # kv heads reloads them); 128 keys (both tiles full), causal, D 40 zero-filled to 64; padded
-    # head dim 32 with Dv 24 and a partial second tile
+    # kv heads reloads them); 128 keys (both tiles full), causal, D 40 zero-filled to 64; D 48 and
+    # Dv 32 over a partial second tile; padded head dim 32 with 64 keys (one tile: the second's V
+    # zeroed) over 130 rows
     Case("short_one_key", (2, 4, 300, 64), 2, 1, 64),
     Case("short_runs_gqa", (2, 10, 800, 64), 5, 77, 64),
     Case("short_causal_d40", (1, 6, 500, 40), 3, 128, 40, causal=True),
-    Case("short_d32_dv24", (3, 4, 200, 32), 4, 100, 24),
+    Case("short_d48_dv32", (3, 4, 200, 48), 4, 100, 32),
+    Case("short_d32", (2, 3, 130, 32), 3, 64, 32),
     # an attention sink as the fused_plugin rewrite gives it to the node (fused/sink.py): Q and K
     # head dim 64 + 8 = 72, V's 64, one key more (128 + 1), grouped heads, the additive mask with
     # its extra column
