@@ -10,6 +10,10 @@ rest; here each op the model uses is compared between the two versions instead:
   only adds optional ones: kept as is, unless the op is listed in `_MEANING_CHANGED`, where a new
   attribute's default or a documented shape changes what existing nodes compute;
 - anything else refuses the upgrade, naming the op and what changed.
+An op whose version changes must also still load in onnxruntime (what `validate` runs the model
+on): each such op is tried as a one-node model at both opsets, and one onnxruntime loads at the
+model's opset but has no kernel for at the new one (RandomUniformLike-22 in onnxruntime 1.32,
+whose registered kernel does not match that version's node) refuses the upgrade too.
 """
 
 from __future__ import annotations
@@ -68,6 +72,9 @@ def upgrade_opset(model: onnx.ModelProto, target: int) -> OpsetUpgrade:
             return OpsetUpgrade(
                 None, f"{op_type} changes between opset {current} and {target}: {reason}"
             )
+    reason = _runtime_refusal(model, sorted(op_types), current, target)
+    if reason is not None:
+        return OpsetUpgrade(None, reason)
     upgraded = onnx.ModelProto()
     upgraded.CopyFrom(model)
     if current < 18 <= target:
@@ -125,6 +132,91 @@ def _change(op_type: str, current: int, target: int) -> str | None:
         if name not in old.attributes and attr.required:
             return f"new required attribute {name!r}"
     return None
+
+
+def _runtime_refusal(
+    model: onnx.ModelProto, op_types: list[str], current: int, target: int
+) -> str | None:
+    """Why onnxruntime could not load the model at `target` where it loads it at `current`: an
+    op whose new version it has no kernel for (None: every changed op loads).  Each op whose
+    version changes is tried as one node of the model, inputs typed as in the model, alone in a
+    model at each opset; nodes with subgraphs and untyped inputs are not tried."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    changed = [
+        op
+        for op in op_types
+        if defs.get_schema(op, current, "").since_version
+        != defs.get_schema(op, target, "").since_version
+    ]
+    if not changed:
+        return None
+    types = _element_types(model)
+    for op_type in changed:
+        node = _typed_node(model, op_type, types)
+        if node is None:
+            continue
+        if _loads(ort, node, types, current) and not _loads(ort, node, types, target):
+            since = defs.get_schema(op_type, target, "").since_version
+            return (
+                f"onnxruntime {ort.__version__} has no kernel for {op_type} as of opset {since}, "
+                "so the model would not load in it (nor could validate run it)"
+            )
+    return None
+
+
+def _element_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element type by tensor name, of the top graph (inputs, weights, inferred values)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+    except (onnx.shape_inference.InferenceError, ValueError):
+        inferred = model.graph
+    types = {t.name: t.data_type for t in inferred.initializer}
+    for info in (*inferred.input, *inferred.value_info, *inferred.output):
+        if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type:
+            types[info.name] = info.type.tensor_type.elem_type
+    return types
+
+
+def _typed_node(
+    model: onnx.ModelProto, op_type: str, types: dict[str, int]
+) -> onnx.NodeProto | None:
+    """A top-graph `op_type` node without subgraphs whose inputs and outputs all have types."""
+    for node in model.graph.node:
+        if (
+            node.op_type == op_type
+            and node.domain in _DEFAULT_DOMAINS
+            and not any(
+                a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                for a in node.attribute
+            )
+            and all(name in types for name in (*node.input, *node.output) if name)
+        ):
+            return node
+    return None
+
+
+def _loads(ort, node: onnx.NodeProto, types: dict[str, int], opset: int) -> bool:
+    """Whether onnxruntime finds a kernel for `node` alone at `opset` (a failure other than
+    NOT_IMPLEMENTED says nothing about the kernel and counts as found)."""
+    inputs = list(dict.fromkeys(name for name in node.input if name))
+    graph = helper.make_graph(
+        [node],
+        "probe",
+        [helper.make_tensor_value_info(name, types[name], None) for name in inputs],
+        [helper.make_tensor_value_info(name, types[name], None) for name in node.output if name],
+    )
+    probe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    probe.ir_version = helper.find_min_ir_version_for(
+        [helper.make_opsetid("", opset)], ignore_unknown=True
+    )
+    try:
+        ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own, unexported exception types
+        return "NOT_IMPLEMENTED" not in str(exc)
+    return True
 
 
 def _invalid_node(model: onnx.ModelProto) -> str | None:

@@ -106,6 +106,9 @@ class OutputComparison:
     required_rtol: float | None = None  # ... or rtol alone (atol 0)
     histogram: tuple[HistogramBin, ...] = ()
     problem: str | None = None  # why there are no statistics (e.g. the shapes differ)
+    # elements left out of the statistics and the verdict (`compare_output`'s `exclude`: query
+    # positions whose every key is masked, graphfix.validation.masked_rows)
+    excluded: int = 0
 
 
 class OutputPairing(str, Enum):
@@ -187,9 +190,17 @@ def pair_output_names(
 
 
 def compare_output(
-    name: str, reference: np.ndarray, candidate: np.ndarray, tolerance: Tolerance
+    name: str,
+    reference: np.ndarray,
+    candidate: np.ndarray,
+    tolerance: Tolerance,
+    *,
+    exclude: np.ndarray | None = None,
 ) -> OutputComparison:
-    """Statistics of `candidate` against `reference` and whether `tolerance` passes them."""
+    """Statistics of `candidate` against `reference` and whether `tolerance` passes them.
+
+    `exclude` (boolean, broadcastable to the output): elements left out of the statistics and
+    the verdict where the candidate is finite there (a NaN/inf there still fails)."""
     reference, candidate = np.asarray(reference), np.asarray(candidate)
     common = {
         "name": name,
@@ -219,12 +230,25 @@ def compare_output(
     finite = np.isfinite(r) & np.isfinite(c)
     both = (np.isnan(r) & np.isnan(c)) | (np.isinf(r) & (r == c))
     valid = finite | both if tolerance.allow_nonfinite else finite
-    nonfinite = int(r.size - np.count_nonzero(valid))
+    skipped = np.zeros(r.shape, bool)
+    if exclude is not None:
+        skipped = np.broadcast_to(exclude, r.shape) & np.isfinite(c)
+        valid = valid & ~skipped
+        common["excluded"] = int(np.count_nonzero(skipped))
+    nonfinite = int(r.size - np.count_nonzero(valid) - np.count_nonzero(skipped))
     common["nonfinite_both"] = int(np.count_nonzero(both))
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf where both are non-finite
         absdiff = np.where(finite, np.abs(c - r), 0.0)
     denominator = np.abs(np.where(finite, r, 1.0))
     reldiff = absdiff / np.where(denominator == 0, _EPSILON, denominator)
+    if not valid.any() and nonfinite == 0:  # every element left out
+        return OutputComparison(
+            **common,
+            passed=True,
+            mismatches=0,
+            nonfinite_mismatches=0,
+            problem="every element lies at a query position every key masks: nothing to compare",
+        )
     if not valid.any():
         problem = "no element agrees: every position is NaN/inf on one side or both"
         return OutputComparison(
@@ -255,7 +279,7 @@ def compare_output(
         nonfinite_mismatches=nonfinite,
         absolute=abs_stats,
         relative=rel_stats,
-        cosine_similarity=_cosine(r[finite], c[finite]),
+        cosine_similarity=_cosine(r[finite & ~skipped], c[finite & ~skipped]),
         reference_at_max=float(r[at]),
         candidate_at_max=float(c[at]),
         required_atol=required_atol,
@@ -362,8 +386,10 @@ def format_comparison(comparison: OutputComparison, *, histogram: bool = True) -
             f"  minimum tolerance to pass ({scope}): atol {c.required_atol:.3g} "
             f"or rtol {c.required_rtol:.3g}"
         )
+    if c.excluded:
+        lines.append(f"  left out: {c.excluded} element(s) at query positions every key masks")
     lines.append(
-        f"  mismatched elements: {c.mismatches} of {c.size} ({c.tolerance.describe()})"
+        f"  mismatched elements: {c.mismatches} of {c.size - c.excluded} ({c.tolerance.describe()})"
         + (f"; {c.nonfinite_mismatches} NaN/inf disagreement(s)" if c.nonfinite_mismatches else "")
     )
     if c.nonfinite_both:

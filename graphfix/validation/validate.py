@@ -61,6 +61,8 @@ from graphfix.validation.inputs import (
     make_inputs,
 )
 from graphfix.validation.low_precision import LowPrecision, low_precision_mode
+from graphfix.validation.masked_rows import leave_out_masked_rows
+from graphfix.validation.random_ops import random_note
 
 
 class Backend(str, Enum):
@@ -307,6 +309,11 @@ def validate(
     runs_on = _backend_plan(candidate, backend=backend, precision=chosen, plugins=plugins)
     if runs_on.note:
         notes.append(runs_on.note)
+    notes += random_note(
+        reference.model,
+        candidate.model,
+        candidate_on_onnxruntime=runs_on.name is Backend.ONNXRUNTIME,
+    )
     data = make_inputs(reference.model, shapes=shapes, ranges=ranges, npz=inputs, seed=seed)
     lowest = _loosest(
         _model_precision(candidate.model),
@@ -354,6 +361,17 @@ def _run(plan: ValidationPlan) -> ValidationReport:
         )
         for name in reference_outputs
     )
+    notes = list(plan.notes)
+    if not all(c.passed for c in comparisons):
+        comparisons, masked = leave_out_masked_rows(
+            plan.reference,
+            plan.inputs.feeds,
+            comparisons,
+            reference_outputs,
+            {name: candidate_outputs[paired[name]] for name in reference_outputs},
+            plan.tolerance,
+        )
+        notes += masked
     fusion = None
     if isinstance(candidate_runner, TensorRTRunner):
         fusion = _fusion_proof(plan, candidate_runner)
@@ -369,7 +387,7 @@ def _run(plan: ValidationPlan) -> ValidationReport:
         tolerance_origin=plan.tolerance_origin,
         fusion=fusion,
         tensorrt_note=_tensorrt_note(plan, candidate_runner),
-        notes=plan.notes,
+        notes=tuple(notes),
         low_precision=candidate_runner.low_precision,
         reference_outputs=reference_outputs,
         candidate_outputs={name: candidate_outputs[paired[name]] for name in reference_outputs},

@@ -56,6 +56,7 @@ from graphfix.validation.low_precision import (
     low_precision_mode,
     low_precision_types,
 )
+from graphfix.validation.masked_rows import leave_out_masked_rows
 from graphfix.validation.validate import Backend
 
 PRECISIONS = spellings(LOW_PRECISIONS)  # --precision: float16, bfloat16, fp16, bf16
@@ -213,8 +214,13 @@ def _localise(
                 if measured is not None:
                     errors.append(measured)
     comparisons = tuple(compare_output(n, ref_out[n], cand_out[n], plan.tolerance) for n in ref_out)
-    diverges = not all(c.passed for c in comparisons)
     notes = [*plan.notes, *runner.notes]
+    if not all(c.passed for c in comparisons):  # as validate judges them
+        comparisons, masked = leave_out_masked_rows(
+            reference, plan.feeds, comparisons, ref_out, cand_out, plan.tolerance
+        )
+        notes += masked
+    diverges = not all(c.passed for c in comparisons)
     suspects = ()
     # Outputs alone cannot say where the error starts (an engine without debug tensors gives
     # nothing else): then bisect by rebuilds instead of ranking.

@@ -30,6 +30,7 @@ import onnx
 from graphfix.graph.index import node_label
 from graphfix.model_io import LoadedModel, system_temporary_prefix
 from graphfix.validation.backends import BackendError
+from graphfix.validation.random_ops import seed_random_ops
 
 DEFAULT_CHUNK_BYTES = 256 << 20
 # Models up to this size go to onnxruntime as bytes; larger ones through one weight file.  Bytes
@@ -132,8 +133,12 @@ class TensorStreamer:
 
         self._ort = ort
         self.label = label
-        proto = onnx.ModelProto()
-        proto.CopyFrom(model.model)
+        # random nodes without a seed get one from their name: every chunk, and the other side,
+        # draws alike (graphfix.validation.random_ops)
+        proto = seed_random_ops(model.model)
+        if proto is None:
+            proto = onnx.ModelProto()
+            proto.CopyFrom(model.model)
         if not model.weights_loaded and model.base_dir is not None:
             onnx.load_external_data_for_model(proto, str(model.base_dir))
         self._folder: tempfile.TemporaryDirectory[str] | None = None

@@ -73,6 +73,7 @@ class LocateReport:
                     "max_abs_error": None if o.absolute is None else _num(o.absolute.max),
                     "nonfinite_mismatches": o.nonfinite_mismatches,
                     "nonfinite_both": o.nonfinite_both,
+                    "excluded": o.excluded,  # elements at query positions every key masks
                 }
                 for o in self.outputs
             ],

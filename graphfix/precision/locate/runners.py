@@ -24,6 +24,7 @@ from graphfix.validation.low_precision import (
     low_precision_types,
     materialise,
 )
+from graphfix.validation.random_ops import random_note, unseeded_random_nodes
 
 
 class CandidateRunner(TensorStream, Protocol):
@@ -62,6 +63,8 @@ class OnnxRuntimeCandidate:
             self.low_precision = describe_low_precision(low_precision, types, untyped=done.untyped)
         self._specs = input_specs(model.model)  # float16 inputs: float32 once materialised
         self._streamer = TensorStreamer(model, label=label)
+        if unseeded_random_nodes(model.model):
+            self.notes += random_note(model.model, model.model, candidate_on_onnxruntime=True)
         self.description = f"onnxruntime (CPU) on {label}"
 
     def stream(

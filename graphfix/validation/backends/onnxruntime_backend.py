@@ -31,6 +31,7 @@ from graphfix.validation.low_precision import (
     low_precision_types,
     materialise,
 )
+from graphfix.validation.random_ops import seed_random_ops
 
 _EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
 _ORT_ERRORS = (
@@ -75,8 +76,11 @@ class OnnxRuntimeRunner:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         options.log_severity_level = 3
-        rewritten = lower or emulate
-        proto = with_reference_ops(lower_trt_ops(model.model)) if lower else model.model
+        # random nodes without a seed get one from their name: both sides draw alike (random_ops)
+        seeded = seed_random_ops(model.model)
+        rewritten = lower or emulate or seeded is not None
+        proto = model.model if seeded is None else seeded
+        proto = with_reference_ops(lower_trt_ops(proto)) if lower else proto
         if emulate:
             done = materialise(proto)
             proto = done.model
