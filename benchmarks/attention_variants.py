@@ -5,7 +5,8 @@ portable) once per distinct variant (bits that cannot change a shape's kernel ar
 causal order only on causal shapes, the key-mask kernel only on masked ones, the warp-specialised
 kernel only on unmasked ones, its 128-byte swizzle only where it runs: unmasked at
 padded head dims 64 and 256 over more than one key tile, and 128; bfloat16's float16 P·V only in
-bfloat16 where that kernel runs), each timed by CUDA
+bfloat16 where that kernel runs; the short-key kernel only unmasked with at most 128 keys at head
+dims up to 64), each timed by CUDA
 events and CUDA-graph replay through the host harness, with its max abs error against float64;
 torch's cuDNN SDPA timed the same two ways in the same run. Prints one table (graphs ms, own/cudnn)
 and writes JSON.
@@ -51,6 +52,7 @@ from graphfix.plugins.build import (  # noqa: E402
 
 CAUSAL_ORDER, KEY_MASK, LATE_LOADS, TMA, PRODUCER, SWIZZLE = 2, 4, 8, 16, 32, 128
 HALF_VALUES = 256  # bfloat16's float16 P·V on the warp-specialised kernel
+SHORT_KEYS = 512  # the persistent short-key kernel (keys in <= 2 tiles, head dims <= 64)
 NCU_SECTIONS = (
     "SpeedOfLight",
     "ComputeWorkloadAnalysis",
@@ -116,6 +118,11 @@ def main(argv: list[str] | None = None) -> int:
                 | (KEY_MASK if shape.padding_mask else 0)
                 | (0 if shape.padding_mask else PRODUCER)
                 | (SWIZZLE if producer_runs else 0)
+                | (
+                    SHORT_KEYS
+                    if not shape.padding_mask and shape.seq_k <= 128 and shape.head_dim <= 64
+                    else 0
+                )
             )
             for dtype in args.dtypes.split(","):
                 half_values = HALF_VALUES if dtype == "bfloat16" and producer_runs else 0

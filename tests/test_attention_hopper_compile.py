@@ -77,6 +77,10 @@ PRODUCER_BUILT = {
     "float16": {(False, *shape) for shape in PRODUCER_SHAPES},
     "bfloat16": {(half, *shape) for shape in PRODUCER_SHAPES for half in (False, True)},
 }
+# The 16-bit persistent short-key kernel (hopperShortKernel: keys in at most two 64-key tiles,
+# no mask, no softcap) at padded head dims 32 and 64, two blocks per SM (at most 128 registers).
+SHORT_INSTANCE = r"hopperShortKernelI(?:6__half|13__nv_bfloat16)Li(\d+)E"
+SHORT_16_DIMS = {32, 64}
 # Kernels left serialised on purpose, with the measurement that chose it: bfloat16's plain
 # head-dim-80 kernels keep two blocks of 128 registers, where ptxas serialises them whether or not
 # they wait (kWAIT_PV in graphfixAttentionHopper.cuh); SigLIP-384 b32 on the H200: 0.487 ms
@@ -146,13 +150,34 @@ def test_the_warp_specialised_kernels_compile_without_spills(compiled):
     assert all(stack == "0" and spills == "0" for *_, stack, spills in properties), properties
 
 
+def test_the_short_key_kernels_compile_without_spills(compiled):
+    """16-bit: the persistent short-key kernel at padded head dims 32 and 64, with no spills
+    within the 128 registers of its two blocks per SM."""
+    _, log, dtype = compiled
+    if dtype == "float32":
+        pytest.skip("16-bit only (float32's short-key kernel is counted above)")
+    properties = re.findall(
+        r"Compiling entry function '\w*" + SHORT_INSTANCE + r"\w*' for 'sm_90a'\n"
+        r"[^\n]*\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores[^\n]*\n"
+        r"[^\n]*Used (\d+) registers",
+        log,
+    )
+    assert {int(dim) for dim, *_ in properties} == SHORT_16_DIMS, properties
+    assert all(stack == "0" and spills == "0" for _, stack, spills, _ in properties), properties
+    assert all(int(registers) <= 128 for *_, registers in properties), properties
+
+
 def test_ptxas_does_not_serialise_the_wgmma_chains(compiled):
     """ptxas serialises wgmma (correct, slower: every wgmma then waits for the one before) when
     an accumulator crosses a function boundary, registers run short (C7512) or an input register
     is written while a wgmma may still read it (C7513, which the bfloat16 kernels had)."""
     _, log, dtype = compiled
     serialised = {
-        (re.search(INSTANCE[dtype], line) or re.search(PRODUCER_INSTANCE, line)).group(0)
+        (
+            re.search(INSTANCE[dtype], line)
+            or re.search(PRODUCER_INSTANCE, line)
+            or re.search(SHORT_INSTANCE, line)
+        ).group(0)
         for line in log.splitlines()
         if re.search(r"C751\d|wgmma\.mma_async instructions are serialized", line)
     }

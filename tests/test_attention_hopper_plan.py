@@ -28,6 +28,7 @@ SOURCE = REPO / "plugins" / "graphfixAttention" / "hopper"
 H100_SHARED = 232448  # cudaDevAttrMaxSharedMemoryPerBlockOptin on H100/H200 (227 KB)
 ROWS, KEYS = 128, 64  # 2 warpgroups x 64 query rows, 64-key tiles
 PRODUCER_BIT, SWIZZLE_BIT = 32, 128  # kHOPPER_VARIANT_PRODUCER, kHOPPER_VARIANT_SWIZZLE
+SHORT_BIT = 512  # kHOPPER_VARIANT_SHORT_KEYS
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +125,31 @@ def test_the_warp_specialised_kernel_needs_its_shared_memory(probe) -> None:
     kernel's keeps the 64-key kernel."""
     got = plan(probe, 2, 128, shared=producer_bytes(128) - 1)
     assert (got["keys"], got["producer_stages"]) == (KEYS, 0)
+
+
+def sixteen_bit_short_bytes(padded: int) -> int:
+    """The 16-bit short-key kernel: both 64-key tiles of K and V, and three stages of each
+    warpgroup's 64 Q rows (graphfixAttentionHopper.cuh, hopperShortKernel)."""
+    return (4 * KEYS + 3 * ROWS) * padded * 2
+
+
+@pytest.mark.parametrize(
+    ("d", "dv", "t", "short"),
+    [(64, 64, 77, True), (64, 64, 128, True), (40, 40, 1, True), (32, 24, 100, True),
+     (64, 64, 129, False), (72, 72, 77, False), (64, 128, 77, False), (128, 128, 77, False)],
+)  # fmt: skip
+def test_sixteen_bit_keys_in_two_tiles_plan_the_short_key_kernel(probe, d, dv, t, short) -> None:
+    """Every key in at most two 64-key tiles at padded head dims 32 and 64: the persistent
+    short-key kernel (for shapes without mask and softcap; the 64-key kernel's plan stays for the
+    others); float32's own short-key flag is not set."""
+    got = plan(probe, 2, d, dv, t=t)
+    assert got["reason"] == ""
+    assert got["short_shared_bytes"] == (sixteen_bit_short_bytes(got["padded_dim"]) if short else 0)
+    assert got["short_shared_bytes"] <= H100_SHARED
+    assert got["shared_bytes"] == sixteen_bit_bytes(got["padded_dim"])
+    assert got["short_keys"] is False
+    assert got["variant"] & SHORT_BIT
+    assert plan(probe, 4, d, dv, t=t)["short_shared_bytes"] == 0
 
 
 def float32_short_bytes(padded: int) -> int:

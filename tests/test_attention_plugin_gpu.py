@@ -315,6 +315,18 @@ CASES = (
         magnitude=2.0,
         cudnn_eligible=False,
     ),
+    # the 16-bit persistent short-key Hopper kernel (no mask, no softcap, keys in <= 2 tiles,
+    # padded head dims 32 and 64): one key, 2:1 grouped heads, 300 rows (the last 128-row item's
+    # second warpgroup wholly past the end: a Q box of zeros); 77 keys over 2 x 10 x 7 = 140
+    # items with pairs of heads sharing K and V (runs crossing heads keep them, one crossing
+    # kv heads reloads them); 128 keys (both tiles full), causal, D 40 zero-filled to 64; D 48 and
+    # Dv 32 over a partial second tile; padded head dim 32 with 64 keys (one tile: the second's V
+    # zeroed) over 130 rows
+    Case("short_one_key", (2, 4, 300, 64), 2, 1, 64),
+    Case("short_runs_gqa", (2, 10, 800, 64), 5, 77, 64),
+    Case("short_causal_d40", (1, 6, 500, 40), 3, 128, 40, causal=True),
+    Case("short_d48_dv32", (3, 4, 200, 48), 4, 100, 32),
+    Case("short_d32", (2, 3, 130, 32), 3, 64, 32),
     # an attention sink as the fused_plugin rewrite gives it to the node (fused/sink.py): Q and K
     # head dim 64 + 8 = 72, V's 64, one key more (128 + 1), grouped heads, the additive mask with
     # its extra column
@@ -429,8 +441,8 @@ class Outcome:
 
     @property
     def path(self) -> str:
-        """cudnn, hopper, hopper_short (float32's short-key kernel), flash or fallback, from the
-        plugin's onShapeChange note."""
+        """cudnn, hopper, hopper_short (the short-key kernels; 16-bit: planned, for shapes
+        without mask and softcap), flash or fallback, from the plugin's onShapeChange note."""
         notes = [m["text"] for m in self.result.get("messages", []) if "onShapeChange" in m["text"]]
         if notes and notes[-1].endswith("cuDNN SDPA"):
             return "cudnn"
@@ -479,7 +491,7 @@ def _flash_shared_bytes(dtype: str, padded: int) -> int:
 def expected_own_path(case: Case, dtype: str, backend: str = "portable") -> str:
     """Which own kernel the plugin must take (sm_80+): the Hopper kernels' and the flash kernels'
     limits (the Hopper kernels on sm_90, unless GRAPHFIX_ATTENTION_HOPPER=0: float16/bfloat16 and
-    float32 up to head dim 256; float32 up to 64 with at most 128 keys: hopper_short; the
+    float32 up to head dim 256; up to 64 with at most 128 keys: hopper_short; the
     flash kernels up to 256 where their tiles fit the GPU's shared memory)."""
     d, dv = case.q[-1], case.value_dim
     multiple = 4 if dtype == "float32" else 8
@@ -505,9 +517,10 @@ def expected_own_path(case: Case, dtype: str, backend: str = "portable") -> str:
         else 384 * padded * 2 <= _shared_optin()
     )
     if hopper_fits and backend != "portable_mma" and _sm90():
-        # float32 with every key in at most two 64-key tiles, head dims up to 64: the persistent
-        # short-key kernel (a third query-tile buffer does not fit at 72)
-        if dtype == "float32" and case.seq_k <= 128 and max(d, dv) <= 64:
+        # every key in at most two 64-key tiles, head dims up to 64: the persistent short-key
+        # kernels (float32: a third query-tile buffer does not fit at 72; 16-bit: planned at
+        # padded head dims 32 and 64, run where there is no mask and no softcap)
+        if case.seq_k <= 128 and max(d, dv) <= 64:
             return "hopper_short"
         return "hopper"
     return "flash" if fits else "fallback"
@@ -634,7 +647,8 @@ def test_enqueue_matches_float64_reference(
         bound = CUDNN_ATOL[dtype] + EPS[dtype] * np.abs(outcome.reference[valid])
     else:
         bound = 4e-5 * case.value_magnitude + EPS[dtype] * np.abs(outcome.reference[valid])
-        if dtype == "float16" and expected_own_path(case, dtype, backend) in ("flash", "hopper"):
+        own_path = expected_own_path(case, dtype, backend)
+        if dtype == "float16" and own_path in ("flash", "hopper", "hopper_short"):
             # The float16 flash and Hopper kernels round each probability once to float16 before
             # P·V (as cuDNN and FlashAttention do): |sum (p~ - p) v| / sum p <= EPS * max|v|.
             bound = bound + EPS[dtype] * outcome.value_max
@@ -682,7 +696,7 @@ def test_hopper_kernel_loads_with_tma_by_default(gpu_outcomes, case: Case, dtype
     variant = os.environ.get("GRAPHFIX_ATTENTION_HOPPER_VARIANT", "")
     if variant and int(variant) & 16 == 0:
         pytest.skip("GRAPHFIX_ATTENTION_HOPPER_VARIANT leaves TMA loads off")
-    if expected_own_path(case, dtype) != "hopper":
+    if expected_own_path(case, dtype) not in ("hopper", "hopper_short"):
         pytest.skip("the Hopper kernel does not run this case here")
     outcome = gpu_outcomes[("portable", "plain", case.name, dtype)]
     notes = [m["text"] for m in outcome.result["messages"] if "onShapeChange" in m["text"]]

@@ -382,6 +382,11 @@ std::string hopperText(HopperPlan const& plan, DataType type)
         + ", head dim padded to " + std::to_string(plan.paddedDim) + ", " + std::to_string(plan.blockRows) + "x"
         + std::to_string(plan.keys) + " tiles, " + std::to_string(plan.sharedBytes) + " bytes of shared memory"
         + (plan.shortKeys ? ", persistent over query tiles (keys in <= 2 tiles)" : "")
+        + (plan.shortSharedBytes > 0 && (plan.variant & kHOPPER_VARIANT_SHORT_KEYS) != 0
+                  && (plan.variant & kHOPPER_VARIANT_TMA) != 0
+              ? ", persistent over query tiles without mask or softcap (keys in <= 2 tiles, "
+                  + std::to_string(plan.shortSharedBytes) + " bytes)"
+              : "")
         + (plan.producerStages > 0 && (plan.variant & kHOPPER_VARIANT_PRODUCER) != 0
                   && (plan.variant & kHOPPER_VARIANT_TMA) != 0
               ? ", warp-specialised without mask or softcap (" + std::to_string(plan.blockRows) + "x"

@@ -28,8 +28,8 @@ int main(int argc, char** argv)
         static_cast<int32_t>(arg(1)), arg(4), static_cast<int32_t>(arg(2)), static_cast<int32_t>(arg(3)));
     std::printf("{\"padded_dim\": %d, \"block_rows\": %d, \"keys\": %d, \"shared_bytes\": %d, \"variant\": %d, "
                 "\"short_keys\": %s, \"producer_stages\": %d, \"producer_keys\": %d, \"producer_shared_bytes\": %d, "
-                "\"reason\": \"%s\"}\n",
+                "\"short_shared_bytes\": %d, \"reason\": \"%s\"}\n",
         plan.paddedDim, plan.blockRows, plan.keys, plan.sharedBytes, plan.variant, plan.shortKeys ? "true" : "false",
-        plan.producerStages, plan.producerKeys, plan.producerSharedBytes, plan.reason);
+        plan.producerStages, plan.producerKeys, plan.producerSharedBytes, plan.shortSharedBytes, plan.reason);
     return 0;
 }

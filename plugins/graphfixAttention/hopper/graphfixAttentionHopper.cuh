@@ -7,7 +7,8 @@
  *
  * hopperAttentionKernel, per block: kWG warpgroups x 64 query rows (2 x 64 as built), tiles of
  * kN = 64 keys (hopperProducerKernel, the warp-specialised kernel for unmasked shapes at padded
- * head dims 64, 128 and 256, is described where it is defined). All
+ * head dims 64, 128 and 256, and hopperShortKernel, the persistent kernel for unmasked shapes with
+ * every key in two tiles, are described where they are defined). All
  * threads load with cp.async, K one tile ahead of V (two stages each); or (kTMA, the default
  * where the tensor maps can be encoded) thread 0 issues TMA box loads of the same tiles right
  * after the barrier and every thread waits on the stage's mbarrier instead of its own cp.async
@@ -372,6 +373,43 @@ __device__ __forceinline__ void probabilityFragments(
     }
 }
 
+//! P (and with kSPLIT_P<T> lo) copied for O += P V_j, so that the softmax of the next tile can
+//! write p and lo while the product still reads the copy.
+template <typename T, int32_t kN>
+__device__ __forceinline__ void copyProbabilities(uint32_t const (&p)[kN / 16][4], uint32_t const (&lo)[kN / 16][4],
+    uint32_t (&pv)[kN / 16][4], uint32_t (&lov)[kN / 16][4])
+{
+#pragma unroll
+    for (int32_t kk = 0; kk < kN / 16; ++kk)
+    {
+#pragma unroll
+        for (int32_t e = 0; e < 4; ++e)
+        {
+            pv[kk][e] = p[kk][e];
+            if constexpr (kSPLIT_P<T>)
+            {
+                lov[kk][e] = lo[kk][e];
+            }
+        }
+    }
+}
+
+//! Waits for O += P V_j (issued from the copies pv and lov), then rescales O by the next tile's
+//! alpha; the fences keep the compiler from touching o, pv and lov while the product runs.
+template <typename T, int32_t kO, int32_t kP>
+__device__ __forceinline__ void rescaleAfterValues(
+    float (&o)[kO][4], uint32_t (&pv)[kP][4], uint32_t (&lov)[kP][4], float const (&alpha)[2])
+{
+    wgmmaWait<0>();
+    fenceOperands(o);
+    fenceOperands(pv);
+    if constexpr (kSPLIT_P<T>)
+    {
+        fenceOperands(lov);
+    }
+    rescale(o, alpha);
+}
+
 //! The output of one warp's 16 rows (o / sum, NaN or 0 where no key was allowed) into shared
 //! memory, row-major with rows padded by 16 bytes (conflict-free pair writes); `row` is the
 //! thread's first row there (its second is 8 on).
@@ -648,19 +686,7 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
     uint32_t lov[kN / 16][4];
     auto const issueValues = [&](int32_t j) {
         uint64_t const vDesc = descriptor(vAddress + static_cast<uint32_t>((j % 2) * kTILE * 2), 128, kN * 16);
-#pragma unroll
-        for (int32_t kk = 0; kk < kN / 16; ++kk)
-        {
-#pragma unroll
-            for (int32_t e = 0; e < 4; ++e)
-            {
-                pv[kk][e] = p[kk][e];
-                if constexpr (kSPLIT_P<T>)
-                {
-                    lov[kk][e] = lo[kk][e];
-                }
-            }
-        }
+        copyProbabilities<T, kN>(p, lo, pv, lov);
         issueValueChain<T, kD, kN>(o, pv, lov, vDesc);
     };
     // Waits for this thread's loads, publishes them to the tensor cores, and meets the block.
@@ -732,14 +758,7 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
         }
         fenceOperands(s);
         probabilities(s, alpha, p, lo, j + 1); // ... the softmax of S_j+1 runs here
-        wgmmaWait<0>();
-        fenceOperands(o);
-        fenceOperands(pv);
-        if constexpr (kSPLIT_P<T>)
-        {
-            fenceOperands(lov);
-        }
-        rescale(o, alpha);
+        rescaleAfterValues<T>(o, pv, lov, alpha);
     }
     if (keyTiles > 0)
     {
@@ -1000,6 +1019,219 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
 #endif
 }
 
+//! One work item of the persistent short-key kernel: query tile `tile` of (batch, head) `bh`,
+//! items numbered tile-fastest ((batch, head)-major), so that a contiguous run of them meets few
+//! (batch, kv head)s.
+struct ShortKeysItem
+{
+    int64_t bh;
+    int64_t q0;
+    int64_t keyEnd; //!< keys past this are never allowed (causal) or absent
+    int64_t kv;     //!< b * headsKV + hkv: the K/V maps' head coordinate
+
+    __device__ ShortKeysItem(int64_t id, AttentionShape const& shape, bool causal, int32_t qTiles)
+    {
+        bh = id / qTiles;
+        int64_t const b = bh / shape.headsQ;
+        int64_t const h = bh - b * shape.headsQ;
+        kv = b * shape.headsKV + h / (shape.headsQ / shape.headsKV);
+        q0 = (id - bh * qTiles) * kHOPPER_ROWS;
+        keyEnd = causal && q0 + kHOPPER_ROWS < shape.seqK ? q0 + kHOPPER_ROWS : shape.seqK;
+    }
+};
+
+//! The persistent short-key kernel (kHOPPER_VARIANT_SHORT_KEYS) for shapes without mask and
+//! softcap whose keys fit kHOPPER_SHORT_TILES = 2 tiles of 64 (SDXL's cross-attention, 77 keys),
+//! loads by TMA. In hopperAttentionKernel each block of 128 query rows loads Q, K and V, computes
+//! two tiles and stores in series, so every block waits out a load and a store (SDXL cross: 640
+//! blocks, Q and O 21 MB, about 6 us of memory time, against 27 us measured). Here a block walks
+//! a contiguous run of the B x H x qTiles items: thread 0 loads both tiles of K and V once for
+//! each (batch, kv head) the run meets (the loop's only block barrier: heads sharing K and V keep
+//! them), and each warpgroup's first thread loads the Q of its own 64 rows of the next
+//! kHOPPER_SHORT_Q_STAGES - 1 items into its own ring of stages while it computes the current
+//! one, so the two warpgroups meet only there. The tile steps are hopperAttentionKernel's without
+//! loads (S_0, softmax; S_1 with P_0 V_0, the softmax of S_1 under it; P_1 V_1), and the output
+//! goes from registers to global memory (the stores do not wait; staging it would need a barrier
+//! per item). Two blocks per SM (128 registers), each with (4 x 64 keys + 2 x 3 x 64 rows) x kD x
+//! 2 bytes of shared memory (80 KB at kD = 64); a warpgroup whose rows all lie past the last
+//! query row computes on a copy of the last rows and stores nothing.
+constexpr int32_t kSHORT_BLOCKS_PER_SM{2};
+
+template <typename T, int32_t kD>
+__global__ void __launch_bounds__(256, kSHORT_BLOCKS_PER_SM) hopperShortKernel(T* __restrict__ out,
+    AttentionShape const shape, AttentionParams const givenParams, int32_t const qTiles, int64_t const items,
+    __grid_constant__ HopperMaps const maps)
+{
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int32_t kN = kHOPPER_KEYS;
+    constexpr int32_t kGROUP_ROWS = 64;
+    constexpr int32_t kTILE = kN * kD;
+    constexpr int32_t kQ_TILE = kGROUP_ROWS * kD;
+    extern __shared__ __align__(128) unsigned char sharedRaw[];
+    T* const sK = reinterpret_cast<T*>(sharedRaw); // tiles 0 and 1
+    T* const sV = sK + kHOPPER_SHORT_TILES * kTILE;
+    T* const sQ = sV + kHOPPER_SHORT_TILES * kTILE; // [warpgroup][stage]
+    constexpr int32_t kSTAGES = kHOPPER_SHORT_Q_STAGES;
+    constexpr int32_t kBARRIERS = 1 + 2 * kSTAGES;
+    // K and V's; then the Q stages of warpgroup 0, then of warpgroup 1
+    __shared__ __align__(8) uint64_t barriers[kBARRIERS];
+    AttentionParams params = givenParams;
+    params.softcap = 0.F;
+    AttentionMaskView const noMask{};
+    int32_t const warp = static_cast<int32_t>(threadIdx.x / 32);
+    int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
+    int32_t const group = warp / 4;
+    int64_t const first = static_cast<int64_t>(blockIdx.x) * items / gridDim.x;
+    int64_t const last = static_cast<int64_t>(blockIdx.x + 1) * items / gridDim.x;
+    uint32_t const barrierKV = sharedAddress(barriers);
+    // tiles of K and V loaded (TMA boxes wholly past the end are avoided: the second tile of
+    // T <= 64 keys is never loaded, its V zeroed once, below, and its scores masked)
+    int32_t const kvTiles = shape.seqK > kN ? kHOPPER_SHORT_TILES : 1;
+    // item number `it` of the run: its Q in stage it % kSTAGES, that stage's (it / kSTAGES)-th phase
+    auto const fullQ = [&](int64_t it) {
+        return barrierKV + static_cast<uint32_t>(8 + 8 * (kSTAGES * group + it % kSTAGES));
+    };
+    auto const stageQ = [&](int64_t it) { return sQ + (kSTAGES * group + it % kSTAGES) * kQ_TILE; };
+    if (threadIdx.x == 0)
+    {
+        prefetchTensorMap(&maps.q);
+        prefetchTensorMap(&maps.k);
+        prefetchTensorMap(&maps.v);
+#pragma unroll
+        for (int32_t i = 0; i < kBARRIERS; ++i)
+        {
+            mbarrierInit(barrierKV + static_cast<uint32_t>(8 * i), 1);
+        }
+        fenceBarrierInit();
+    }
+    if (kvTiles < kHOPPER_SHORT_TILES)
+    {
+        // V's second tile zero, so that its probabilities (0) times V add exact zeros (0 times
+        // whatever the memory held could be NaN)
+        for (int32_t i = static_cast<int32_t>(threadIdx.x); i < kTILE / 8; i += 256)
+        {
+            reinterpret_cast<uint4*>(sV + kTILE)[i] = make_uint4(0U, 0U, 0U, 0U);
+        }
+        fenceProxyAsync();
+    }
+    __syncthreads();
+    // this warpgroup's 64 rows of item `id`'s Q, issued by its first thread; a warpgroup whose rows
+    // all lie past the last query row loads the box of the last row instead (a box wholly past
+    // the end is avoided; its rows are computed and never stored)
+    bool const issuer = threadIdx.x % 128 == 0;
+    auto const loadQ = [&](int64_t id, int64_t it) {
+        ShortKeysItem const item(id, shape, params.causal, qTiles);
+        int64_t const row = item.q0 + group * kGROUP_ROWS;
+        mbarrierArriveExpect(fullQ(it), kQ_TILE * sizeof(T));
+        tmaLoad(sharedAddress(stageQ(it)), &maps.q, static_cast<int32_t>(row < shape.seqQ ? row : shape.seqQ - 1),
+            static_cast<int32_t>(item.bh), fullQ(it));
+    };
+    if (issuer)
+    {
+#pragma unroll
+        for (int32_t it = 0; it + 1 < kSTAGES; ++it)
+        {
+            if (first + it < last)
+            {
+                loadQ(first + it, it);
+            }
+        }
+    }
+
+    uint32_t const kAddress = sharedAddress(sK);
+    uint32_t const vAddress = sharedAddress(sV);
+    int64_t loadedKv = -1;
+    uint32_t kvLoads = 0;
+    for (int64_t id = first; id < last; ++id)
+    {
+        int64_t const it = id - first;
+        ShortKeysItem const item(id, shape, params.causal, qTiles);
+        bool const reload = item.kv != loadedKv;
+        if (reload)
+        {
+            // both warpgroups done with the K and V they read (each waited for its wgmmas)
+            __syncthreads();
+            if (threadIdx.x == 0)
+            {
+                // (a box's bytes all count, those zero-filled past the keys too)
+                mbarrierArriveExpect(barrierKV, 2 * kvTiles * kTILE * sizeof(T));
+                for (int32_t j = 0; j < kvTiles; ++j)
+                {
+                    tmaLoad(sharedAddress(sK + j * kTILE), &maps.k, j * kN, static_cast<int32_t>(item.kv), barrierKV);
+                    tmaLoad(sharedAddress(sV + j * kTILE), &maps.v, j * kN, static_cast<int32_t>(item.kv), barrierKV);
+                }
+            }
+            loadedKv = item.kv;
+        }
+        if (issuer && id + kSTAGES - 1 < last)
+        {
+            // a later item's Q, where this warpgroup's wgmmas of item it - 1 read (all waited for)
+            loadQ(id + kSTAGES - 1, it + kSTAGES - 1);
+        }
+        if (reload)
+        {
+            mbarrierWait(barrierKV, kvLoads % 2);
+            ++kvLoads;
+        }
+        mbarrierWait(fullQ(it), static_cast<uint32_t>((it / kSTAGES) % 2));
+
+        int64_t const warpRow0 = item.q0 + warp * 16;
+        uint64_t const qDesc = descriptor(sharedAddress(stageQ(it)), kGROUP_ROWS * 16, 128);
+        float o[kD / 8][4];
+        clearAccumulators(o);
+        OnlineSoftmax softmax;
+        float s[kN / 8][4];
+        float alpha[2];
+        uint32_t p[kN / 16][4];
+        uint32_t lo[kN / 16][4];
+        uint32_t pv[kN / 16][4];
+        uint32_t lov[kN / 16][4];
+        auto const issueScores = [&](int32_t j) {
+            issueScoreChain<T, kD, kN, kGROUP_ROWS>(
+                s, qDesc, descriptor(kAddress + static_cast<uint32_t>(j * kTILE * 2), kN * 16, 128));
+        };
+        auto const probabilities = [&](int32_t j) {
+            int64_t const k0 = static_cast<int64_t>(j) * kN;
+            bool const checkEach = k0 + kN > item.keyEnd || (params.causal && k0 + kN - 1 > warpRow0);
+            softmax.template update<true>(s, alpha, warpRow0 + lane / 4, k0, noMask, 0, shape, params, checkEach);
+            probabilityFragments<T, kN>(s, p, lo);
+        };
+        // O += P_j V_j from a copy of P (the softmax of the next tile rewrites p and lo)
+        auto const issueValues = [&](int32_t j) {
+            copyProbabilities<T, kN>(p, lo, pv, lov);
+            issueValueChain<T, kD, kN>(
+                o, pv, lov, descriptor(vAddress + static_cast<uint32_t>(j * kTILE * 2), 128, kN * 16));
+        };
+        // Both tiles always (past T <= 64 keys the second tile's scores are masked and its V is
+        // zero): a wgmma issued under a condition made ptxas serialise them all (C7513).
+        issueScores(0);
+        wgmmaWait<0>();
+        fenceOperands(s);
+        probabilities(0);
+        issueScores(1); // S_1 on the tensor cores, then P_0 V_0, while ...
+        issueValues(0);
+        // (bfloat16 waits for P_0 V_0 too: kWAIT_PV's reason)
+        if constexpr (kSPLIT_P<T>)
+        {
+            wgmmaWait<0>();
+        }
+        else
+        {
+            wgmmaWait<1>();
+        }
+        fenceOperands(s);
+        probabilities(1); // ... the softmax of S_1 runs here
+        rescaleAfterValues<T>(o, pv, lov, alpha);
+        issueValues(1);
+        wgmmaWait<0>();
+        fenceOperands(o);
+        softmax.finish();
+        storeOutput<T, kD>(
+            o, softmax, out + item.bh * shape.seqQ * shape.valueDim, warpRow0 + lane / 4, shape, params);
+    }
+#endif
+}
+
 //! V (bfloat16, n elements, a multiple of 8, 16-byte aligned) converted to float16 into `values`
 //! for the float16 P·V of hopperProducerKernel (kHOPPER_VARIANT_HALF_VALUES), 8 elements a thread
 //! a step. Exact for every finite |v| <= 65504 down to float16's normal range (bfloat16's 8
@@ -1116,6 +1348,23 @@ cudaError_t withProducerKernel(HopperPlan const& plan, bool swizzle, F&& f)
     }
 }
 
+//! Calls f with the short-key kernel for the plan (padded head dims 32 and 64), or returns
+//! cudaErrorInvalidConfiguration.
+template <typename T, typename F>
+cudaError_t withShortKernel(HopperPlan const& plan, F&& f)
+{
+    if (plan.shortSharedBytes == 0 || plan.keys != kHOPPER_KEYS || plan.blockRows != kHOPPER_ROWS)
+    {
+        return cudaErrorInvalidConfiguration;
+    }
+    switch (plan.paddedDim)
+    {
+    case 32: return f(hopperShortKernel<T, 32>);
+    case 64: return f(hopperShortKernel<T, 64>);
+    default: return cudaErrorInvalidConfiguration;
+    }
+}
+
 //! Whether the plan runs bfloat16's P·V in float16 (kHOPPER_VARIANT_HALF_VALUES) where it runs
 //! the warp-specialised kernel.
 template <typename T>
@@ -1163,6 +1412,16 @@ cudaError_t prepareHopperAttention(HopperPlan const& plan) noexcept
             }
         }
     }
+    if (plan.shortSharedBytes > 0)
+    {
+        cudaError_t const status = withShortKernel<T>(plan, [&](auto kernel) {
+            return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.shortSharedBytes);
+        });
+        if (status != cudaSuccess)
+        {
+            return status;
+        }
+    }
     for (HopperKind const kind : {HopperKind::kPlain, HopperKind::kKeyMask, HopperKind::kGeneral})
     {
         // the cp.async kernels always (an enqueue whose maps cannot be encoded falls back to them)
@@ -1201,6 +1460,31 @@ cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionM
     // the host, per enqueue (no allocation; the values travel in the launch)
     HopperMaps maps{};
     bool const tma = (plan.variant & kHOPPER_VARIANT_TMA) != 0;
+    if (tma && kind == HopperKind::kPlain && plan.shortSharedBytes > 0
+        && (plan.variant & kHOPPER_VARIANT_SHORT_KEYS) != 0 && shape.seqK <= kHOPPER_SHORT_TILES * kHOPPER_KEYS)
+    {
+        // the short-key kernel's Q boxes are one warpgroup's 64 rows
+        HopperPlan halfRows = plan;
+        halfRows.blockRows = kHOPPER_ROWS / 2;
+        if (encodeHopperMaps(maps, q, k, v, shape, halfRows, kHOPPER_KEYS, false))
+        {
+            int32_t device = 0;
+            int32_t processors = 0;
+            if (cudaGetDevice(&device) != cudaSuccess
+                || cudaDeviceGetAttribute(&processors, cudaDevAttrMultiProcessorCount, device) != cudaSuccess
+                || processors <= 0)
+            {
+                return cudaErrorInvalidDevice;
+            }
+            // persistent blocks, as many as fit at once (each takes an equal share of the items)
+            int64_t const blocks = std::min<int64_t>(grid.blocks, int64_t{kSHORT_BLOCKS_PER_SM} * processors);
+            return withShortKernel<T>(plan, [&](auto kernel) {
+                kernel<<<static_cast<uint32_t>(blocks), 256U, static_cast<size_t>(plan.shortSharedBytes), stream>>>(
+                    out, shape, params, static_cast<int32_t>(grid.qTiles), grid.blocks, maps);
+                return cudaGetLastError();
+            });
+        }
+    }
     if (tma && kind == HopperKind::kPlain && plan.producerStages > 0
         && (plan.variant & kHOPPER_VARIANT_PRODUCER) != 0)
     {

@@ -23,7 +23,10 @@
  * (hopperProducerKernel, kHOPPER_VARIANT_PRODUCER): a producer warpgroup issues the TMA loads of
  * 128-key tiles (64 at 256) in the 128-byte swizzled layout into a two-stage ring paced by
  * mbarriers, and the two consumer warpgroups run at 240 registers (setmaxnreg) with no
- * block-wide barrier per tile.
+ * block-wide barrier per tile. Without mask and softcap with every key in two 64-key tiles (T <=
+ * 128, padded head dims 32 and 64) a persistent kernel runs instead (hopperShortKernel,
+ * kHOPPER_VARIANT_SHORT_KEYS): blocks walk runs of query tiles, K and V loaded once per (batch, kv
+ * head), the next tiles' Q loaded while the current one computes.
  *
  * Built only when the build's CUDA architectures include 90 (GRAPHFIX_WITH_HOPPER); otherwise
  * planHopperAttention always answers keys = 0, and the mma.sync flash kernel runs instead.
@@ -93,12 +96,23 @@ constexpr int32_t kHOPPER_VARIANT_SWIZZLE{128};
 //! graphs (equal by events); at padded head dim 64 it is what makes the warp-specialised kernel
 //! pay in bfloat16 (with the split P it measured no faster there than the 64-key kernel).
 constexpr int32_t kHOPPER_VARIANT_HALF_VALUES{256};
+//! 16-bit shapes without mask and softcap whose keys all fit kHOPPER_SHORT_TILES tiles (at padded
+//! head dims up to 64; HopperPlan::shortSharedBytes) run the persistent short-key kernel
+//! (hopperShortKernel: K and V loaded once per (batch, kv head) a block meets, the next query
+//! tile's Q loaded while the current one computes), loads by TMA; else the kernel above.
+constexpr int32_t kHOPPER_VARIANT_SHORT_KEYS{512};
+//! The short-key kernels' key tiles: every key in at most this many 64-key tiles (T <= 128).
+constexpr int32_t kHOPPER_SHORT_TILES{2};
+//! The 16-bit short-key kernel's Q stages per warpgroup: the current item's and the next two's in
+//! flight (SDXL cross on 132 SMs: at most 3 items a block, all loading from the start).
+constexpr int32_t kHOPPER_SHORT_Q_STAGES{3};
 //! The options the plan takes unless GRAPHFIX_ATTENTION_HOPPER_VARIANT says otherwise; bfloat16 adds
 //! kHOPPER_VARIANT_LATE_LOADS except at head dim 80 (hopperPlanFor in graphfixAttentionPlugin.cpp;
 //! the load order is moot while TMA loads are on); the float32 kernel and shapes whose maps the
 //! driver rejects drop kHOPPER_VARIANT_TMA there; kHOPPER_VARIANT_HALF_VALUES acts on bfloat16 only.
 constexpr int32_t kHOPPER_DEFAULT_VARIANT{kHOPPER_VARIANT_CAUSAL_ORDER | kHOPPER_VARIANT_KEY_MASK
-    | kHOPPER_VARIANT_TMA | kHOPPER_VARIANT_PRODUCER | kHOPPER_VARIANT_SWIZZLE | kHOPPER_VARIANT_HALF_VALUES};
+    | kHOPPER_VARIANT_TMA | kHOPPER_VARIANT_PRODUCER | kHOPPER_VARIANT_SWIZZLE | kHOPPER_VARIANT_HALF_VALUES
+    | kHOPPER_VARIANT_SHORT_KEYS};
 //! The 128-byte swizzle repeats every 1024 bytes, counted from 1024-byte boundaries by TMA and by
 //! wgmma (descriptor base offset 0): the swizzled tiles start on one.
 constexpr int32_t kHOPPER_SWIZZLE_ALIGN{1024};
@@ -120,6 +134,10 @@ struct HopperPlan
     int32_t producerStages{0};
     int32_t producerKeys{0}; //!< its keys per tile (its query rows: kHOPPER_ROWS)
     int32_t producerSharedBytes{0};
+    //! 16-bit only: every key in at most kHOPPER_SHORT_TILES tiles at a padded head dim up to 64:
+    //! the dynamic shared memory of the persistent short-key kernel (kHOPPER_VARIANT_SHORT_KEYS,
+    //! shapes without mask and softcap); 0: not planned
+    int32_t shortSharedBytes{0};
     char const* reason{""}; //!< why not, when keys is 0
 };
 
