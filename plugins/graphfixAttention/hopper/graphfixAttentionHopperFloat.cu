@@ -102,8 +102,9 @@ __device__ __forceinline__ void copyAsync4(void* shared, void const* global, boo
 //! layout) instead.
 //! A warp takes 16 rows (row group warp % kRG) x 2 chunks (pair warp / kRG + i 8 / kRG): 32-byte
 //! pieces of global rows, 2 x 256 contiguous bytes of shared memory; each thread's offsets are a
-//! base plus compile-time steps (few live registers).
-template <int32_t kD, int32_t kRows, int32_t kThreads, bool kSPLIT>
+//! base plus compile-time steps (few live registers). kWHOLE: the caller knows that every row is
+//! there and cols == kD (no checks; the global offsets compile-time steps too).
+template <int32_t kD, int32_t kRows, int32_t kThreads, bool kSPLIT, bool kWHOLE = false>
 __device__ __forceinline__ void chunkMajorF32(
     float* shared, float* lo, float const* global, int64_t row0, int64_t rows, int32_t cols, float* hi = nullptr)
 {
@@ -128,6 +129,10 @@ __device__ __forceinline__ void chunkMajorF32(
         if constexpr (kSPLIT)
         {
             splitInto4(shared + at, (hi != nullptr ? hi : shared) + at, lo + at);
+        }
+        else if constexpr (kWHOLE)
+        {
+            copyAsync16(shared + at, global + row * kD + (c0 + 2 * kSTEP * i) * 4, true);
         }
         else
         {
@@ -179,6 +184,85 @@ __device__ __forceinline__ void transposedF32(
     }
 }
 
+//! Keys [key0, key0 + kN) x [0, kD) of V ([keys, cols] floats) as loaded, row-major (kD floats a
+//! key), zeros past `keys` and `cols`: 16-byte cp.async, consecutive threads along a row (a warp
+//! reads 512 contiguous bytes). splitTransposedF32 makes Vᵀ hi / lo of it. Where every key is there
+//! and cols == kD (the common tile), chunk c is at c x 4 floats from the tile's first element in
+//! global memory too: no checks, compile-time offsets.
+template <int32_t kD, int32_t kN, int32_t kThreads>
+__device__ __forceinline__ void rowMajorF32(float* shared, float const* global, int64_t key0, int64_t keys, int32_t cols)
+{
+    constexpr int32_t kCHUNKS = kD / 4; // a key's
+    static_assert(kN * kCHUNKS % kThreads == 0, "whole chunks per thread");
+    int32_t const thread = static_cast<int32_t>(threadIdx.x);
+    if (key0 + kN <= keys && cols == kD)
+    {
+        float const* const tile = global + key0 * kD;
+#pragma unroll
+        for (int32_t i = 0; i < kN * kCHUNKS / kThreads; ++i)
+        {
+            int32_t const c = i * kThreads + thread;
+            copyAsync16(shared + c * 4, tile + c * 4, true);
+        }
+        return;
+    }
+#pragma unroll
+    for (int32_t i = 0; i < kN * kCHUNKS / kThreads; ++i)
+    {
+        int32_t const c = i * kThreads + thread;
+        int32_t const key = c / kCHUNKS;
+        int32_t const d = (c % kCHUNKS) * 4;
+        bool const valid = key0 + key < keys && d < cols;
+        copyAsync16(shared + c * 4, valid ? global + (key0 + key) * cols + d : global, valid);
+    }
+}
+
+//! rowMajorF32's tile split into Vᵀ hi and lo in transposedF32's layout (chunk 2m + key % 2 of
+//! 8-key group m holds keys 8m + {0, 2, 4, 6} or {1, 3, 5, 7} of one value row). Warp w takes chunk
+//! columns w, w + warps, ...; a lane the value rows lane + 32 r: four 4-byte loads of consecutive
+//! words across the warp and two 16-byte stores of consecutive chunks (no bank conflicts). The
+//! transposedF32 split it replaces at one warpgroup cost each thread 32 4-byte cp.async (about 15
+//! instructions each, with their addresses) and 64 4-byte stores a tile.
+template <int32_t kD, int32_t kN, int32_t kThreads>
+__device__ __forceinline__ void splitTransposedF32(float const* raw, float* hi, float* lo)
+{
+    constexpr int32_t kWARPS = kThreads / 32;
+    constexpr int32_t kCOLUMNS = kN / 4;
+    static_assert(kCOLUMNS % kWARPS == 0 && kD % 32 == 0, "whole columns per warp, rows per lane");
+    int32_t const warp = static_cast<int32_t>(threadIdx.x / 32);
+    int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
+#pragma unroll
+    for (int32_t cc = 0; cc < kCOLUMNS / kWARPS; ++cc)
+    {
+        int32_t const column = warp + cc * kWARPS;
+        float const* const from = raw + ((column / 2) * 8 + column % 2) * kD + lane;
+        int32_t const to = (column * kD + lane) * 4;
+#pragma unroll
+        for (int32_t r = 0; r < kD / 32; ++r)
+        {
+            uint32_t h[4];
+            uint32_t l[4];
+#pragma unroll
+            for (int32_t i = 0; i < 4; ++i)
+            {
+                splitTf32(from[2 * i * kD + 32 * r], h[i], l[i]);
+            }
+            *reinterpret_cast<uint4*>(hi + to + 128 * r) = make_uint4(h[0], h[1], h[2], h[3]);
+            *reinterpret_cast<uint4*>(lo + to + 128 * r) = make_uint4(l[0], l[1], l[2], l[3]);
+        }
+    }
+}
+
+//! desc moved on by `units` 16-byte units: a 32-bit add to the start address (bits 0-13; shared
+//! addresses stay below 256 KB, so it never carries into the leading offset), the high word (the
+//! stride offset, a compile-time constant) left as it is. A 64-bit add lets the carry reach the
+//! high word, and ptxas then rebuilt each step's descriptor in ordinary registers: about 12
+//! instructions a wgmma, 40% of the 256-wide kernel's instructions per key tile.
+__device__ __forceinline__ uint64_t advanced(uint64_t desc, uint32_t units)
+{
+    return (desc & 0xFFFFFFFF00000000ULL) | (static_cast<uint32_t>(desc) + units);
+}
+
 //! S = Q K_jᵀ (issued and committed, not waited for) into kSUMS accumulators: the first takes the
 //! lo·hi and hi·lo products of every k8 step, then the hi·hi products of the first part of the
 //! steps; each other accumulator those of its part (the last takes what is left). The tensor core
@@ -201,21 +285,82 @@ __device__ __forceinline__ void issueTf32Scores(float (&acc)[kSUMS][kN / 8][4], 
         fenceOperands(acc[i]);
     }
     wgmmaFence();
-#pragma unroll
-    for (int32_t kk = 0; kk < kSTEPS; ++kk)
+    if constexpr (kD > 128)
     {
-        uint64_t const qStep = static_cast<uint64_t>(2 * kk * kRows);
-        uint64_t const kStep = static_cast<uint64_t>(2 * kk * kN);
-        hp::Wgmma<float, kN>::ss(acc[0], qLoDesc + qStep, kHiDesc + kStep, kk > 0);
-        hp::Wgmma<float, kN>::ss(acc[0], qHiDesc + qStep, kLoDesc + kStep, true);
+        // 24 or 32 k8 steps: a loop of kROLL steps a trip (4 descriptors moved on by one add each
+        // a trip, each wgmma's by an immediate), where unrolled ptxas computed all 72-96
+        // descriptors in ordinary registers and moved each to uniform ones before its wgmma (about
+        // 12 instructions a wgmma; now about 5, in uniform registers; 8 steps a trip measured 48
+        // instructions a tile fewer in SASS than 4)
+        constexpr int32_t kROLL = 8;
+        static_assert(kPART % kROLL == 0 && kPART * kSUMS == kSTEPS, "whole trips");
+        uint64_t qLo = qLoDesc;
+        uint64_t qHi = qHiDesc;
+        uint64_t kHi = kHiDesc;
+        uint64_t kLo = kLoDesc;
+#pragma unroll 1
+        for (int32_t k0 = 0; k0 < kSTEPS; k0 += kROLL)
+        {
+            wgmmaFence(); // each trip's (else ptxas adds it, C7519)
+#pragma unroll
+            for (int32_t u = 0; u < kROLL; ++u)
+            {
+                uint32_t const qStep = static_cast<uint32_t>(2 * u * kRows);
+                uint32_t const kStep = static_cast<uint32_t>(2 * u * kN);
+                hp::Wgmma<float, kN>::ss(acc[0], advanced(qLo, qStep), advanced(kHi, kStep), k0 + u > 0);
+                hp::Wgmma<float, kN>::ss(acc[0], advanced(qHi, qStep), advanced(kLo, kStep), true);
+            }
+            qLo = advanced(qLo, 2 * kROLL * kRows);
+            qHi = advanced(qHi, 2 * kROLL * kRows);
+            kHi = advanced(kHi, 2 * kROLL * kN);
+            kLo = advanced(kLo, 2 * kROLL * kN);
+        }
+        // the hi·hi products: step k0 + u of every part in one trip (each sum still takes its steps
+        // in order); the last trip after the loop, so that the commit follows straight-line wgmmas
+        // (after a loop ptxas closes the group with an added empty wgmma and warpgroup.arrive, C7519)
+        qHi = qHiDesc;
+        kHi = kHiDesc;
+        auto const hiTrip = [&](int32_t k0) {
+            wgmmaFence();
+#pragma unroll
+            for (int32_t u = 0; u < kROLL; ++u)
+            {
+#pragma unroll
+                for (int32_t part = 0; part < kSUMS; ++part)
+                {
+                    int32_t const kk = part * kPART + u;
+                    hp::Wgmma<float, kN>::ss(acc[part], advanced(qHi, static_cast<uint32_t>(2 * kk * kRows)),
+                        advanced(kHi, static_cast<uint32_t>(2 * kk * kN)), part == 0 || k0 + u > 0);
+                }
+            }
+            qHi = advanced(qHi, 2 * kROLL * kRows);
+            kHi = advanced(kHi, 2 * kROLL * kN);
+        };
+#pragma unroll 1
+        for (int32_t k0 = 0; k0 + kROLL < kPART; k0 += kROLL)
+        {
+            hiTrip(k0);
+        }
+        hiTrip(kPART - kROLL);
     }
-#pragma unroll
-    for (int32_t kk = 0; kk < kSTEPS; ++kk)
+    else
     {
-        uint64_t const qStep = static_cast<uint64_t>(2 * kk * kRows);
-        uint64_t const kStep = static_cast<uint64_t>(2 * kk * kN);
-        int32_t const part = kk / kPART < kSUMS ? kk / kPART : kSUMS - 1;
-        hp::Wgmma<float, kN>::ss(acc[part], qHiDesc + qStep, kHiDesc + kStep, part == 0 || kk > part * kPART);
+#pragma unroll
+        for (int32_t kk = 0; kk < kSTEPS; ++kk)
+        {
+            uint64_t const qStep = static_cast<uint64_t>(2 * kk * kRows);
+            uint64_t const kStep = static_cast<uint64_t>(2 * kk * kN);
+            hp::Wgmma<float, kN>::ss(acc[0], qLoDesc + qStep, kHiDesc + kStep, kk > 0);
+            hp::Wgmma<float, kN>::ss(acc[0], qHiDesc + qStep, kLoDesc + kStep, true);
+        }
+#pragma unroll
+        for (int32_t kk = 0; kk < kSTEPS; ++kk)
+        {
+            uint64_t const qStep = static_cast<uint64_t>(2 * kk * kRows);
+            uint64_t const kStep = static_cast<uint64_t>(2 * kk * kN);
+            int32_t const part = kk / kPART < kSUMS ? kk / kPART : kSUMS - 1;
+            hp::Wgmma<float, kN>::ss(acc[part], qHiDesc + qStep, kHiDesc + kStep, part == 0 || kk > part * kPART);
+        }
     }
     wgmmaCommit();
 }
@@ -274,6 +419,26 @@ __device__ __forceinline__ void addValuesInto(float (&o)[kD / 8][4], float (&t)[
         for (int32_t e = 0; e < 4; ++e)
         {
             o[first + n][e] += t[n][e];
+        }
+    }
+}
+
+//! Waits for the wgmmas of this warpgroup but the last kPENDING groups, then o[first..] =
+//! o[first..] carry + t, per row (a part of P V_j added to O while O moves to the maximum of the
+//! tile before, see hopperTf32WideKernel).
+template <int32_t kD, int32_t kDT, int32_t kPENDING>
+__device__ __forceinline__ void addScaledValuesInto(
+    float (&o)[kD / 8][4], float (&t)[kDT / 8][4], float const (&carry)[2], int32_t const first)
+{
+    wgmmaWait<kPENDING>();
+    fenceOperands(t);
+#pragma unroll
+    for (int32_t n = 0; n < kDT / 8; ++n)
+    {
+#pragma unroll
+        for (int32_t e = 0; e < 4; ++e)
+        {
+            o[first + n][e] = fmaf(o[first + n][e], carry[e / 2], t[n][e]);
         }
     }
 }
@@ -512,19 +677,23 @@ __global__ void __launch_bounds__(kWG * 128, kWG == 1 ? 2 : 1) hopperTf32Kernel(
 //! accumulators, P V over 32 keys into a zeroed accumulator added in float32): the same error
 //! bound. Causal blocks run heavy-first over all (batch, head)s (one block per SM).
 //!
-//! Above 128 (192 and 256 as built) the same steps run with one warpgroup of 64 rows and
+//! Above 128 (192 and 256 as built) the same products run with one warpgroup of 64 rows and
 //! kTF32_WIDEST_KEYS = 16-key tiles: Q hi / lo of 64 rows are 128 KB at 256 and the tiles 96 KB,
 //! (2 x 64 + 6 x 16) x D x 4 bytes = 224 KB. O is 128 registers per thread at 256, so T = P V_j is
 //! taken in kPARTS slices of the value dim (each its own zeroed accumulator, added to its slice of
 //! O) instead of one accumulator as wide as O; S takes kD / 64 sums (8 hi·hi steps each, as at 128).
+//! With one block of 4 warps per SM (one warp per scheduler) a tile takes about as long as its
+//! instructions take to issue, so there V is loaded row-major and transposed by its split, and the
+//! splits run while the tensor cores work (the order is in the loop's comment).
 constexpr int32_t kTF32_WIDE_KEYS{kHOPPER_TF32_WIDE_KEYS};
 constexpr int32_t kTF32_WIDEST_KEYS{kHOPPER_TF32_WIDEST_KEYS};
-//! The parts of the value dim T = P V_j is taken in, each into its own zeroed accumulator (the
-//! registers hold O and one part): 1 up to head dim 128, 2 at 192 (96 columns), 4 at 256 (64
-//! columns: two parts of 128 made ptxas spill 420-512 bytes).
+//! The parts of the value dim T = P V_j is taken in, each into its own zeroed accumulator: 1 up to
+//! head dim 128; above, parts of 32 columns (6 at 192, 8 at 256) in two accumulators, one part
+//! on the tensor cores while the one before is added to O (one accumulator of 64 columns at 256,
+//! each part waited for before the next was issued, left the tensor cores idle between parts).
 __host__ __device__ constexpr int32_t tf32ValueParts(int32_t d)
 {
-    return d <= 128 ? 1 : d <= 192 ? 2 : 4;
+    return d <= 128 ? 1 : d / 32;
 }
 
 template <int32_t kD, int32_t kWG, int32_t kN, bool kPLAIN>
@@ -556,26 +725,56 @@ __global__ void __launch_bounds__(kWG * 128, 1) hopperTf32WideKernel(float const
     float* const sV = sKlo + kTILE; // Vᵀ hi
     float* const sVlo = sV + kTILE;
     float* const sKraw = sVlo + kTILE; // the next K tile as loaded
-    float* const sVraw = sKraw + kTILE; // the next Vᵀ tile as loaded
+    float* const sVraw = sKraw + kTILE; // the next V tile as loaded (see loadV)
 
     BlockSetup<float> const block(q, k, v, out, mask, shape, params, kRows, qTiles, params.causal);
     int32_t const headDim = static_cast<int32_t>(shape.headDim);
     int32_t const valueDim = static_cast<int32_t>(shape.valueDim);
     int32_t const warp = static_cast<int32_t>(threadIdx.x / 32);
     int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
-    int32_t const group = warp / 4;
+    // a compile-time 0 for one warpgroup: the Q descriptors then depend on no thread index and
+    // ptxas moves them on in uniform registers (from the thread index: 66 instructions a trip of
+    // issueTf32Scores' loop, not 50)
+    int32_t const group = kWG == 1 ? 0 : warp / 4;
     int32_t const keyTiles = static_cast<int32_t>((block.keyEnd + kN - 1) / kN);
 
     auto const loadK = [&](int32_t j) {
-        chunkMajorF32<kD, kN, kThreads, false>(
-            sKraw, nullptr, block.kBase, static_cast<int64_t>(j) * kN, shape.seqK, headDim);
+        int64_t const key0 = static_cast<int64_t>(j) * kN;
+        if (kWG == 1 && key0 + kN <= shape.seqK && headDim == kD)
+        {
+            // every key of the tile there, no columns to zero: no checks (one warpgroup only, so
+            // that the kernels up to head dim 128 stay as measured)
+            chunkMajorF32<kD, kN, kThreads, false, true>(sKraw, nullptr, block.kBase, key0, shape.seqK, headDim);
+        }
+        else
+        {
+            chunkMajorF32<kD, kN, kThreads, false>(sKraw, nullptr, block.kBase, key0, shape.seqK, headDim);
+        }
     };
+    // V: at one warpgroup loaded row-major and transposed by its split (rowMajorF32); else loaded
+    // straight into the transposed layout (4-byte cp.async), split in place
     auto const loadV = [&](int32_t j) {
-        transposedF32<kD, kN, kThreads, false>(
-            sVraw, nullptr, block.vBase, static_cast<int64_t>(j) * kN, shape.seqK, valueDim);
+        if constexpr (kWG == 1)
+        {
+            rowMajorF32<kD, kN, kThreads>(sVraw, block.vBase, static_cast<int64_t>(j) * kN, shape.seqK, valueDim);
+        }
+        else
+        {
+            transposedF32<kD, kN, kThreads, false>(
+                sVraw, nullptr, block.vBase, static_cast<int64_t>(j) * kN, shape.seqK, valueDim);
+        }
     };
     auto const splitK = [&] { chunkMajorF32<kD, kN, kThreads, true>(sKraw, sKlo, nullptr, 0, 0, 0, sK); };
-    auto const splitV = [&] { transposedF32<kD, kN, kThreads, true>(sVraw, sVlo, nullptr, 0, 0, 0, sV); };
+    auto const splitV = [&] {
+        if constexpr (kWG == 1)
+        {
+            splitTransposedF32<kD, kN, kThreads>(sVraw, sV, sVlo);
+        }
+        else
+        {
+            transposedF32<kD, kN, kThreads, true>(sVraw, sVlo, nullptr, 0, 0, 0, sV);
+        }
+    };
 
     // Q and K_0, each split by the thread that loaded it; then V_0 and K_1 into the staging buffer.
     chunkMajorF32<kD, kRows, kThreads, false>(sQ, nullptr, block.qBase, block.q0, shape.seqQ, headDim);
@@ -647,7 +846,7 @@ __global__ void __launch_bounds__(kWG * 128, 1) hopperTf32WideKernel(float const
     };
 
     float s[kSUMS][kN / 8][4];
-    float t[kDT / 8][4];
+    float t[2][kDT / 8][4]; // T: one part, or at one warpgroup two (see tf32ValueParts)
     float alpha[2];
     uint32_t pHi[kN / 8][4];
     uint32_t pLo[kN / 8][4];
@@ -655,42 +854,122 @@ __global__ void __launch_bounds__(kWG * 128, 1) hopperTf32WideKernel(float const
     // bytes: the descriptors count 16-byte units) into the tile
     auto const issueValues = [&](int32_t part) {
         uint64_t const rows = static_cast<uint64_t>(part * kDT);
-        issueTf32Values<kDT, kN, kD>(t, pHi, pLo, vHiDesc + rows, vLoDesc + rows, 0, kPV_STEPS);
+        issueTf32Values<kDT, kN, kD>(t[part % 2], pHi, pLo, vHiDesc + rows, vLoDesc + rows, 0, kPV_STEPS);
     };
     // P_j-1 V_j-1 into O, the first part already issued; each further part issued once the one
     // before is added (one T accumulator)
     auto const addValues = [&] {
-        addValuesInto<kD, kDT>(o, t);
+        addValuesInto<kD, kDT>(o, t[0]);
 #pragma unroll
         for (int32_t part = 1; part < kPARTS; ++part)
         {
             issueValues(part);
-            addValuesInto<kD, kDT>(o, t, part * kDT / 8);
+            addValuesInto<kD, kDT>(o, t[0], part * kDT / 8);
         }
     };
-    if (keyTiles > 0)
+    if constexpr (kWG == 1)
     {
-        issueTf32Scores<kD, kN, kRows, kSUMS>(s, qHiDesc, qLoDesc, kHiDesc, kLoDesc);
-        softmaxOf(s, alpha, 0, [] { wgmmaWait<0>(); });
-        splitProbabilities<kN>(s[0], pHi, pLo);
-        nextTiles(0);
+        // One warpgroup. Each warp waits for its own part of a wgmma, so a barrier follows before
+        // K's or V's hi / lo take the next tile; V's split reads what other threads loaded, so
+        // every thread waits for its V loads before the barrier that precedes it, and the next V
+        // loads follow the barrier after it. V_j-1 is split
+        // while S_j runs, K_j+1 while the first part of P_j-1 V_j-1 runs (three barriers a tile,
+        // the splits off the critical path). O is scaled as each part of T is added (fma, one
+        // instruction an element: o = o carry + t, carry the factor of the tile before, P_j-1
+        // being relative to its maximum), not (o + t) then o alpha. At the top of the loop: K_j
+        // split, V's hi / lo free, raw V_j-1 landed, raw K_j+1 on its way, P_j-1 split.
+        float carry[2]{1.F, 1.F};
+        // part 0 issued: each next part issued before the one before is waited for and added
+        auto const addScaledValues = [&] {
+#pragma unroll
+            for (int32_t part = 1; part < kPARTS; ++part)
+            {
+                issueValues(part);
+                addScaledValuesInto<kD, kDT, 1>(o, t[(part - 1) % 2], carry, (part - 1) * kDT / 8);
+            }
+            addScaledValuesInto<kD, kDT, 0>(o, t[(kPARTS - 1) % 2], carry, (kPARTS - 1) * kDT / 8);
+        };
+        // K_j+1 split (this thread's chunks, landed), K_j+2's loads issued and committed
+        auto const nextK = [&](int32_t j) {
+            if (j + 1 < keyTiles)
+            {
+                splitK();
+            }
+            if (j + 2 < keyTiles)
+            {
+                loadK(j + 2);
+            }
+            commitAsync();
+        };
+        if (keyTiles > 0)
+        {
+            issueTf32Scores<kD, kN, kRows, kSUMS>(s, qHiDesc, qLoDesc, kHiDesc, kLoDesc);
+            softmaxOf(s, alpha, 0, [] { wgmmaWait<0>(); });
+            splitProbabilities<kN>(s[0], pHi, pLo);
+            __syncthreads();
+            waitAsync<0>(); // V_0 and K_1
+            nextK(0);
+            fenceProxyAsync();
+            __syncthreads();
+        }
+        for (int32_t j = 1; j < keyTiles; ++j)
+        {
+            issueTf32Scores<kD, kN, kRows, kSUMS>(s, qHiDesc, qLoDesc, kHiDesc, kLoDesc);
+            splitV(); // V_j-1, while S_j runs
+            fenceProxyAsync();
+            __syncthreads(); // V_j-1 split by every thread, its raw tile read by every thread
+            loadV(j);
+            commitAsync();
+            issueValues(0);
+            softmaxOf(s, alpha, j, [] { wgmmaWait<1>(); }); // while P_j-1 V_j-1 runs
+            __syncthreads();                                  // every warp done with S_j
+            waitAsync<1>();                                   // K_j+1 (V_j may be on its way)
+            nextK(j);                                         // while P_j-1 V_j-1 runs
+            addScaledValues();
+            carry[0] = alpha[0];
+            carry[1] = alpha[1];
+            fenceOperands(pHi);
+            fenceOperands(pLo);
+            splitProbabilities<kN>(s[0], pHi, pLo);
+            waitAsync<1>(); // V_j
+            fenceProxyAsync();
+            __syncthreads(); // K_j+1 split, V_j landed, every warp done with P_j-1 V_j-1
+        }
+        if (keyTiles > 0)
+        {
+            splitV();
+            fenceProxyAsync();
+            __syncthreads();
+            issueValues(0);
+            addScaledValues();
+        }
     }
-    for (int32_t j = 1; j < keyTiles; ++j)
+    else
     {
-        issueTf32Scores<kD, kN, kRows, kSUMS>(s, qHiDesc, qLoDesc, kHiDesc, kLoDesc);
-        issueValues(0);
-        softmaxOf(s, alpha, j, [] { wgmmaWait<1>(); }); // while P_j-1 V_j-1 runs
-        addValues();
-        fenceOperands(pHi);
-        fenceOperands(pLo);
-        rescale(o, alpha);
-        splitProbabilities<kN>(s[0], pHi, pLo);
-        nextTiles(j);
-    }
-    if (keyTiles > 0)
-    {
-        issueValues(0);
-        addValues();
+        if (keyTiles > 0)
+        {
+            issueTf32Scores<kD, kN, kRows, kSUMS>(s, qHiDesc, qLoDesc, kHiDesc, kLoDesc);
+            softmaxOf(s, alpha, 0, [] { wgmmaWait<0>(); });
+            splitProbabilities<kN>(s[0], pHi, pLo);
+            nextTiles(0);
+        }
+        for (int32_t j = 1; j < keyTiles; ++j)
+        {
+            issueTf32Scores<kD, kN, kRows, kSUMS>(s, qHiDesc, qLoDesc, kHiDesc, kLoDesc);
+            issueValues(0);
+            softmaxOf(s, alpha, j, [] { wgmmaWait<1>(); }); // while P_j-1 V_j-1 runs
+            addValues();
+            fenceOperands(pHi);
+            fenceOperands(pLo);
+            rescale(o, alpha);
+            splitProbabilities<kN>(s[0], pHi, pLo);
+            nextTiles(j);
+        }
+        if (keyTiles > 0)
+        {
+            issueValues(0);
+            addValues();
+        }
     }
     waitAsync<0>();
     softmax.finish();
