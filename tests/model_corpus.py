@@ -127,6 +127,15 @@ def define_torchvision_ops() -> None:
             torch.library.define(f"torchvision::{op}", schema)
 
 
+def import_transformers(reason: str) -> tuple[Any, Any]:
+    """torch and transformers for a test that exports a model itself (it skips without them)."""
+    import pytest
+
+    torch = pytest.importorskip("torch", reason=reason)
+    define_torchvision_ops()
+    return torch, pytest.importorskip("transformers", reason=reason)
+
+
 def _versions(entry: CorpusEntry) -> str:
     names = ["torch", "onnx", "onnxscript"]
     if entry.library:

@@ -11,6 +11,7 @@ rest. A minimal graph shows it, with the cases that must still fail.
 
 from __future__ import annotations
 
+import model_corpus
 import numpy as np
 import onnx
 import pytest
@@ -123,12 +124,8 @@ def test_compare_leaves_out_only_finite_candidate_values() -> None:
 
 def test_gpt_neox_float16_export_with_left_padding(tmp_path) -> None:
     """A real export: GPT-NeoX in float16 (eager attention, random weights), left-padded batch."""
-    torch = pytest.importorskip("torch", reason="exporting GPT-NeoX needs torch")
-    import model_corpus
-
-    model_corpus.define_torchvision_ops()
-    transformers = pytest.importorskip(
-        "transformers", reason="exporting GPT-NeoX needs transformers"
+    torch, transformers = model_corpus.import_transformers(
+        "exporting GPT-NeoX needs torch and transformers"
     )
     config = transformers.GPTNeoXConfig(
         vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

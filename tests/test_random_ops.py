@@ -9,6 +9,7 @@ minimal graph with the same shape of computation, and a real export, show it.
 
 from __future__ import annotations
 
+import model_corpus
 import numpy as np
 import onnx
 import pytest
@@ -92,12 +93,8 @@ def test_the_tensorrt_note_says_the_draws_differ_by_design() -> None:
 
 def test_vit_mae_export_in_bfloat16_validates(tmp_path) -> None:
     """A real export: ViT-MAE (transformers, random weights) shuffles its patches at random."""
-    torch = pytest.importorskip("torch", reason="exporting ViT-MAE needs torch")
-    import model_corpus
-
-    model_corpus.define_torchvision_ops()
-    transformers = pytest.importorskip(
-        "transformers", reason="exporting ViT-MAE needs transformers"
+    torch, transformers = model_corpus.import_transformers(
+        "exporting ViT-MAE needs torch and transformers"
     )
     config = transformers.ViTMAEConfig(
         hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,

@@ -1230,6 +1230,19 @@ inline LaunchGrid launchGridFor(void const* q, void const* k, void const* v, voi
     return {cudaSuccess, true, qTiles, blocks};
 }
 
+//! The current device's multiprocessor count, for persistent grids (0 when it cannot be read).
+inline int32_t multiprocessorCount()
+{
+    int32_t device = 0;
+    int32_t processors = 0;
+    if (cudaGetDevice(&device) != cudaSuccess
+        || cudaDeviceGetAttribute(&processors, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    {
+        return 0;
+    }
+    return processors;
+}
+
 } // namespace
 
 template <typename T>

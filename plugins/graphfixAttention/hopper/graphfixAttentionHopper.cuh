@@ -1468,11 +1468,8 @@ cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionM
         halfRows.blockRows = kHOPPER_ROWS / 2;
         if (encodeHopperMaps(maps, q, k, v, shape, halfRows, kHOPPER_KEYS, false))
         {
-            int32_t device = 0;
-            int32_t processors = 0;
-            if (cudaGetDevice(&device) != cudaSuccess
-                || cudaDeviceGetAttribute(&processors, cudaDevAttrMultiProcessorCount, device) != cudaSuccess
-                || processors <= 0)
+            int32_t const processors = multiprocessorCount();
+            if (processors <= 0)
             {
                 return cudaErrorInvalidDevice;
             }

@@ -1310,11 +1310,8 @@ cudaError_t launchHopperTf32Attention(float const* q, float const* k, float cons
         // persistent blocks over contiguous runs of the qTiles x B x H work items: as many items
         // per block as a full wave needs (640 items on 132 SMs: 5 each, 128 blocks), so that a
         // block reloads K and V only where its run crosses to another (batch, kv head)
-        int32_t device = 0;
-        int32_t processors = 0;
-        if (cudaGetDevice(&device) != cudaSuccess
-            || cudaDeviceGetAttribute(&processors, cudaDevAttrMultiProcessorCount, device) != cudaSuccess
-            || processors <= 0)
+        int32_t const processors = multiprocessorCount();
+        if (processors <= 0)
         {
             return cudaErrorInvalidDevice;
         }
