@@ -23,7 +23,6 @@ import numpy as np
 
 from graphfix.attention.match_types import (
     AttentionKind,
-    AttentionMatch,
     BiasStep,
     MaskKind,
     MaskStep,
@@ -47,13 +46,13 @@ def fully_masked_positions(
     masked in some self-attention block of `model` on `feeds`; None when no block has a mask
     onnxruntime can compute here."""
     blocks = [
-        (m, steps)
+        steps
         for m in find_attention(model.model)
         if not m.location and m.kind is not AttentionKind.CROSS
         for steps in [[s for s in m.score_steps if isinstance(s, MaskStep | BiasStep)]]
         if steps
     ]
-    names = sorted({s.source for _, steps in blocks for s in steps})
+    names = sorted({s.source for steps in blocks for s in steps})
     if not names:
         return None
     from graphfix.precision.locate.reference import TensorStreamer
@@ -64,8 +63,8 @@ def fully_masked_positions(
     except BackendError:
         return None
     found = None
-    for match, steps in blocks:
-        rows = _masked_rows(match, steps, values)
+    for steps in blocks:
+        rows = _masked_rows(steps, values)
         if rows is None:
             continue
         try:
@@ -76,8 +75,9 @@ def fully_masked_positions(
 
 
 def _masked_rows(
-    match: AttentionMatch, steps: list, values: Mapping[str, np.ndarray]
+    steps: list[MaskStep | BiasStep], values: Mapping[str, np.ndarray]
 ) -> np.ndarray | None:
+    """One block's rows [batch or 1, S] whose every key its mask steps block (None: none)."""
     masked = None
     for chain_step in steps:
         value = values.get(chain_step.source)
