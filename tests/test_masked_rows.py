@@ -157,3 +157,22 @@ def test_gpt_neox_float16_export_with_left_padding(tmp_path) -> None:
     report = validate(path, tmp_path / "neox.fused.onnx", inputs=feeds, backend="onnxruntime")
     assert report.passed, report.summary()
     assert any("(1, 0), (1, 1), (1, 2), (1, 3):" in n for n in report.notes)
+
+
+def test_when_the_masks_cannot_be_read_the_verdict_stands(tmp_path, monkeypatch) -> None:
+    """Reading the masks loads the original once more; if that runs out of memory, validate
+    reports the FAIL it measured instead of a traceback."""
+    from graphfix.precision.locate import reference
+
+    def out_of_memory(self, names, feeds):
+        raise MemoryError
+
+    monkeypatch.setattr(reference.TensorStreamer, "fetch", out_of_memory)
+    original = _padded_causal_model()
+    fixed = graphfix.fix_attention(original, strategy="fused_plugin")
+    onnx.save(original, tmp_path / "original.onnx")
+    onnx.save(fixed.model, tmp_path / "fixed.onnx")
+    report = validate(
+        tmp_path / "original.onnx", tmp_path / "fixed.onnx", inputs=_feeds(2), backend="onnxruntime"
+    )
+    assert not report.passed and report.outputs[0].excluded == 0
