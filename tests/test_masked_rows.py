@@ -44,18 +44,22 @@ def _feeds(pad: int) -> dict[str, np.ndarray]:
     return {"x": x, "mask": mask}
 
 
+def _validate_pair(tmp_path, original, candidate, feeds):
+    """Both models saved under `tmp_path`, then validated on onnxruntime on `feeds`."""
+    onnx.save(original, tmp_path / "original.onnx")
+    onnx.save(candidate, tmp_path / "candidate.onnx")
+    return validate(
+        tmp_path / "original.onnx", tmp_path / "candidate.onnx", inputs=feeds, backend="onnxruntime"
+    )
+
+
 @pytest.mark.parametrize("strategy", ["fused_plugin", "native_attention"])
 def test_a_fused_rewrite_differs_only_where_every_key_is_masked(tmp_path, strategy) -> None:
     original = _padded_causal_model()
     fixed = graphfix.fix_attention(original, strategy=strategy)
     assert fixed.report.blocks[0].rewritten
-    onnx.save(original, tmp_path / "original.onnx")
-    onnx.save(fixed.model, tmp_path / "fixed.onnx")
     feeds = _feeds(pad=2)
-
-    report = validate(
-        tmp_path / "original.onnx", tmp_path / "fixed.onnx", inputs=feeds, backend="onnxruntime"
-    )
+    report = _validate_pair(tmp_path, original, fixed.model, feeds)
     assert report.passed, report.summary()
     (note,) = [n for n in report.notes if "every key is masked" in n]
     assert "(1, 0), (1, 1):" in note
@@ -66,7 +70,7 @@ def test_a_fused_rewrite_differs_only_where_every_key_is_masked(tmp_path, strate
     diff = np.abs(ref.astype(np.float32) - cand.astype(np.float32)).max(axis=-1)
     assert diff[1, :2].min() > 0.01 and diff[0].max() < 0.01 and diff[1, 2:].max() < 0.01
     # locate judges the outputs as validate does
-    located = locate(tmp_path / "original.onnx", tmp_path / "fixed.onnx", inputs=feeds)
+    located = locate(tmp_path / "original.onnx", tmp_path / "candidate.onnx", inputs=feeds)
     assert not located.diverges, located.summary()
     assert any("every key is masked" in n for n in located.notes)
     assert located.to_dict()["outputs"][0]["excluded"] == 2 * 12
@@ -75,11 +79,7 @@ def test_a_fused_rewrite_differs_only_where_every_key_is_masked(tmp_path, strate
 def test_without_fully_masked_rows_nothing_is_left_out(tmp_path) -> None:
     original = _padded_causal_model()
     fixed = graphfix.fix_attention(original, strategy="fused_plugin")
-    onnx.save(original, tmp_path / "original.onnx")
-    onnx.save(fixed.model, tmp_path / "fixed.onnx")
-    report = validate(
-        tmp_path / "original.onnx", tmp_path / "fixed.onnx", inputs=_feeds(0), backend="onnxruntime"
-    )
+    report = _validate_pair(tmp_path, original, fixed.model, _feeds(0))
     assert report.passed and report.outputs[0].excluded == 0
     assert not any("every key is masked" in n for n in report.notes)
 
@@ -92,14 +92,7 @@ def test_an_error_at_a_valid_position_still_fails(tmp_path) -> None:
     weights = onnx.numpy_helper.to_array(o_proj).copy()
     weights[0, 0] += np.float16(0.5)
     o_proj.CopyFrom(onnx.numpy_helper.from_array(weights, "Wo"))
-    onnx.save(original, tmp_path / "original.onnx")
-    onnx.save(broken, tmp_path / "broken.onnx")
-    report = validate(
-        tmp_path / "original.onnx",
-        tmp_path / "broken.onnx",
-        inputs=_feeds(2),
-        backend="onnxruntime",
-    )
+    report = _validate_pair(tmp_path, original, broken, _feeds(2))
     assert not report.passed
     assert not any("every key is masked" in n for n in report.notes)
 
@@ -170,9 +163,5 @@ def test_when_the_masks_cannot_be_read_the_verdict_stands(tmp_path, monkeypatch)
     monkeypatch.setattr(reference.TensorStreamer, "fetch", out_of_memory)
     original = _padded_causal_model()
     fixed = graphfix.fix_attention(original, strategy="fused_plugin")
-    onnx.save(original, tmp_path / "original.onnx")
-    onnx.save(fixed.model, tmp_path / "fixed.onnx")
-    report = validate(
-        tmp_path / "original.onnx", tmp_path / "fixed.onnx", inputs=_feeds(2), backend="onnxruntime"
-    )
+    report = _validate_pair(tmp_path, original, fixed.model, _feeds(2))
     assert not report.passed and report.outputs[0].excluded == 0
