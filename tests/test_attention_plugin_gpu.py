@@ -86,6 +86,10 @@ class Case:
     # bfloat16 only: column 5 of V set to this in every head (so that column of the output is this
     # value, exact, whatever P's rounding: cuDNN's bound holds too)
     value_peak: float = 0.0
+    # the peak in one element only instead (the last key of the last batch and KV head, column
+    # 5): one conversion block of bfloat16's float16 P·V meets it, and every block of the
+    # attention kernel must still take the split P·V
+    value_peak_once: bool = False
     # whether the plugin should take cuDNN for float16/bfloat16 when cuDNN is there
     cudnn_eligible: bool = True
     # a shape the plugin must refuse with this message (at onShapeChange), not run
@@ -152,6 +156,20 @@ CASES = (
     # float16's normal range (2^-14; its subnormals round V by at most 2^-25)
     Case("ring_huge_v_d128", (1, 2, 200, 128), 2, 300, 128, value_peak=1.0e5),
     Case("ring_tiny_v_d64", (1, 2, 200, 64), 2, 300, 64, value_magnitude=2.0**-17),
+    # one V value above 65504 where the conversion's last block meets it: at padded head dims 64
+    # and 128 the float16 P·V kernel runs the split P·V itself, at 256 the split kernel launched
+    # after it runs; over 1024 conversion blocks' worth of V (the blocks stride, their slots cap)
+    Case("ring_one_huge_v_d64", (1, 2, 150, 64), 2, 700, 64, value_peak=1.0e5, value_peak_once=True),
+    Case("ring_one_huge_v_d256", (1, 4, 100, 256), 2, 300, 256, value_peak=1.0e5, value_peak_once=True),
+    Case(
+        "ring_one_huge_v_strided",
+        (1, 8, 40, 128),
+        8,
+        2100,
+        128,
+        value_peak=1.0e5,
+        value_peak_once=True,
+    ),
     Case("rand_bool", (2, 4, 64, 80), 4, 80, 64, mask="rand_bool", mask_shape=(2, 4, 64, 80)),
     Case("add_q", (2, 4, 64, 80), 4, 80, 64, mask="add_q", mask_shape=(2, 1, 1, 80)),
     Case("add_q_direct", (2, 4, 64, 64), 4, 64, 64, mask="add_q", mask_shape=(2, 1, 64, 64)),
@@ -572,7 +590,10 @@ def gpu_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, st
             tensors, exact = [], []
             peaked = v.copy()
             if case.value_peak and dtype == "bfloat16":
-                peaked[..., 5] = case.value_peak
+                if case.value_peak_once:
+                    peaked[(-1,) * (peaked.ndim - 1) + (5,)] = case.value_peak
+                else:
+                    peaked[..., 5] = case.value_peak
             for name, x, kind in (("q", q, dtype), ("k", k, dtype), ("v", peaked, dtype)):
                 raw, value = _encode(x, kind)
                 (stem.parent / f"{stem.name}.{name}").write_bytes(raw)

@@ -224,10 +224,10 @@ AttentionWorkspace workspaceLayout(AttentionProblem const& p, bool kTransposed, 
         w.halfValuesBytes = hopperHalfValuesBytes(s);
         at += roundUp(w.halfValuesBytes, kSCRATCH_ALIGNMENT);
     }
-    w.overflowOffset = at;
+    w.slotsOffset = at;
     if (withHalfValues)
     {
-        at += kSCRATCH_ALIGNMENT;
+        at += roundUp(int64_t{kHOPPER_HALF_VALUE_SLOTS} * 4, kSCRATCH_ALIGNMENT);
     }
     w.total = at;
     return w;
@@ -1036,8 +1036,8 @@ void GraphfixAttentionPlugin::enqueueOwn(AttentionProblem const& p, HopperPlan c
                         if (scratch.halfValuesBytes != 0 && workspace != nullptr)
                         {
                             halfValues.values = static_cast<char*>(workspace) + scratch.halfValuesOffset;
-                            halfValues.overflow
-                                = reinterpret_cast<int32_t*>(static_cast<char*>(workspace) + scratch.overflowOffset);
+                            halfValues.slots
+                                = reinterpret_cast<int32_t*>(static_cast<char*>(workspace) + scratch.slotsOffset);
                         }
                         return launchHopperAttention<T>(static_cast<T const*>(inputs[0]), static_cast<T const*>(keys),
                             static_cast<T const*>(inputs[2]), mask, static_cast<T*>(output), s, rows, hopper,

@@ -100,11 +100,12 @@ struct AttentionWorkspace
     int64_t keysOffset{0};  //!< K transposed to [.., seqK, headDim]
     int64_t biasOffset{0};  //!< the mask as an additive bias of Q's type
     int64_t firstOffset{0}; //!< the first key each mask row allows, int32
-    //! bfloat16 without mask and softcap: V converted to float16 and the flag of a |v| too large
-    //! for it (HopperHalfValues: the Hopper kernel's float16 P·V, kHOPPER_VARIANT_HALF_VALUES)
+    //! bfloat16 without mask and softcap: V converted to float16 and the conversion's per-block
+    //! slots of a |v| too large for it (HopperHalfValues: the Hopper kernel's float16 P·V,
+    //! kHOPPER_VARIANT_HALF_VALUES)
     int64_t halfValuesOffset{0};
     int64_t halfValuesBytes{0};
-    int64_t overflowOffset{0};
+    int64_t slotsOffset{0};
     int64_t total{0};
 };
 

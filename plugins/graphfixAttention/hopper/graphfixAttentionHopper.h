@@ -153,21 +153,29 @@ struct HopperMaps
     CUtensorMap v;
 };
 
-//! The run-time gate of the warp-specialised kernel (kHOPPER_VARIANT_HALF_VALUES): it runs where
-//! `overflow` is null or its value (nonzero: raised) equals runWhenRaised, else returns at once.
+//! Most blocks of convertValuesToHalf, one overflow slot each (HopperHalfValues::slots).
+constexpr int32_t kHOPPER_HALF_VALUE_SLOTS{1024};
+
+//! bfloat16's float16 P·V (kHOPPER_VARIANT_HALF_VALUES) as the warp-specialised kernel reads it:
+//! the conversion's `count` overflow slots (one int32 a block, each written, so no reset is
+//! needed: raised where nonzero) and the map of V as given. Where a slot is raised the kernel runs
+//! the split bfloat16 P·V on V as given, else the float16 P·V on maps.v (the converted copy).
+//! Empty (slots null) for every other launch of the kernel.
 struct HopperGate
 {
-    int32_t const* overflow{nullptr};
-    bool runWhenRaised{false};
+    CUtensorMap splitValues;
+    int32_t const* slots{nullptr};
+    int32_t count{0};
 };
 
 //! bfloat16's float16 P·V scratch (kHOPPER_VARIANT_HALF_VALUES), in the caller's workspace:
 //! `values` holds V converted to float16 ([B, Hkv, T, Dv], hopperHalfValuesBytes, 16-byte
-//! aligned), `overflow` one int32 the conversion raises. Null: the split bfloat16 kernel runs.
+//! aligned), `slots` kHOPPER_HALF_VALUE_SLOTS int32 the conversion writes. Null: the split
+//! bfloat16 kernel runs.
 struct HopperHalfValues
 {
     void* values{nullptr};
-    int32_t* overflow{nullptr};
+    int32_t* slots{nullptr};
 };
 
 //! Bytes of HopperHalfValues::values for `shape` (V's elements, 2 bytes each).
