@@ -666,6 +666,10 @@ def test_enqueue_matches_float64_reference(
     error = np.abs(outcome.out[valid] - outcome.reference[valid])
     if outcome.path == "cudnn" and mode != "stale":
         bound = CUDNN_ATOL[dtype] + EPS[dtype] * np.abs(outcome.reference[valid])
+        if case.value_peak_once:
+            # cuDNN rounds P to the I/O type before P·V: EPS * max|v| (in the other cases within
+            # CUDNN_ATOL; the own kernels keep P's error small, hence no such term for them)
+            bound = bound + EPS[dtype] * outcome.value_max
     else:
         bound = 4e-5 * case.value_magnitude + EPS[dtype] * np.abs(outcome.reference[valid])
         own_path = expected_own_path(case, dtype, backend)

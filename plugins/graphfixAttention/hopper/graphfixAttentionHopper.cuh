@@ -803,12 +803,6 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
 #endif
 }
 
-//! Whether the float16 P·V kernel at padded head dim kD also holds the split P·V that runs where
-//! the conversion raised a slot (up to 128; at 256 the two bodies in one kernel spill, so the split
-//! kernel is a launch of its own there).
-template <int32_t kD>
-inline constexpr bool kHALF_VALUES_SELECT = kD <= 128;
-
 //! The warp-specialised kernel (FlashAttention-3's structure) for what needs neither mask nor
 //! softcap, loads by TMA: warpgroup 0 is the producer, whose one thread issues every TMA load
 //! into a ring of kSTAGES K and kSTAGES V stages (a "full" mbarrier per stage that the load
@@ -828,19 +822,19 @@ inline constexpr bool kHALF_VALUES_SELECT = kD <= 128;
 //! TP: the type of P·V's operands, T or, for bfloat16 (kHOPPER_VARIANT_HALF_VALUES), __half: P
 //! rounded once to float16 and V already converted to float16 by convertValuesToHalf (maps.v
 //! describes the converted copy); S = Q Kᵀ stays in T.
-//! gate (kHOPPER_VARIANT_HALF_VALUES): the conversion's overflow slots, read once the
-//! conversion grid has completed (the float16 P·V launch is programmatic, so its blocks start and
-//! set up their barriers under the conversion's tail). Where one is raised (a finite |v| above
-//! 65504) the float16 P·V kernel (TP = __half) runs the split bfloat16 P·V on V as given
-//! (gate.splitValues) instead, in the same launch, at padded head dims up to 128; at 256 (O takes
-//! 128 registers, and the two bodies in one kernel spill) it returns, and the split kernel
-//! launched after it (TP = T with gate.slots set) runs, which otherwise returns at once. No host
-//! synchronisation either way.
+//! gate (kHOPPER_VARIANT_HALF_VALUES; empty otherwise): the conversion's overflow slots. Three
+//! launches, each programmatic on the one before, with no host synchronisation: the conversion,
+//! this kernel with TP = __half, which waits for the conversion, reads the slots, lets the next
+//! launch start and returns where one is raised (a finite |v| above 65504); then this kernel with
+//! TP = T (the split bfloat16 P·V on V as given), whose blocks start as the float16 one's drain,
+//! read the same slots and return where none is raised, else wait for the float16 grid (both
+//! write the output) and run. (Both P·V bodies in one kernel, choosing at run time, was built in
+//! session 9: it spilled at head dim 256, and the long bfloat16 rows ran 10-16% slower than in
+//! session 8's run.)
 template <typename T, typename TP, int32_t kD, int32_t kN, int32_t kSTAGES, bool kSWIZZLE>
 __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restrict__ q, T const* __restrict__ k,
     T const* __restrict__ v, T* __restrict__ out, AttentionShape const shape, AttentionParams const givenParams,
-    int32_t const qTiles, int32_t const variant, __grid_constant__ HopperMaps const maps,
-    __grid_constant__ HopperGate const gate)
+    int32_t const qTiles, int32_t const variant, __grid_constant__ HopperMaps const maps, HopperGate const gate)
 {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(std::is_same_v<TP, T> || (std::is_same_v<T, __nv_bfloat16> && std::is_same_v<TP, __half>),
@@ -885,27 +879,40 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
         }
         fenceBarrierInit();
     }
-    // float16 P·V: whether a conversion block raised its slot (every thread reads a share of the
-    // slots once the conversion is complete; the block barrier the initialisation needs anyway)
-    bool raised = false;
     if (gate.slots == nullptr)
     {
         __syncthreads();
     }
     else
     {
-        waitForPrimaryGrid();
-        int32_t any = 0;
-        for (int32_t i = static_cast<int32_t>(threadIdx.x); i < gate.count; i += static_cast<int32_t>(blockDim.x))
+        // float16 P·V: whether a conversion block raised its slot, read as 16-byte groups from L2
+        // (written by another grid) after the block barrier the initialisation needs anyway
+        if constexpr (!std::is_same_v<TP, T>)
         {
-            any |= gate.slots[i];
+            waitForPrimaryGrid(); // the conversion
         }
-        raised = __syncthreads_or(any) != 0;
-        // the split kernel launched after the float16 one (head dim 256) runs only where raised,
-        // the float16 one there only where not
-        if (std::is_same_v<TP, T> ? !raised : raised && !kHALF_VALUES_SELECT<kD>)
+        int4 any{0, 0, 0, 0};
+        for (int32_t i = static_cast<int32_t>(threadIdx.x); i < gate.count / 4; i += static_cast<int32_t>(blockDim.x))
         {
-            return;
+            int4 const group = __ldcg(reinterpret_cast<int4 const*>(gate.slots) + i);
+            any.x |= group.x | group.y | group.z | group.w;
+        }
+        bool const raised = __syncthreads_or(any.x) != 0;
+        if constexpr (!std::is_same_v<TP, T>)
+        {
+            allowDependentGrid(); // the split kernel's blocks may start: the slots are final
+            if (raised)
+            {
+                return;
+            }
+        }
+        else
+        {
+            if (!raised)
+            {
+                return;
+            }
+            waitForPrimaryGrid(); // the float16 kernel, which returned at once
         }
     }
 
@@ -914,10 +921,9 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
         lowerRegisters<24>();
         if (threadIdx.x == 0 && keyTiles > 0)
         {
-            CUtensorMap const* const vMap = raised ? &gate.splitValues : &maps.v;
             prefetchTensorMap(&maps.q);
             prefetchTensorMap(&maps.k);
-            prefetchTensorMap(vMap);
+            prefetchTensorMap(&maps.v);
             // the maps' (batch, head) coordinate of this block's Q and of its K/V (GQA: the KV head)
             int32_t const qHead = static_cast<int32_t>((block.qBase - q) / (shape.seqQ * shape.headDim));
             int32_t const kvHead = static_cast<int32_t>((block.kBase - k) / (shape.seqK * shape.headDim));
@@ -937,148 +943,131 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
                 load(&maps.k, sK, fullK(j), emptyK(j), j);
                 if (j > 0)
                 {
-                    load(vMap, sV, fullV(j - 1), emptyV(j - 1), j - 1);
+                    load(&maps.v, sV, fullV(j - 1), emptyV(j - 1), j - 1);
                 }
             }
-            load(vMap, sV, fullV(keyTiles - 1), emptyV(keyTiles - 1), keyTiles - 1);
+            load(&maps.v, sV, fullV(keyTiles - 1), emptyV(keyTiles - 1), keyTiles - 1);
         }
         return;
     }
 
     raiseRegisters<240>();
-    // the consumers for P·V operands of type UP (the plain kernels: T; float16 P·V: its own, or
-    // T where the conversion found a value float16 cannot hold)
-    auto const consume = [&](auto const typeTag) {
-        using UP = std::remove_cv_t<decltype(typeTag)>;
-        int32_t const group = static_cast<int32_t>(threadIdx.x / 128) - 1;
-        int32_t const warp = static_cast<int32_t>(threadIdx.x / 32) - 4; // of the 8 consumer warps
-        int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
-        // a consumer thread done with tile j's K or V (the wgmma that read it has completed)
-        auto const release = [&](uint32_t empty) { mbarrierArrive(empty); };
-        // Q (A, K-major): this warpgroup's 64 rows of the block's kRows
-        uint64_t const qDesc = kMajorDescriptor<kSWIZZLE>(
-            sharedAddress(sQ) + static_cast<uint32_t>(group * 64) * kMajorRowBytes<kSWIZZLE>(), kRows);
-        uint32_t const kAddress = sharedAddress(sK);
-        uint32_t const vAddress = sharedAddress(sV);
+    int32_t const group = static_cast<int32_t>(threadIdx.x / 128) - 1;
+    int32_t const warp = static_cast<int32_t>(threadIdx.x / 32) - 4; // of the 8 consumer warps
+    int32_t const lane = static_cast<int32_t>(threadIdx.x % 32);
+    // a consumer thread done with tile j's K or V (the wgmma that read it has completed)
+    auto const release = [&](uint32_t empty) { mbarrierArrive(empty); };
+    // Q (A, K-major): this warpgroup's 64 rows of the block's kRows
+    uint64_t const qDesc = kMajorDescriptor<kSWIZZLE>(
+        sharedAddress(sQ) + static_cast<uint32_t>(group * 64) * kMajorRowBytes<kSWIZZLE>(), kRows);
+    uint32_t const kAddress = sharedAddress(sK);
+    uint32_t const vAddress = sharedAddress(sV);
 
-        float o[kD / 8][4];
-        clearAccumulators(o);
-        OnlineSoftmax softmax;
-        int64_t const warpRow0 = block.q0 + warp * 16;
+    float o[kD / 8][4];
+    clearAccumulators(o);
+    OnlineSoftmax softmax;
+    int64_t const warpRow0 = block.q0 + warp * 16;
 
-        // S = Q K_jᵀ into s (issued, not waited for), K_j in stage j % kSTAGES
-        auto const issueScores = [&](float (&s)[kN / 8][4], int32_t j) {
-            uint32_t const address = kAddress + static_cast<uint32_t>((j % kSTAGES) * kTILE_BYTES);
-            issueScoreChain<T, kD, kN, kRows, kSWIZZLE>(s, qDesc, kMajorDescriptor<kSWIZZLE>(address, kN));
-        };
-        auto const probabilities = [&](float (&s)[kN / 8][4], float (&alpha)[2], uint32_t (&p)[kN / 16][4],
-                                       uint32_t (&lo)[kN / 16][4], int32_t j) {
-            int64_t const k0 = static_cast<int64_t>(j) * kN;
-            bool const checkEach = k0 + kN > shape.seqK || (params.causal && k0 + kN - 1 > warpRow0);
-            softmax.template update<true>(s, alpha, warpRow0 + lane / 4, k0, noMask, 0, shape, params, checkEach);
-            probabilityFragments<UP, kN>(s, p, lo);
-        };
-
-        float s[kN / 8][4];
-        float alpha[2];
-        uint32_t p[kN / 16][4];
-        uint32_t lo[kN / 16][4];
-        if (keyTiles > 0)
-        {
-            mbarrierWait(barrierQ, 0);
-            mbarrierWait(fullK(0), 0);
-            issueScores(s, 0);
-            wgmmaWait<0>();
-            fenceOperands(s);
-            release(emptyK(0));
-            probabilities(s, alpha, p, lo, 0);
-        }
-        // O += P_j V_j (issued and committed, issueValueChain). A float16 P is copied first (the
-        // softmax of the next tile rewrites p while this product still reads it); bfloat16's split P
-        // is read in place (p and lo), waited for before that softmax.
-        uint32_t pv[kN / 16][4];
-        auto const issueValues = [&](int32_t j) {
-            uint32_t const address = vAddress + static_cast<uint32_t>((j % kSTAGES) * kTILE_BYTES);
-            uint64_t const vDesc = valueDescriptor<kSWIZZLE, kN>(address);
-            if constexpr (kSPLIT_P<UP>)
-            {
-                issueValueChain<UP, kD, kN, kSWIZZLE>(o, p, lo, vDesc);
-            }
-            else
-            {
-    #pragma unroll
-                for (int32_t kk = 0; kk < kN / 16; ++kk)
-                {
-    #pragma unroll
-                    for (int32_t e = 0; e < 4; ++e)
-                    {
-                        pv[kk][e] = p[kk][e];
-                    }
-                }
-                issueValueChain<UP, kD, kN, kSWIZZLE>(o, pv, pv, vDesc);
-            }
-        };
-        for (int32_t j = 0; j + 1 < keyTiles; ++j)
-        {
-            // Here: P_j in p (O already scaled to its maximum). (V_j waited for with K_j+1: a wait
-            // between the two wgmma issues made ptxas serialise them, C7513.)
-            mbarrierWait(fullK(j + 1), parity(j + 1));
-            mbarrierWait(fullV(j), parity(j));
-            issueScores(s, j + 1); // S_j+1 on the tensor cores, then P_j V_j, while ...
-            issueValues(j);
-            if constexpr (kSPLIT_P<UP>)
-            {
-                wgmmaWait<0>();
-                fenceOperands(p);
-                fenceOperands(lo);
-                release(emptyV(j));
-            }
-            else
-            {
-                wgmmaWait<1>();
-            }
-            fenceOperands(s);
-            release(emptyK(j + 1));
-            probabilities(s, alpha, p, lo, j + 1); // ... the softmax of S_j+1 runs here (float16 P)
-            wgmmaWait<0>();
-            fenceOperands(o);
-            if constexpr (!kSPLIT_P<UP>)
-            {
-                fenceOperands(pv);
-                release(emptyV(j));
-            }
-            rescale(o, alpha);
-        }
-        if (keyTiles > 0)
-        {
-            mbarrierWait(fullV(keyTiles - 1), parity(keyTiles - 1));
-            issueValues(keyTiles - 1);
-            wgmmaWait<0>();
-            fenceOperands(o);
-        }
-        softmax.finish();
-
-        // The output through shared memory, where K and V were: both consumer warpgroups are done
-        // with them after the barrier, and every load was waited for.
-        static_assert(kRows * (kD + 8) <= 2 * kSTAGES * kTILE, "the output fits where K and V were");
-        T* const sOut = sK;
-        namedBarrier(1, 256);
-        stageOutput<T, kD>(o, softmax, sOut, warp * 16 + lane / 4, params.nanToZero);
-        namedBarrier(1, 256);
-        storeStagedOutput<T, kD, kRows>(sOut, block, shape, static_cast<int32_t>(threadIdx.x) - 128, 256);
+    // S = Q K_jᵀ into s (issued, not waited for), K_j in stage j % kSTAGES
+    auto const issueScores = [&](float (&s)[kN / 8][4], int32_t j) {
+        uint32_t const address = kAddress + static_cast<uint32_t>((j % kSTAGES) * kTILE_BYTES);
+        issueScoreChain<T, kD, kN, kRows, kSWIZZLE>(s, qDesc, kMajorDescriptor<kSWIZZLE>(address, kN));
     };
-    if constexpr (std::is_same_v<TP, T> || !kHALF_VALUES_SELECT<kD>)
+    auto const probabilities = [&](float (&s)[kN / 8][4], float (&alpha)[2], uint32_t (&p)[kN / 16][4],
+                                   uint32_t (&lo)[kN / 16][4], int32_t j) {
+        int64_t const k0 = static_cast<int64_t>(j) * kN;
+        bool const checkEach = k0 + kN > shape.seqK || (params.causal && k0 + kN - 1 > warpRow0);
+        softmax.template update<true>(s, alpha, warpRow0 + lane / 4, k0, noMask, 0, shape, params, checkEach);
+        probabilityFragments<TP, kN>(s, p, lo);
+    };
+
+    float s[kN / 8][4];
+    float alpha[2];
+    uint32_t p[kN / 16][4];
+    uint32_t lo[kN / 16][4];
+    if (keyTiles > 0)
     {
-        consume(TP{});
+        mbarrierWait(barrierQ, 0);
+        mbarrierWait(fullK(0), 0);
+        issueScores(s, 0);
+        wgmmaWait<0>();
+        fenceOperands(s);
+        release(emptyK(0));
+        probabilities(s, alpha, p, lo, 0);
     }
-    else if (raised)
+    // O += P_j V_j (issued and committed, issueValueChain). A float16 P is copied first (the
+    // softmax of the next tile rewrites p while this product still reads it); bfloat16's split P
+    // is read in place (p and lo), waited for before that softmax.
+    uint32_t pv[kN / 16][4];
+    auto const issueValues = [&](int32_t j) {
+        uint32_t const address = vAddress + static_cast<uint32_t>((j % kSTAGES) * kTILE_BYTES);
+        uint64_t const vDesc = valueDescriptor<kSWIZZLE, kN>(address);
+        if constexpr (kSPLIT_P<TP>)
+        {
+            issueValueChain<TP, kD, kN, kSWIZZLE>(o, p, lo, vDesc);
+        }
+        else
+        {
+#pragma unroll
+            for (int32_t kk = 0; kk < kN / 16; ++kk)
+            {
+#pragma unroll
+                for (int32_t e = 0; e < 4; ++e)
+                {
+                    pv[kk][e] = p[kk][e];
+                }
+            }
+            issueValueChain<TP, kD, kN, kSWIZZLE>(o, pv, pv, vDesc);
+        }
+    };
+    for (int32_t j = 0; j + 1 < keyTiles; ++j)
     {
-        consume(T{});
+        // Here: P_j in p (O already scaled to its maximum). (V_j waited for with K_j+1: a wait
+        // between the two wgmma issues made ptxas serialise them, C7513.)
+        mbarrierWait(fullK(j + 1), parity(j + 1));
+        mbarrierWait(fullV(j), parity(j));
+        issueScores(s, j + 1); // S_j+1 on the tensor cores, then P_j V_j, while ...
+        issueValues(j);
+        if constexpr (kSPLIT_P<TP>)
+        {
+            wgmmaWait<0>();
+            fenceOperands(p);
+            fenceOperands(lo);
+            release(emptyV(j));
+        }
+        else
+        {
+            wgmmaWait<1>();
+        }
+        fenceOperands(s);
+        release(emptyK(j + 1));
+        probabilities(s, alpha, p, lo, j + 1); // ... the softmax of S_j+1 runs here (float16 P)
+        wgmmaWait<0>();
+        fenceOperands(o);
+        if constexpr (!kSPLIT_P<TP>)
+        {
+            fenceOperands(pv);
+            release(emptyV(j));
+        }
+        rescale(o, alpha);
     }
-    else
+    if (keyTiles > 0)
     {
-        consume(TP{});
+        mbarrierWait(fullV(keyTiles - 1), parity(keyTiles - 1));
+        issueValues(keyTiles - 1);
+        wgmmaWait<0>();
+        fenceOperands(o);
     }
+    softmax.finish();
+
+    // The output through shared memory, where K and V were: both consumer warpgroups are done
+    // with them after the barrier, and every load was waited for.
+    static_assert(kRows * (kD + 8) <= 2 * kSTAGES * kTILE, "the output fits where K and V were");
+    T* const sOut = sK;
+    namedBarrier(1, 256);
+    stageOutput<T, kD>(o, softmax, sOut, warp * 16 + lane / 4, params.nanToZero);
+    namedBarrier(1, 256);
+    storeStagedOutput<T, kD, kRows>(sOut, block, shape, static_cast<int32_t>(threadIdx.x) - 128, 256);
 #endif
 }
 
@@ -1596,20 +1585,20 @@ cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionM
                     kernelMaps, gate);
                 return cudaGetLastError();
             };
-            // bfloat16 with kHOPPER_VARIANT_HALF_VALUES: V to float16 in the workspace, then the
-            // float16 P·V kernel on maps of the converted V, launched programmatically (its blocks
-            // start under the conversion's tail); a block whose conversion slots are raised runs
-            // the split P·V on V as given (gate.splitValues) instead. Two graph nodes.
+            // bfloat16 with kHOPPER_VARIANT_HALF_VALUES: V to float16 in the workspace, the float16
+            // P·V kernel on maps of the converted V, then the split kernel on V as given, which
+            // runs only where the conversion raised a slot (the float16 one only where not); each
+            // launch programmatic on the one before (hopperProducerKernel's gate)
             HopperMaps halfMaps = maps;
             if (halfValuesPlanned<T>(plan) && halfValues.values != nullptr && halfValues.slots != nullptr
                 && encodeHopperMaps(halfMaps, q, k, halfValues.values, shape, plan, plan.producerKeys, swizzle))
             {
                 HopperGate gate{};
-                gate.splitValues = maps.v;
                 gate.slots = halfValues.slots;
                 int64_t const n = shape.batch * shape.headsKV * shape.seqK * shape.valueDim;
+                // blocks in whole groups of 4 (the slots are read 16 bytes at a time)
                 gate.count = static_cast<int32_t>(
-                    std::min<int64_t>((n / 8 + 255) / 256, int64_t{kHOPPER_HALF_VALUE_SLOTS}));
+                    std::min<int64_t>(((n / 8 + 255) / 256 + 3) / 4 * 4, int64_t{kHOPPER_HALF_VALUE_SLOTS}));
                 convertValuesToHalf<<<static_cast<uint32_t>(gate.count), 256U, 0, stream>>>(
                     reinterpret_cast<__nv_bfloat16 const*>(v), static_cast<__half*>(halfValues.values), n,
                     halfValues.slots);
@@ -1623,12 +1612,15 @@ cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionM
                         static_cast<size_t>(plan.producerSharedBytes), stream, q, k, v, out, shape, params,
                         static_cast<int32_t>(grid.qTiles), plan.variant, halfMaps, gate);
                 });
-                if (status != cudaSuccess || plan.paddedDim <= 128) // kHALF_VALUES_SELECT
+                if (status != cudaSuccess)
                 {
                     return status;
                 }
-                return withProducerKernel<T, T>(
-                    plan, swizzle, [&](auto kernel) { return launchProducer(kernel, maps, gate); });
+                return withProducerKernel<T, T>(plan, swizzle, [&](auto kernel) {
+                    return launchProgrammatic(kernel, dim3(static_cast<uint32_t>(grid.blocks)), dim3(384U),
+                        static_cast<size_t>(plan.producerSharedBytes), stream, q, k, v, out, shape, params,
+                        static_cast<int32_t>(grid.qTiles), plan.variant, maps, gate);
+                });
             }
             return withProducerKernel<T, T>(
                 plan, swizzle, [&](auto kernel) { return launchProducer(kernel, maps, HopperGate{}); });

@@ -157,13 +157,12 @@ struct HopperMaps
 constexpr int32_t kHOPPER_HALF_VALUE_SLOTS{1024};
 
 //! bfloat16's float16 P·V (kHOPPER_VARIANT_HALF_VALUES) as the warp-specialised kernel reads it:
-//! the conversion's `count` overflow slots (one int32 a block, each written, so no reset is
-//! needed: raised where nonzero) and the map of V as given. Where a slot is raised the kernel runs
-//! the split bfloat16 P·V on V as given, else the float16 P·V on maps.v (the converted copy).
-//! Empty (slots null) for every other launch of the kernel.
+//! the conversion's `count` overflow slots (one int32 a block, a multiple of 4, each written, so
+//! no reset is needed: raised where nonzero). The float16 P·V kernel runs where none is raised,
+//! the split bfloat16 one launched after it where one is. Empty (slots null) for every other
+//! launch of the kernel.
 struct HopperGate
 {
-    CUtensorMap splitValues;
     int32_t const* slots{nullptr};
     int32_t count{0};
 };
