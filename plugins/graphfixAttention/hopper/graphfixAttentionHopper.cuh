@@ -450,12 +450,11 @@ __device__ __forceinline__ void stageOutput(
     }
 }
 
-//! kRows staged output rows (stageOutput), the first of them query row q0 of outBase's
-//! [seqQ, valueDim] rows, to global memory in 16-byte coalesced stores, by `threads` threads of
-//! which this is `thread`.
+//! The block's kRows staged output rows (stageOutput) to global memory in 16-byte coalesced
+//! stores, by `threads` threads of which this is `thread`.
 template <typename T, int32_t kD, int32_t kRows>
 __device__ __forceinline__ void storeStagedOutput(
-    T const* sOut, T* outBase, int64_t q0, AttentionShape const& shape, int32_t thread, int32_t threads)
+    T const* sOut, BlockSetup<T> const& block, AttentionShape const& shape, int32_t thread, int32_t threads)
 {
     constexpr int32_t kOUT_ROW = kD + 8;
     constexpr int32_t kCHUNKS = kD / 8;
@@ -464,21 +463,13 @@ __device__ __forceinline__ void storeStagedOutput(
     {
         int32_t const r = u / kCHUNKS;
         int32_t const c = u - r * kCHUNKS;
-        int64_t const row = q0 + r;
+        int64_t const row = block.q0 + r;
         if (row < shape.seqQ && c * 8 < valueDim)
         {
-            *reinterpret_cast<uint4*>(outBase + row * valueDim + c * 8)
+            *reinterpret_cast<uint4*>(block.outBase + row * valueDim + c * 8)
                 = *reinterpret_cast<uint4 const*>(sOut + r * kOUT_ROW + c * 8);
         }
     }
-}
-
-//! The block's kRows staged output rows (the overload above for its BlockSetup).
-template <typename T, int32_t kD, int32_t kRows>
-__device__ __forceinline__ void storeStagedOutput(
-    T const* sOut, BlockSetup<T> const& block, AttentionShape const& shape, int32_t thread, int32_t threads)
-{
-    storeStagedOutput<T, kD, kRows>(sOut, block.outBase, block.q0, shape, thread, threads);
 }
 
 //! kPLAIN: no mask and no softcap (the common case), which compiles the per-score code without
@@ -1111,14 +1102,11 @@ struct ShortKeysItem
 //! them), and each warpgroup's first thread loads the Q of its own 64 rows of the next
 //! kHOPPER_SHORT_Q_STAGES - 1 items into its own ring of stages while it computes the current
 //! one, so the two warpgroups meet only there. The tile steps are hopperAttentionKernel's without
-//! loads (S_0, softmax; S_1 with P_0 V_0, the softmax of S_1 under it; P_1 V_1), and each
-//! warpgroup stages its 64 output rows in its own shared rows (kD + 8 elements: stageOutput's
-//! layout) and stores them in 16-byte coalesced rows, two barriers of its own 128 threads an item
-//! (storing from registers wrote 16 of each 32-byte sector and stalled the warps on L1TEX: ncu,
-//! session 9). Two blocks per SM (128 registers), each with (4 x 64 keys + 2 x 3 x 64 rows) x kD
-//! x 2 bytes for K, V and Q plus 2 x 64 x (kD + 8) x 2 for the staged rows (98 KB at kD = 64); a
-//! warpgroup whose rows all lie past the last query row computes on a copy of the last rows and
-//! stores nothing.
+//! loads (S_0, softmax; S_1 with P_0 V_0, the softmax of S_1 under it; P_1 V_1), and the output
+//! goes from registers to global memory (the stores do not wait; staging it would need a barrier
+//! per item). Two blocks per SM (128 registers), each with (4 x 64 keys + 2 x 3 x 64 rows) x kD x
+//! 2 bytes of shared memory (80 KB at kD = 64); a warpgroup whose rows all lie past the last
+//! query row computes on a copy of the last rows and stores nothing.
 constexpr int32_t kSHORT_BLOCKS_PER_SM{2};
 
 template <typename T, int32_t kD>
@@ -1136,7 +1124,6 @@ __global__ void __launch_bounds__(256, kSHORT_BLOCKS_PER_SM) hopperShortKernel(T
     T* const sV = sK + kHOPPER_SHORT_TILES * kTILE;
     T* const sQ = sV + kHOPPER_SHORT_TILES * kTILE; // [warpgroup][stage]
     constexpr int32_t kSTAGES = kHOPPER_SHORT_Q_STAGES;
-    T* const sOut = sQ + 2 * kSTAGES * kQ_TILE; // [warpgroup][64 rows][kD + 8]
     constexpr int32_t kBARRIERS = 1 + 2 * kSTAGES;
     // K and V's; then the Q stages of warpgroup 0, then of warpgroup 1
     __shared__ __align__(8) uint64_t barriers[kBARRIERS];
@@ -1291,26 +1278,17 @@ __global__ void __launch_bounds__(256, kSHORT_BLOCKS_PER_SM) hopperShortKernel(T
         wgmmaWait<0>();
         fenceOperands(o);
         softmax.finish();
-        // this warpgroup's rows through its staging rows: the first barrier waits for its reads
-        // of the item before, the second for this item's rows
-        // (barrier ids as constants: ptxas then reserves 3 of the block's 16, not all)
-        T* const staged = sOut + group * kGROUP_ROWS * (kD + 8);
-        auto const groupBarrier = [&] { group == 0 ? namedBarrier(1, 128) : namedBarrier(2, 128); };
-        groupBarrier();
-        stageOutput<T, kD>(o, softmax, staged, (warp % 4) * 16 + lane / 4, params.nanToZero);
-        groupBarrier();
-        storeStagedOutput<T, kD, kGROUP_ROWS>(staged, out + item.bh * shape.seqQ * shape.valueDim,
-            item.q0 + group * kGROUP_ROWS, shape, static_cast<int32_t>(threadIdx.x % 128), 128);
+        storeOutput<T, kD>(
+            o, softmax, out + item.bh * shape.seqQ * shape.valueDim, warpRow0 + lane / 4, shape, params);
     }
 #endif
 }
 
 //! V (bfloat16, n elements, a multiple of 8, 16-byte aligned) converted to float16 into `values`
 //! for the float16 P·V of hopperProducerKernel (kHOPPER_VARIANT_HALF_VALUES), 8 elements a thread
-//! a step, two steps a round. Exact for every finite |v| <= 65504 down to float16's normal range
-//! (bfloat16's 8 significant bits fit float16's 11); below 2^-14 float16's subnormal spacing 2^-24
-//! rounds v by at most 2^-25, and since a row's probabilities sum to 1 an output moves by at most
-//! 2^-25 more.
+//! a step. Exact for every finite |v| <= 65504 down to float16's normal range (bfloat16's 8
+//! significant bits fit float16's 11); below 2^-14 float16's subnormal spacing 2^-24 rounds v by
+//! at most 2^-25, and since a row's probabilities sum to 1 an output moves by at most 2^-25 more.
 //! Each block writes its slot of `slots` (at most kHOPPER_HALF_VALUE_SLOTS blocks): 1 where it
 //! met a finite |v| above 65504 (float16 would give infinity or round it; the warp-specialised
 //! kernel then runs the split bfloat16 P·V), else 0, so nothing needs clearing first. Infinities
@@ -1324,7 +1302,10 @@ __global__ void __launch_bounds__(256) convertValuesToHalf(
     allowDependentGrid();
 #endif
     bool beyond = false;
-    auto const convert = [&](uint4 const raw, int64_t const i) {
+    int64_t const stride = static_cast<int64_t>(gridDim.x) * blockDim.x * 8;
+    for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8; i < n; i += stride)
+    {
+        uint4 const raw = *reinterpret_cast<uint4 const*>(v + i);
         uint32_t const in[4]{raw.x, raw.y, raw.z, raw.w};
         uint32_t converted[4];
 #pragma unroll
@@ -1336,20 +1317,6 @@ __global__ void __launch_bounds__(256) convertValuesToHalf(
             converted[e] = *reinterpret_cast<uint32_t const*>(&h);
         }
         *reinterpret_cast<uint4*>(values + i) = make_uint4(converted[0], converted[1], converted[2], converted[3]);
-    };
-    // two 16-byte loads in flight a thread before either is converted (the pass is short: its
-    // time is mostly load latency)
-    int64_t const stride = static_cast<int64_t>(gridDim.x) * blockDim.x * 8;
-    for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8; i < n; i += 2 * stride)
-    {
-        bool const second = i + stride < n;
-        uint4 const first = *reinterpret_cast<uint4 const*>(v + i);
-        uint4 const next = second ? *reinterpret_cast<uint4 const*>(v + i + stride) : uint4{};
-        convert(first, i);
-        if (second)
-        {
-            convert(next, i + stride);
-        }
     }
     int32_t const raised = __syncthreads_or(beyond);
     if (threadIdx.x == 0)

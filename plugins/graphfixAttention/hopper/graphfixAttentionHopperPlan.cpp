@@ -249,11 +249,10 @@ HopperPlan planHopperAttention(AttentionShape const& shape, int32_t elementBytes
     }
     // every key in at most two 64-key tiles (SDXL's cross-attention, 77 keys) at padded head dims
     // 32 and 64: the persistent short-key kernel for shapes without mask and softcap, both tiles of
-    // K and V, kHOPPER_SHORT_Q_STAGES stages of each warpgroup's 64 Q rows and each warpgroup's 64
-    // staged output rows of paddedDim + 8 elements (98 KB at 64, two blocks per SM)
+    // K and V and kHOPPER_SHORT_Q_STAGES stages of each warpgroup's 64 Q rows (80 KB at 64, two
+    // blocks per SM)
     int32_t const shortBytes = (2 * kHOPPER_SHORT_TILES * plan.keys + kHOPPER_SHORT_Q_STAGES * plan.blockRows)
-            * plan.paddedDim * elementBytes
-        + plan.blockRows * (plan.paddedDim + 8) * elementBytes;
+        * plan.paddedDim * elementBytes;
     if (shape.seqK <= kHOPPER_SHORT_TILES * plan.keys && plan.paddedDim <= 64 && shortBytes <= maxSharedBytes)
     {
         plan.shortSharedBytes = shortBytes;
