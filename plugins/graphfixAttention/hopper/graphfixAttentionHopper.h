@@ -90,8 +90,8 @@ constexpr int32_t kHOPPER_VARIANT_SWIZZLE{128};
 //! workspace by a memory-bound pass (HopperHalfValues), P rounded once to float16 (relative error
 //! at most 2^-11, 8x below cuDNN's one bfloat16 rounding, 2^-8; the split bfloat16 P's two terms
 //! cost 1.5x the tensor work), S = Q Kᵀ still bfloat16. A V holding a finite |v| above float16's
-//! 65504 raises a flag on the device and the split kernel launched after the float16 one runs
-//! instead (no host sync). Measured on the H200 against the split kernels: 22-28% faster on the
+//! 65504 raises its conversion block's slot on the device (HopperGate) and the split kernel
+//! launched after the float16 one runs instead (no host sync, no memset). Measured on the H200 against the split kernels: 22-28% faster on the
 //! long rows (Llama causal, Flux-like, SDXL self, SD 1.5), 15% on Gemma-2-like, 7% on BERT by CUDA
 //! graphs (equal by events); at padded head dim 64 it is what makes the warp-specialised kernel
 //! pay in bfloat16 (with the split P it measured no faster there than the 64-key kernel).
