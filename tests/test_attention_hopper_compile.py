@@ -148,6 +148,12 @@ def test_the_warp_specialised_kernels_compile_without_spills(compiled):
     built = {(instance[1] == "6__half", *map(int, instance[2:6])) for instance in properties}
     assert built == PRODUCER_BUILT[dtype], properties
     assert all(stack == "0" and spills == "0" for *_, stack, spills in properties), properties
+    # bfloat16 also converts V inside the float16 P·V kernel at padded head dim 64
+    # (kHOPPER_VARIANT_CONVERT_IN_KERNEL: the instance whose last template argument is true)
+    converting = re.findall(
+        r"Compiling entry function '\w*hopperProducerKernelI\w*Li(\d+)ELi\d+ELi\d+ELb1ELb1E\w*'", log
+    )
+    assert converting == (["64"] if dtype == "bfloat16" else []), converting
 
 
 def test_the_short_key_kernels_compile_without_spills(compiled):

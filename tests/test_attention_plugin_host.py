@@ -228,6 +228,12 @@ def test_bfloat16_without_mask_or_softcap_takes_scratch_for_float16_values(tools
     assert probe(tools, SCALE, inputs=inputs, backend="portable").report["workspace_size"] == 8192
     masked = inputs + ";bool:2,1,1,16"
     assert probe(tools, SCALE, inputs=masked, backend="portable").report["workspace_size"] == 0
+    # one slot per block of 128 query rows where that is more than 1024 (V converted inside the
+    # kernel: kHOPPER_VARIANT_CONVERT_IN_KERNEL): 16 x 16 x 8 = 2048 slots, after V's 32 MiB
+    wide = "bfloat16:16,16,1024,64;bfloat16:16,16,1024,64;bfloat16:16,16,1024,64"
+    assert probe(tools, SCALE, inputs=wide, backend="portable").report["workspace_size"] == (
+        16 * 16 * 1024 * 64 * 2 + 2048 * 4
+    )
     softcap = "softcap:kFLOAT32:1:20"
     assert (
         probe(tools, SCALE, softcap, inputs=inputs, backend="portable").report["workspace_size"]

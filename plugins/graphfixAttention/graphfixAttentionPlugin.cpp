@@ -227,7 +227,8 @@ AttentionWorkspace workspaceLayout(AttentionProblem const& p, bool kTransposed, 
     w.slotsOffset = at;
     if (withHalfValues)
     {
-        at += roundUp(int64_t{kHOPPER_HALF_VALUE_SLOTS} * 4, kSCRATCH_ALIGNMENT);
+        w.slotCount = hopperHalfValueSlots(s);
+        at += roundUp(w.slotCount * 4, kSCRATCH_ALIGNMENT);
     }
     w.total = at;
     return w;
@@ -331,6 +332,12 @@ HopperPlan hopperPlanFor(AttentionProblem const& p)
         // P V before the softmax), except head dim 80 (SigLIP: 1-3% slower); in float16 up to 17%
         // slower (BERT)
         plan.variant |= kHOPPER_VARIANT_LATE_LOADS;
+    }
+    if (p.type == DataType::kBF16 && p.shape.seqK <= kHOPPER_CONVERT_IN_KERNEL_KEYS)
+    {
+        // short rows (BERT): V converted inside the kernel, not by a pass before it (acts at
+        // padded head dim 64 only)
+        plan.variant |= kHOPPER_VARIANT_CONVERT_IN_KERNEL;
     }
     // GRAPHFIX_ATTENTION_HOPPER_VARIANT=<bits>: the kernel's options (kHOPPER_VARIANT_*), for measuring them
     char const* const variant = std::getenv(kGRAPHFIX_ATTENTION_HOPPER_VARIANT_ENV);
@@ -1038,6 +1045,7 @@ void GraphfixAttentionPlugin::enqueueOwn(AttentionProblem const& p, HopperPlan c
                             halfValues.values = static_cast<char*>(workspace) + scratch.halfValuesOffset;
                             halfValues.slots
                                 = reinterpret_cast<int32_t*>(static_cast<char*>(workspace) + scratch.slotsOffset);
+                            halfValues.slotCount = scratch.slotCount;
                         }
                         return launchHopperAttention<T>(static_cast<T const*>(inputs[0]), static_cast<T const*>(keys),
                             static_cast<T const*>(inputs[2]), mask, static_cast<T*>(output), s, rows, hopper,

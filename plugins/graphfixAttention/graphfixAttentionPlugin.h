@@ -106,6 +106,7 @@ struct AttentionWorkspace
     int64_t halfValuesOffset{0};
     int64_t halfValuesBytes{0};
     int64_t slotsOffset{0};
+    int64_t slotCount{0};
     int64_t total{0};
 };
 

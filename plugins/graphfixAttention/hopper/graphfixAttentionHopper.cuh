@@ -181,6 +181,25 @@ __device__ __forceinline__ void namedBarrier(uint32_t id, uint32_t threads)
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+//! A barrier of kTHREADS threads (whole warps) on hardware barrier kID that returns whether any
+//! of them passed `value`.
+template <uint32_t kID, uint32_t kTHREADS>
+__device__ __forceinline__ bool namedBarrierOr(bool value)
+{
+    uint32_t any = 0;
+    asm volatile(
+        "{\n"
+        ".reg .pred given, result;\n"
+        "setp.ne.u32 given, %1, 0;\n"
+        "bar.red.or.pred result, %2, %3, given;\n"
+        "selp.u32 %0, 1, 0, result;\n"
+        "}\n"
+        : "=r"(any)
+        : "r"(static_cast<uint32_t>(value)), "n"(kID), "n"(kTHREADS)
+        : "memory");
+    return any != 0;
+}
+
 //! One box of a 4-d tensor map into shared memory, completing on `bar` (bytes counted there).
 __device__ __forceinline__ void tmaLoad(
     uint32_t shared, CUtensorMap const* map, int32_t c1, int32_t c3, uint32_t bar)
@@ -831,7 +850,16 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
 //! write the output) and run. (Both P·V bodies in one kernel, choosing at run time, was built in
 //! session 9: it spilled at head dim 256, and the long bfloat16 rows ran 10-16% slower than in
 //! session 8's run.)
-template <typename T, typename TP, int32_t kD, int32_t kN, int32_t kSTAGES, bool kSWIZZLE>
+//! kCONVERT (kHOPPER_VARIANT_CONVERT_IN_KERNEL; TP = __half with T = __nv_bfloat16): maps.v is V
+//! as given (bfloat16) and warps 1-3 of the producer warpgroup (at its 24 registers) convert each
+//! V tile to float16 in place once its load lands (elementwise, so the swizzle does not matter;
+//! exact as convertValuesToHalf), then make their writes visible to wgmma's async proxy and
+//! arrive on that stage's "converted" barrier, which the consumers wait on instead of the load's.
+//! They keep the largest |v| they met (bfloat16 max, NaN-ignoring) and the block writes
+//! gate.slots[blockIdx.x]: 1 where it exceeds 65504 (infinities too: the split kernel gives them
+//! what this one would), else 0; the split kernel launched after it waits for this grid and
+//! recomputes the blocks whose slot is 1 (HopperGate::perBlock).
+template <typename T, typename TP, int32_t kD, int32_t kN, int32_t kSTAGES, bool kSWIZZLE, bool kCONVERT = false>
 __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restrict__ q, T const* __restrict__ k,
     T const* __restrict__ v, T* __restrict__ out, AttentionShape const shape, AttentionParams const givenParams,
     int32_t const qTiles, int32_t const variant, __grid_constant__ HopperMaps const maps, HopperGate const gate)
@@ -839,6 +867,7 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(std::is_same_v<TP, T> || (std::is_same_v<T, __nv_bfloat16> && std::is_same_v<TP, __half>),
         "P·V in the I/O type, or bfloat16's in float16");
+    static_assert(!kCONVERT || !std::is_same_v<TP, T>, "only the float16 P·V converts V");
     constexpr int32_t kRows = 128; // two consumer warpgroups
     constexpr int32_t kTILE = kN * kD;
     constexpr uint32_t kTILE_BYTES = kTILE * sizeof(T);
@@ -850,8 +879,8 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
     T* const sQ = reinterpret_cast<T*>(sharedRaw + skip);
     T* const sK = sQ + kRows * kD; // kSTAGES stages
     T* const sV = sK + kSTAGES * kTILE;
-    // Q's; then per stage: K full, V full, K empty, V empty
-    __shared__ __align__(8) uint64_t barriers[1 + 4 * kSTAGES];
+    // Q's; then per stage: K full, V full, K empty, V empty (kCONVERT: V converted)
+    __shared__ __align__(8) uint64_t barriers[1 + (kCONVERT ? 5 : 4) * kSTAGES];
     AttentionParams params = givenParams;
     params.softcap = 0.F;
     AttentionMaskView const noMask{};
@@ -863,6 +892,8 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
     auto const fullV = [&](int32_t j) { return fullK(j) + 8U * kSTAGES; };
     auto const emptyK = [&](int32_t j) { return fullK(j) + 16U * kSTAGES; };
     auto const emptyV = [&](int32_t j) { return fullK(j) + 24U * kSTAGES; };
+    auto const convertedV = [&](int32_t j) { return fullK(j) + 32U * kSTAGES; };
+    constexpr uint32_t kCONVERTERS = 96; // warps 1-3
     // tile j is its stage's (j / kSTAGES)-th use: that phase of its full barrier, and the phase
     // before of its empty one
     auto const parity = [](int32_t j) { return static_cast<uint32_t>((j / kSTAGES) % 2); };
@@ -876,12 +907,32 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
             mbarrierInit(fullV(i), 1);
             mbarrierInit(emptyK(i), 256); // the consumer threads
             mbarrierInit(emptyV(i), 256);
+            if constexpr (kCONVERT)
+            {
+                mbarrierInit(convertedV(i), kCONVERTERS);
+            }
         }
         fenceBarrierInit();
     }
-    if (gate.slots == nullptr)
+    if (gate.slots == nullptr || kCONVERT)
     {
         __syncthreads();
+        if constexpr (kCONVERT)
+        {
+            // the split kernel's blocks may start on SMs this grid leaves idle: they wait for its
+            // completion before reading a slot
+            allowDependentGrid();
+        }
+    }
+    else if (gate.perBlock)
+    {
+        // the split kernel after a converting float16 one: its block's slot, once that grid is done
+        waitForPrimaryGrid();
+        bool const raised = __syncthreads_or(__ldcg(gate.slots + blockIdx.x) != 0) != 0;
+        if (!raised)
+        {
+            return;
+        }
     }
     else
     {
@@ -947,6 +998,43 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
                 }
             }
             load(&maps.v, sV, fullV(keyTiles - 1), emptyV(keyTiles - 1), keyTiles - 1);
+        }
+        if constexpr (kCONVERT)
+        {
+            if (threadIdx.x >= 32)
+            {
+                __nv_bfloat162 top = __floats2bfloat162_rn(0.F, 0.F);
+                for (int32_t j = 0; j < keyTiles; ++j)
+                {
+                    mbarrierWait(fullV(j), parity(j));
+                    uint4* const tile = reinterpret_cast<uint4*>(sV + (j % kSTAGES) * kTILE);
+                    for (int32_t c = static_cast<int32_t>(threadIdx.x) - 32; c < kTILE / 8;
+                         c += static_cast<int32_t>(kCONVERTERS))
+                    {
+                        uint4 chunk = tile[c];
+                        uint32_t* const words = reinterpret_cast<uint32_t*>(&chunk);
+#pragma unroll
+                        for (int32_t e = 0; e < 4; ++e)
+                        {
+                            __nv_bfloat162 const pair = *reinterpret_cast<__nv_bfloat162 const*>(&words[e]);
+                            top = __hmax2(top, __habs2(pair));
+                            float2 const f = __bfloat1622float2(pair);
+                            __half2 const h = __floats2half2_rn(f.x, f.y);
+                            words[e] = *reinterpret_cast<uint32_t const*>(&h);
+                        }
+                        tile[c] = chunk;
+                    }
+                    fenceProxyAsync(); // the float16 tile to wgmma's async proxy
+                    mbarrierArrive(convertedV(j));
+                }
+                float2 const largest = __bfloat1622float2(top);
+                bool const raised
+                    = namedBarrierOr<2, kCONVERTERS>(largest.x > 65504.F || largest.y > 65504.F);
+                if (threadIdx.x == 32)
+                {
+                    *const_cast<int32_t*>(gate.slots + blockIdx.x) = raised ? 1 : 0;
+                }
+            }
         }
         return;
     }
@@ -1025,7 +1113,7 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
         // Here: P_j in p (O already scaled to its maximum). (V_j waited for with K_j+1: a wait
         // between the two wgmma issues made ptxas serialise them, C7513.)
         mbarrierWait(fullK(j + 1), parity(j + 1));
-        mbarrierWait(fullV(j), parity(j));
+        mbarrierWait(kCONVERT ? convertedV(j) : fullV(j), parity(j));
         issueScores(s, j + 1); // S_j+1 on the tensor cores, then P_j V_j, while ...
         issueValues(j);
         if constexpr (kSPLIT_P<TP>)
@@ -1053,7 +1141,7 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
     }
     if (keyTiles > 0)
     {
-        mbarrierWait(fullV(keyTiles - 1), parity(keyTiles - 1));
+        mbarrierWait(kCONVERT ? convertedV(keyTiles - 1) : fullV(keyTiles - 1), parity(keyTiles - 1));
         issueValues(keyTiles - 1);
         wgmmaWait<0>();
         fenceOperands(o);
@@ -1407,6 +1495,30 @@ cudaError_t withProducerKernel(HopperPlan const& plan, bool swizzle, F&& f)
     }
 }
 
+//! Whether bfloat16's float16 P·V converts V inside the warp-specialised kernel for the plan
+//! (kHOPPER_VARIANT_CONVERT_IN_KERNEL, built at padded head dim 64, swizzled).
+template <typename T>
+bool convertsInKernel(HopperPlan const& plan, bool swizzle)
+{
+    return std::is_same_v<T, __nv_bfloat16> && (plan.variant & kHOPPER_VARIANT_CONVERT_IN_KERNEL) != 0
+        && (plan.variant & kHOPPER_VARIANT_HALF_VALUES) != 0 && plan.paddedDim == 64 && swizzle;
+}
+
+//! Calls f with the converting float16 P·V kernel for the plan (convertsInKernel), or returns
+//! cudaErrorInvalidConfiguration.
+template <typename T, typename F>
+cudaError_t withConvertingKernel(HopperPlan const& plan, F&& f)
+{
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    {
+        if (plan.producerStages == 2 && plan.blockRows == kHOPPER_ROWS && plan.producerKeys == 128)
+        {
+            return f(hopperProducerKernel<T, __half, 64, 128, 2, true, true>);
+        }
+    }
+    return cudaErrorInvalidConfiguration;
+}
+
 //! Calls f with the short-key kernel for the plan (padded head dims 32 and 64), or returns
 //! cudaErrorInvalidConfiguration.
 template <typename T, typename F>
@@ -1491,6 +1603,10 @@ cudaError_t prepareHopperAttention(HopperPlan const& plan) noexcept
             if (status == cudaSuccess && halfValuesPlanned<T>(plan))
             {
                 status = withProducerKernel<T, __half>(plan, swizzle, prepareProducer);
+            }
+            if (status == cudaSuccess && halfValuesPlanned<T>(plan) && convertsInKernel<T>(plan, swizzle))
+            {
+                status = withConvertingKernel<T>(plan, prepareProducer);
             }
             if (status != cudaSuccess)
             {
@@ -1589,6 +1705,27 @@ cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionM
             // P·V kernel on maps of the converted V, then the split kernel on V as given, which
             // runs only where the conversion raised a slot (the float16 one only where not); each
             // launch programmatic on the one before (hopperProducerKernel's gate)
+            if (halfValuesPlanned<T>(plan) && convertsInKernel<T>(plan, swizzle) && halfValues.slots != nullptr
+                && grid.blocks <= halfValues.slotCount)
+            {
+                // short rows: V converted inside the float16 kernel, each block's overflow in its
+                // own slot; the split kernel after it recomputes the blocks that raised theirs
+                HopperGate gate{};
+                gate.slots = halfValues.slots;
+                gate.count = static_cast<int32_t>(grid.blocks);
+                gate.perBlock = true;
+                cudaError_t const status = withConvertingKernel<T>(
+                    plan, [&](auto kernel) { return launchProducer(kernel, maps, gate); });
+                if (status != cudaSuccess)
+                {
+                    return status;
+                }
+                return withProducerKernel<T, T>(plan, swizzle, [&](auto kernel) {
+                    return launchProgrammatic(kernel, dim3(static_cast<uint32_t>(grid.blocks)), dim3(384U),
+                        static_cast<size_t>(plan.producerSharedBytes), stream, q, k, v, out, shape, params,
+                        static_cast<int32_t>(grid.qTiles), plan.variant, maps, gate);
+                });
+            }
             HopperMaps halfMaps = maps;
             if (halfValuesPlanned<T>(plan) && halfValues.values != nullptr && halfValues.slots != nullptr
                 && encodeHopperMaps(halfMaps, q, k, halfValues.values, shape, plan, plan.producerKeys, swizzle))

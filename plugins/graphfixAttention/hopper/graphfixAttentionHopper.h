@@ -101,6 +101,14 @@ constexpr int32_t kHOPPER_VARIANT_HALF_VALUES{256};
 //! (hopperShortKernel: K and V loaded once per (batch, kv head) a block meets, the next query
 //! tile's Q loaded while the current one computes), loads by TMA; else the kernel above.
 constexpr int32_t kHOPPER_VARIANT_SHORT_KEYS{512};
+//! With kHOPPER_VARIANT_HALF_VALUES at padded head dim 64: V converted to float16 inside the
+//! warp-specialised kernel, in shared memory after each V tile's load, by the producer
+//! warpgroup's three warps that issue no loads, instead of by a pass over V before it; each block
+//! writes its own overflow slot and the split kernel recomputes the blocks that raised theirs.
+//! hopperPlanFor sets it for bfloat16 over at most kHOPPER_CONVERT_IN_KERNEL_KEYS keys, where the
+//! pass's fixed cost is a large part of the kernel's time (BERT).
+constexpr int32_t kHOPPER_VARIANT_CONVERT_IN_KERNEL{1024};
+constexpr int64_t kHOPPER_CONVERT_IN_KERNEL_KEYS{1024};
 //! The short-key kernels' key tiles: every key in at most this many 64-key tiles (T <= 128).
 constexpr int32_t kHOPPER_SHORT_TILES{2};
 //! The 16-bit short-key kernel's Q stages per warpgroup: the current item's and the next two's in
@@ -165,6 +173,9 @@ struct HopperGate
 {
     int32_t const* slots{nullptr};
     int32_t count{0};
+    //! kHOPPER_VARIANT_CONVERT_IN_KERNEL: slot i is block i's of the float16 kernel (which writes
+    //! it); the split kernel waits for that kernel and reads its own block's
+    bool perBlock{false};
 };
 
 //! bfloat16's float16 P·V scratch (kHOPPER_VARIANT_HALF_VALUES), in the caller's workspace:
@@ -175,7 +186,17 @@ struct HopperHalfValues
 {
     void* values{nullptr};
     int32_t* slots{nullptr};
+    int64_t slotCount{0}; //!< slots' int32 (hopperHalfValueSlots)
 };
+
+//! The overflow slots bfloat16's float16 P·V needs for `shape`: one per conversion block (at
+//! most kHOPPER_HALF_VALUE_SLOTS), or one per block of 128 query rows with
+//! kHOPPER_VARIANT_CONVERT_IN_KERNEL, whichever is more.
+inline int64_t hopperHalfValueSlots(AttentionShape const& shape) noexcept
+{
+    int64_t const blocks = shape.batch * shape.headsQ * ((shape.seqQ + 127) / 128);
+    return blocks > kHOPPER_HALF_VALUE_SLOTS ? blocks : int64_t{kHOPPER_HALF_VALUE_SLOTS};
+}
 
 //! Bytes of HopperHalfValues::values for `shape` (V's elements, 2 bytes each).
 inline int64_t hopperHalfValuesBytes(AttentionShape const& shape) noexcept
