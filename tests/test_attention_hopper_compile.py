@@ -151,7 +151,8 @@ def test_the_warp_specialised_kernels_compile_without_spills(compiled):
     # bfloat16 also converts V inside the float16 P·V kernel at padded head dim 64
     # (kHOPPER_VARIANT_CONVERT_IN_KERNEL: the instance whose last template argument is true)
     converting = re.findall(
-        r"Compiling entry function '\w*hopperProducerKernelI\w*Li(\d+)ELi\d+ELi\d+ELb1ELb1E\w*'", log
+        r"Compiling entry function '\w*hopperProducerKernelI\w*Li(\d+)ELi\d+ELi\d+ELb1ELb1E\w*'",
+        log,
     )
     assert converting == (["64"] if dtype == "bfloat16" else []), converting
 

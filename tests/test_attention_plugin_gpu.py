@@ -159,8 +159,18 @@ CASES = (
     # one V value above 65504 where the conversion's last block meets it: at padded head dims 64
     # and 128 the float16 P·V kernel runs the split P·V itself, at 256 the split kernel launched
     # after it runs; over 1024 conversion blocks' worth of V (the blocks stride, their slots cap)
-    Case("ring_one_huge_v_d64", (1, 2, 150, 64), 2, 700, 64, value_peak=1.0e5, value_peak_once=True),
-    Case("ring_one_huge_v_d256", (1, 4, 100, 256), 2, 300, 256, value_peak=1.0e5, value_peak_once=True),
+    Case(
+        "ring_one_huge_v_d64", (1, 2, 150, 64), 2, 700, 64, value_peak=1.0e5, value_peak_once=True
+    ),
+    Case(
+        "ring_one_huge_v_d256",
+        (1, 4, 100, 256),
+        2,
+        300,
+        256,
+        value_peak=1.0e5,
+        value_peak_once=True,
+    ),
     Case(
         "ring_one_huge_v_strided",
         (1, 8, 40, 128),
