@@ -96,6 +96,11 @@ class Case:
     refused: str = ""
 
 
+def _one_huge_value(name: str, q: tuple[int, ...], heads_kv: int, seq_k: int, dv: int) -> Case:
+    """A bfloat16 V whose one element (value_peak_once) is 1e5, above float16's 65504."""
+    return Case(name, q, heads_kv, seq_k, dv, value_peak=1.0e5, value_peak_once=True)
+
+
 CASES = (
     Case("basic77", (2, 4, 77, 64), 4, 77, 64),
     Case("gqa", (2, 8, 128, 64), 2, 128, 64),
@@ -161,27 +166,9 @@ CASES = (
     # head raise their slots and the split kernel recomputes those (kHOPPER_VARIANT_CONVERT_IN_KERNEL);
     # at 256, and at 128 over more than 1024 conversion blocks' worth of V (the blocks stride, their
     # slots cap), the conversion pass's last block raises its slot and the split kernel runs instead
-    Case(
-        "ring_one_huge_v_d64", (1, 2, 150, 64), 2, 500, 64, value_peak=1.0e5, value_peak_once=True
-    ),
-    Case(
-        "ring_one_huge_v_d256",
-        (1, 4, 100, 256),
-        2,
-        300,
-        256,
-        value_peak=1.0e5,
-        value_peak_once=True,
-    ),
-    Case(
-        "ring_one_huge_v_strided",
-        (1, 8, 40, 128),
-        8,
-        2100,
-        128,
-        value_peak=1.0e5,
-        value_peak_once=True,
-    ),
+    _one_huge_value("ring_one_huge_v_d64", (1, 2, 150, 64), 2, 500, 64),
+    _one_huge_value("ring_one_huge_v_d256", (1, 4, 100, 256), 2, 300, 256),
+    _one_huge_value("ring_one_huge_v_strided", (1, 8, 40, 128), 8, 2100, 128),
     Case("rand_bool", (2, 4, 64, 80), 4, 80, 64, mask="rand_bool", mask_shape=(2, 4, 64, 80)),
     Case("add_q", (2, 4, 64, 80), 4, 80, 64, mask="add_q", mask_shape=(2, 1, 1, 80)),
     Case("add_q_direct", (2, 4, 64, 64), 4, 64, 64, mask="add_q", mask_shape=(2, 1, 64, 64)),

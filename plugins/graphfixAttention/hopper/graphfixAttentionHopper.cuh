@@ -1701,6 +1701,12 @@ cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionM
                     kernelMaps, gate);
                 return cudaGetLastError();
             };
+            // the same, programmatic on the stream's launch before it (launchProgrammatic)
+            auto const launchProducerAfter = [&](auto kernel, HopperMaps const& kernelMaps, HopperGate const& gate) {
+                return launchProgrammatic(kernel, dim3(static_cast<uint32_t>(grid.blocks)), dim3(384U),
+                    static_cast<size_t>(plan.producerSharedBytes), stream, q, k, v, out, shape, params,
+                    static_cast<int32_t>(grid.qTiles), plan.variant, kernelMaps, gate);
+            };
             // bfloat16 with kHOPPER_VARIANT_HALF_VALUES: V to float16 in the workspace, the float16
             // P·V kernel on maps of the converted V, then the split kernel on V as given, which
             // runs only where the conversion raised a slot (the float16 one only where not); each
@@ -1720,11 +1726,8 @@ cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionM
                 {
                     return status;
                 }
-                return withProducerKernel<T, T>(plan, swizzle, [&](auto kernel) {
-                    return launchProgrammatic(kernel, dim3(static_cast<uint32_t>(grid.blocks)), dim3(384U),
-                        static_cast<size_t>(plan.producerSharedBytes), stream, q, k, v, out, shape, params,
-                        static_cast<int32_t>(grid.qTiles), plan.variant, maps, gate);
-                });
+                return withProducerKernel<T, T>(
+                    plan, swizzle, [&](auto kernel) { return launchProducerAfter(kernel, maps, gate); });
             }
             HopperMaps halfMaps = maps;
             if (halfValuesPlanned<T>(plan) && halfValues.values != nullptr && halfValues.slots != nullptr
@@ -1744,20 +1747,14 @@ cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionM
                 {
                     return status;
                 }
-                status = withProducerKernel<T, __half>(plan, swizzle, [&](auto kernel) {
-                    return launchProgrammatic(kernel, dim3(static_cast<uint32_t>(grid.blocks)), dim3(384U),
-                        static_cast<size_t>(plan.producerSharedBytes), stream, q, k, v, out, shape, params,
-                        static_cast<int32_t>(grid.qTiles), plan.variant, halfMaps, gate);
-                });
+                status = withProducerKernel<T, __half>(
+                    plan, swizzle, [&](auto kernel) { return launchProducerAfter(kernel, halfMaps, gate); });
                 if (status != cudaSuccess)
                 {
                     return status;
                 }
-                return withProducerKernel<T, T>(plan, swizzle, [&](auto kernel) {
-                    return launchProgrammatic(kernel, dim3(static_cast<uint32_t>(grid.blocks)), dim3(384U),
-                        static_cast<size_t>(plan.producerSharedBytes), stream, q, k, v, out, shape, params,
-                        static_cast<int32_t>(grid.qTiles), plan.variant, maps, gate);
-                });
+                return withProducerKernel<T, T>(
+                    plan, swizzle, [&](auto kernel) { return launchProducerAfter(kernel, maps, gate); });
             }
             return withProducerKernel<T, T>(
                 plan, swizzle, [&](auto kernel) { return launchProducer(kernel, maps, HopperGate{}); });
