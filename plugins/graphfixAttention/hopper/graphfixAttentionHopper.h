@@ -91,10 +91,11 @@ constexpr int32_t kHOPPER_VARIANT_SWIZZLE{128};
 //! at most 2^-11, 8x below cuDNN's one bfloat16 rounding, 2^-8; the split bfloat16 P's two terms
 //! cost 1.5x the tensor work), S = Q Kᵀ still bfloat16. A V holding a finite |v| above float16's
 //! 65504 raises its conversion block's slot on the device (HopperGate) and the split kernel
-//! launched after the float16 one runs instead (no host sync, no memset). Measured on the H200 against the split kernels: 22-28% faster on the
-//! long rows (Llama causal, Flux-like, SDXL self, SD 1.5), 15% on Gemma-2-like, 7% on BERT by CUDA
-//! graphs (equal by events); at padded head dim 64 it is what makes the warp-specialised kernel
-//! pay in bfloat16 (with the split P it measured no faster there than the 64-key kernel).
+//! launched after the float16 one runs instead (no host sync, no memset). Measured on the H200
+//! against the split kernels: 22-28% faster on the long rows (Llama causal, Flux-like, SDXL self,
+//! SD 1.5), 15% on Gemma-2-like, 7% on BERT by CUDA graphs (equal by events); at padded head dim
+//! 64 it is what makes the warp-specialised kernel pay in bfloat16 (with the split P it measured
+//! no faster there than the 64-key kernel).
 constexpr int32_t kHOPPER_VARIANT_HALF_VALUES{256};
 //! 16-bit shapes without mask and softcap whose keys all fit kHOPPER_SHORT_TILES tiles (at padded
 //! head dims up to 64; HopperPlan::shortSharedBytes) run the persistent short-key kernel
@@ -183,8 +184,8 @@ struct HopperGate
 
 //! bfloat16's float16 P·V scratch (kHOPPER_VARIANT_HALF_VALUES), in the caller's workspace:
 //! `values` holds V converted to float16 ([B, Hkv, T, Dv], hopperHalfValuesBytes, 16-byte
-//! aligned), `slots` kHOPPER_HALF_VALUE_SLOTS int32 the conversion writes. Null: the split
-//! bfloat16 kernel runs.
+//! aligned), `slots` slotCount int32 (hopperHalfValueSlots) the conversion, or the converting
+//! kernel's blocks, write. Null: the split bfloat16 kernel runs.
 struct HopperHalfValues
 {
     void* values{nullptr};
