@@ -1495,15 +1495,6 @@ cudaError_t withProducerKernel(HopperPlan const& plan, bool swizzle, F&& f)
     }
 }
 
-//! Whether bfloat16's float16 P·V converts V inside the warp-specialised kernel for the plan
-//! (kHOPPER_VARIANT_CONVERT_IN_KERNEL, built at padded head dim 64, swizzled).
-template <typename T>
-bool convertsInKernel(HopperPlan const& plan, bool swizzle)
-{
-    return std::is_same_v<T, __nv_bfloat16> && (plan.variant & kHOPPER_VARIANT_CONVERT_IN_KERNEL) != 0
-        && (plan.variant & kHOPPER_VARIANT_HALF_VALUES) != 0 && plan.paddedDim == 64 && swizzle;
-}
-
 //! Calls f with the converting float16 P·V kernel for the plan (convertsInKernel), or returns
 //! cudaErrorInvalidConfiguration.
 template <typename T, typename F>
@@ -1542,6 +1533,15 @@ template <typename T>
 bool halfValuesPlanned(HopperPlan const& plan)
 {
     return std::is_same_v<T, __nv_bfloat16> && (plan.variant & kHOPPER_VARIANT_HALF_VALUES) != 0;
+}
+
+//! Whether bfloat16's float16 P·V converts V inside the warp-specialised kernel for the plan
+//! (kHOPPER_VARIANT_CONVERT_IN_KERNEL, built at padded head dim 64, swizzled).
+template <typename T>
+bool convertsInKernel(HopperPlan const& plan, bool swizzle)
+{
+    return halfValuesPlanned<T>(plan) && (plan.variant & kHOPPER_VARIANT_CONVERT_IN_KERNEL) != 0
+        && plan.paddedDim == 64 && swizzle;
 }
 
 //! Launches `kernel` after the stream's previous kernel with programmatic stream serialisation
@@ -1604,7 +1604,7 @@ cudaError_t prepareHopperAttention(HopperPlan const& plan) noexcept
             {
                 status = withProducerKernel<T, __half>(plan, swizzle, prepareProducer);
             }
-            if (status == cudaSuccess && halfValuesPlanned<T>(plan) && convertsInKernel<T>(plan, swizzle))
+            if (status == cudaSuccess && convertsInKernel<T>(plan, swizzle))
             {
                 status = withConvertingKernel<T>(plan, prepareProducer);
             }
@@ -1711,7 +1711,7 @@ cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionM
             // P·V kernel on maps of the converted V, then the split kernel on V as given, which
             // runs only where the conversion raised a slot (the float16 one only where not); each
             // launch programmatic on the one before (hopperProducerKernel's gate)
-            if (halfValuesPlanned<T>(plan) && convertsInKernel<T>(plan, swizzle) && halfValues.slots != nullptr
+            if (convertsInKernel<T>(plan, swizzle) && halfValues.slots != nullptr
                 && grid.blocks <= halfValues.slotCount)
             {
                 // short rows: V converted inside the float16 kernel, each block's overflow in its
