@@ -4,7 +4,8 @@ For each shape and 16-bit dtype of attention_bench.py: the own path (GRAPHFIX_AT
 portable) once per distinct variant (bits that cannot change a shape's kernel are dropped: the
 causal order only on causal shapes, the key-mask kernel only on masked ones, the warp-specialised
 kernel only on unmasked ones, its 128-byte swizzle only where it runs: unmasked at
-padded head dims 64 and 256 over more than one key tile, and 128; bfloat16's float16 P·V only in
+padded head dims 64 and 256 over more than one key tile, and 128, and the short-key kernel's at
+padded head dim 64; bfloat16's float16 P·V only in
 bfloat16 where that kernel runs; the short-key kernel only unmasked with at most 128 keys at head
 dims up to 64), each timed by CUDA
 events and CUDA-graph replay through the host harness, with its max abs error against float64;
@@ -113,18 +114,16 @@ def main(argv: list[str] | None = None) -> int:
                 or 96 < shape.head_dim <= 128
                 or (192 < shape.head_dim <= 256 and shape.seq_k > 64)
             )
+            short_runs = not shape.padding_mask and shape.seq_k <= 128 and shape.head_dim <= 64
             relevant = (
                 LATE_LOADS
                 | TMA
                 | (CAUSAL_ORDER if shape.causal else 0)
                 | (KEY_MASK if shape.padding_mask else 0)
                 | (0 if shape.padding_mask else PRODUCER)
-                | (SWIZZLE if producer_runs else 0)
-                | (
-                    SHORT_KEYS
-                    if not shape.padding_mask and shape.seq_k <= 128 and shape.head_dim <= 64
-                    else 0
-                )
+                # (the short-key kernel's tiles are swizzled at padded head dim 64)
+                | (SWIZZLE if producer_runs or (short_runs and shape.head_dim > 32) else 0)
+                | (SHORT_KEYS if short_runs else 0)
             )
             for dtype in args.dtypes.split(","):
                 half_values = HALF_VALUES if dtype == "bfloat16" and producer_runs else 0

@@ -78,9 +78,10 @@ PRODUCER_BUILT = {
     "bfloat16": {(half, *shape) for shape in PRODUCER_SHAPES for half in (False, True)},
 }
 # The 16-bit persistent short-key kernel (hopperShortKernel: keys in at most two 64-key tiles,
-# no mask, no softcap) at padded head dims 32 and 64, two blocks per SM (at most 128 registers).
-SHORT_INSTANCE = r"hopperShortKernelI(?:6__half|13__nv_bfloat16)Li(\d+)E"
-SHORT_16_DIMS = {32, 64}
+# no mask, no softcap) at padded head dims 32 and 64, two blocks per SM (at most 128 registers),
+# and whether its tiles are 128-byte swizzled (kHOPPER_VARIANT_SWIZZLE: at 64 with and without).
+SHORT_INSTANCE = r"hopperShortKernelI(?:6__half|13__nv_bfloat16)Li(\d+)ELb([01])E"
+SHORT_16_BUILT = {(32, False), (64, False), (64, True)}
 # Kernels left serialised on purpose, with the measurement that chose it: bfloat16's plain
 # head-dim-80 kernels keep two blocks of 128 registers, where ptxas serialises them whether or not
 # they wait (kWAIT_PV in graphfixAttentionHopper.cuh); SigLIP-384 b32 on the H200: 0.487 ms
@@ -158,8 +159,8 @@ def test_the_warp_specialised_kernels_compile_without_spills(compiled):
 
 
 def test_the_short_key_kernels_compile_without_spills(compiled):
-    """16-bit: the persistent short-key kernel at padded head dims 32 and 64, with no spills
-    within the 128 registers of its two blocks per SM."""
+    """16-bit: the persistent short-key kernel at padded head dims 32 and 64 (and swizzled at
+    64), with no spills within the 128 registers of its two blocks per SM."""
     _, log, dtype = compiled
     if dtype == "float32":
         pytest.skip("16-bit only (float32's short-key kernel is counted above)")
@@ -169,8 +170,9 @@ def test_the_short_key_kernels_compile_without_spills(compiled):
         r"[^\n]*Used (\d+) registers",
         log,
     )
-    assert {int(dim) for dim, *_ in properties} == SHORT_16_DIMS, properties
-    assert all(stack == "0" and spills == "0" for _, stack, spills, _ in properties), properties
+    assert {(int(dim), swizzle == "1") for dim, swizzle, *_ in properties} == SHORT_16_BUILT
+    assert len(properties) == len(SHORT_16_BUILT), properties
+    assert all(stack == "0" and spills == "0" for _, _, stack, spills, _ in properties), properties
     assert all(int(registers) <= 128 for *_, registers in properties), properties
 
 

@@ -250,9 +250,11 @@ HopperPlan planHopperAttention(AttentionShape const& shape, int32_t elementBytes
     // every key in at most two 64-key tiles (SDXL's cross-attention, 77 keys) at padded head dims
     // 32 and 64: the persistent short-key kernel for shapes without mask and softcap, both tiles of
     // K and V and kHOPPER_SHORT_Q_STAGES stages of each warpgroup's 64 Q rows (80 KB at 64, two
-    // blocks per SM)
+    // blocks per SM), and at 64 1 KB to align the tiles for the 128-byte swizzle
+    // (kHOPPER_VARIANT_SWIZZLE)
     int32_t const shortBytes = (2 * kHOPPER_SHORT_TILES * plan.keys + kHOPPER_SHORT_Q_STAGES * plan.blockRows)
-        * plan.paddedDim * elementBytes;
+            * plan.paddedDim * elementBytes
+        + (plan.paddedDim == 64 ? kHOPPER_SWIZZLE_ALIGN : 0);
     if (shape.seqK <= kHOPPER_SHORT_TILES * plan.keys && plan.paddedDim <= 64 && shortBytes <= maxSharedBytes)
     {
         plan.shortSharedBytes = shortBytes;
