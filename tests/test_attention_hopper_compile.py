@@ -156,6 +156,14 @@ def test_the_warp_specialised_kernels_compile_without_spills(compiled):
         log,
     )
     assert converting == (["64"] if dtype == "bfloat16" else []), converting
+    # and the flash blocks that recompute a converting block whose V exceeded float16's range
+    # (hopperSplitFallbackKernel), at 64, bfloat16 only, with no spills
+    fallback = re.findall(
+        r"Compiling entry function '\w*hopperSplitFallbackKernelI\w*Li(\d+)ELi\d+E\w*' for 'sm_90a'\n"
+        r"[^\n]*\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores",
+        log,
+    )
+    assert fallback == ([("64", "0", "0")] if dtype == "bfloat16" else []), fallback
 
 
 def test_the_short_key_kernels_compile_without_spills(compiled):

@@ -88,7 +88,8 @@ class Case:
     value_peak: float = 0.0
     # the peak in one element only instead (the last key of the last batch and KV head, column
     # 5): one conversion block of bfloat16's float16 P·V meets it, and every block of the
-    # attention kernel must still take the split P·V
+    # attention kernel must still take the split P·V (V converted inside the kernel: only the
+    # blocks whose keys reach it)
     value_peak_once: bool = False
     # whether the plugin should take cuDNN for float16/bfloat16 when cuDNN is there
     cudnn_eligible: bool = True
@@ -163,10 +164,26 @@ CASES = (
     Case("ring_tiny_v_d64", (1, 2, 200, 64), 2, 300, 64, value_magnitude=2.0**-17),
     # one V value above 65504, in the last key of the last (batch, KV head) only. At padded head
     # dim 64 over at most 512 keys the float16 kernel converts V itself: only the blocks of that
-    # head raise their slots and the split kernel recomputes those (kHOPPER_VARIANT_CONVERT_IN_KERNEL);
+    # head raise their slots and the flash blocks after it recompute those
+    # (kHOPPER_VARIANT_CONVERT_IN_KERNEL);
     # at 256, and at 128 over more than 1024 conversion blocks' worth of V (the blocks stride, their
     # slots cap), the conversion pass's last block raises its slot and the split kernel runs instead
     _one_huge_value("ring_one_huge_v_d64", (1, 2, 150, 64), 2, 500, 64),
+    # the blocks that recompute them (hopperSplitFallbackKernel, one wave of flash blocks): in the
+    # heavy-first causal order with grouped heads (only the blocks whose keys reach the huge one
+    # raise), and every block raised over more blocks than an H200 has SMs (several each), with a
+    # partial last query tile
+    Case(
+        "ring_one_huge_v_d64_causal",
+        (2, 4, 300, 64),
+        2,
+        300,
+        64,
+        causal=True,
+        value_peak=1.0e5,
+        value_peak_once=True,
+    ),
+    Case("ring_huge_v_d64_blocks", (4, 8, 600, 64), 8, 200, 64, value_peak=1.0e5),
     _one_huge_value("ring_one_huge_v_d256", (1, 4, 100, 256), 2, 300, 256),
     _one_huge_value("ring_one_huge_v_strided", (1, 8, 40, 128), 8, 2100, 128),
     Case("rand_bool", (2, 4, 64, 80), 4, 80, 64, mask="rand_bool", mask_shape=(2, 4, 64, 80)),
@@ -455,6 +472,7 @@ class Outcome:
     out: np.ndarray
     reference: np.ndarray
     value_max: float  # max |V| as given (in the I/O type)
+    value_max_in_half: float  # the same over the values within float16's range (|v| <= 65504)
 
     @property
     def path(self) -> str:
@@ -543,11 +561,12 @@ def expected_own_path(case: Case, dtype: str, backend: str = "portable") -> str:
     return "flash" if fits else "fallback"
 
 
-def _half_values_path(case: Case, dtype: str) -> bool:
+def _half_values_path(case: Case, dtype: str, planned_only: bool = False) -> bool:
     """Whether the Hopper kernel runs `case` in bfloat16 with P·V in float16: bit 256
     (kHOPPER_VARIANT_HALF_VALUES, on by default; GRAPHFIX_ATTENTION_HOPPER_VARIANT may clear it)
     with TMA loads (16) and the warp-specialised kernel (32), whose shapes these are
-    (planHopperAttention), and no V value above float16's 65504 (the split kernel runs those)."""
+    (planHopperAttention), and no V value above float16's 65504 (the split kernel runs those;
+    planned_only: whatever V holds)."""
     variant = os.environ.get("GRAPHFIX_ATTENTION_HOPPER_VARIANT", "")
     bits = int(variant) if variant else 256 | 32 | 16
     if dtype != "bfloat16" or bits & (256 | 32 | 16) != 256 | 32 | 16:
@@ -559,7 +578,8 @@ def _half_values_path(case: Case, dtype: str) -> bool:
         or (padded == 64 and t > 128)
         or (padded == 256 and d > 192 and dv > 192 and t > 64)
     )
-    return producer and case.mask == "none" and case.softcap == 0.0 and case.value_peak <= 65504.0
+    planned = producer and case.mask == "none" and case.softcap == 0.0
+    return planned and (planned_only or case.value_peak <= 65504.0)
 
 
 @pytest.fixture(scope="session")
@@ -607,7 +627,11 @@ def gpu_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, st
                 tensors.append(f"{kind}:{','.join(map(str, values.shape))}:{stem}.mask")
             lines.append(f"{';'.join(fields)}|{';'.join(tensors)}|{stem}.out|0")
             reference = reference_attention(*exact, mask_exact, case)
-            value_max = float(np.max(np.abs(exact[2])))
+            magnitudes = np.abs(exact[2])
+            value_max = (
+                float(np.max(magnitudes)),
+                float(np.max(magnitudes, where=magnitudes <= 65504.0, initial=0.0)),
+            )
             pending.append((case, dtype, Path(f"{stem}.out"), out_shape, reference, value_max))
     manifest = work / "manifest.txt"
     manifest.write_text("\n".join(lines) + "\n")
@@ -636,7 +660,7 @@ def gpu_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, st
                     else np.full(out_shape, np.nan)
                 )
                 outcomes[(backend, mode, case.name, dtype)] = Outcome(
-                    result, out, reference, value_max
+                    result, out, reference, *value_max
                 )
     return outcomes
 
@@ -685,10 +709,19 @@ def test_enqueue_matches_float64_reference(
             # bfloat16 with float16 P·V rounds P as float16 does, and V below 2^-14 to float16's
             # subnormal spacing (at most 2^-25 an output, the probabilities summing to 1)
             bound = bound + EPS["float16"] * outcome.value_max + 2.0**-25
+        elif own == "hopper" and case.value_peak_once and _half_values_path(case, dtype, True):
+            # one V value above 65504: the blocks that meet it run P·V split (within the bound
+            # above), those that do not keep their float16 P·V, with its rounding of P against
+            # the values within float16's range (the huge one's, EPS * 1e5, would exceed this)
+            bound = bound + EPS["float16"] * outcome.value_max_in_half + 2.0**-25
     worst = float(np.max(error - bound, initial=-1.0))
-    assert worst <= 0.0, (
-        f"{outcome.path}: max error {error.max():.3g} exceeds the bound by {worst:.3g}"
-    )
+    if worst > 0.0:
+        at = int(np.argmax(error - bound))
+        where = tuple(int(i) for i in np.argwhere(valid)[at])
+        pytest.fail(
+            f"{outcome.path}: max error {error.max():.3g} exceeds the bound by {worst:.3g}; most "
+            f"at {where}: {outcome.out[where]!r} against {outcome.reference[where]!r}"
+        )
 
 
 @pytest.mark.parametrize("dtype", ("float16", "bfloat16"))

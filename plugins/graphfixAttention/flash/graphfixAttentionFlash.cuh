@@ -251,22 +251,38 @@ struct BlockSetup
     T* outBase;       //!< its output rows
     int64_t maskBase; //!< mask offset of (batch, head)
 
-    //! acrossHeads: the block order runs heavy-first over all (batch, head)s (tile-major), not
-    //! within each one.
+    //! Block `id` of `blocks` (one per query tile of each (batch, head)): its query tile and
+    //! (batch, head). Heavy causal tiles (late rows) first, so the last wave is made of light
+    //! ones; acrossHeads: the order runs heavy-first over all (batch, head)s (block i is tile
+    //! i / heads of (batch, head) i % heads, renumbered to the order within each), not within each.
+    __device__ static void tileOf(
+        uint32_t id, uint32_t blocks, int32_t qTiles, bool acrossHeads, int64_t& tile, int64_t& bh)
+    {
+        if (acrossHeads)
+        {
+            uint32_t const heads = blocks / static_cast<uint32_t>(qTiles);
+            id = (id % heads) * static_cast<uint32_t>(qTiles) + id / heads;
+        }
+        tile = qTiles - 1 - static_cast<int64_t>(id % static_cast<uint32_t>(qTiles));
+        bh = id / static_cast<uint32_t>(qTiles);
+    }
+
+    //! The block of this thread's (tileOf(blockIdx.x, gridDim.x, ...)).
     __device__ BlockSetup(T const* q, T const* k, T const* v, T* out, AttentionMaskView const& mask,
         AttentionShape const& shape, AttentionParams const& params, int32_t blockRows, int32_t qTiles,
         bool acrossHeads = false)
+        : BlockSetup(q, k, v, out, mask, shape, params, blockRows, qTiles, acrossHeads, blockIdx.x, gridDim.x)
     {
-        // Heavy causal tiles (late rows) first, so the last wave is made of light ones. acrossHeads:
-        // block i is tile i / heads of (batch, head) i % heads, renumbered to the order within each.
-        uint32_t id = blockIdx.x;
-        if (acrossHeads)
-        {
-            uint32_t const heads = gridDim.x / static_cast<uint32_t>(qTiles);
-            id = (id % heads) * static_cast<uint32_t>(qTiles) + id / heads;
-        }
-        int64_t const tile = qTiles - 1 - static_cast<int64_t>(id % static_cast<uint32_t>(qTiles));
-        int64_t const bh = id / static_cast<uint32_t>(qTiles);
+    }
+
+    //! Block `id` of `blocks`.
+    __device__ BlockSetup(T const* q, T const* k, T const* v, T* out, AttentionMaskView const& mask,
+        AttentionShape const& shape, AttentionParams const& params, int32_t blockRows, int32_t qTiles,
+        bool acrossHeads, uint32_t id, uint32_t blocks)
+    {
+        int64_t tile = 0;
+        int64_t bh = 0;
+        tileOf(id, blocks, qTiles, acrossHeads, tile, bh);
         int64_t const b = bh / shape.headsQ;
         int64_t const h = bh - b * shape.headsQ;
         int64_t const hkv = h / (shape.headsQ / shape.headsKV);
@@ -572,20 +588,19 @@ __device__ __forceinline__ void storeOutput(float const (&o)[kD / 8][4], OnlineS
 
 // ---- float16 / bfloat16 ------------------------------------------------------------------------
 
+//! One block of flashMma16Kernel: query rows block.q0 .. block.q0 + kBLOCK_ROWS<kMT> - 1 of the
+//! block's (batch, head), in `shared` (the kernel's dynamic shared memory, sharedBytesFor<T, kD>()
+//! bytes, 16-byte aligned). A next call may reuse `shared` only after a block barrier.
 template <typename T, int32_t kD, int32_t kMT>
-__global__ void __launch_bounds__(kTHREADS) flashMma16Kernel(T const* __restrict__ q, T const* __restrict__ k,
-    T const* __restrict__ v, AttentionMaskView const mask, T* __restrict__ out, AttentionShape const shape,
-    AttentionParams const params, int32_t const qTiles)
+__device__ __forceinline__ void flashMma16Block(BlockSetup<T> const& block, AttentionMaskView const& mask,
+    AttentionShape const& shape, AttentionParams const& params, unsigned char* shared)
 {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     constexpr int32_t kRow = kROW<T, kD>;
     constexpr int32_t kRows = kBLOCK_ROWS<kMT>;
-    extern __shared__ __align__(16) unsigned char sharedRaw[];
-    T* const sQ = reinterpret_cast<T*>(sharedRaw);
+    T* const sQ = reinterpret_cast<T*>(shared);
     T* const sK = sQ + kRows * kRow;
     T* const sV = sK + kBLOCK_KEYS * kRow;
 
-    BlockSetup<T> const block(q, k, v, out, mask, shape, params, kRows, qTiles);
     int32_t const headDim = static_cast<int32_t>(shape.headDim);
     int32_t const valueDim = static_cast<int32_t>(shape.valueDim);
     int32_t const warp = static_cast<int32_t>(threadIdx.x / 32);
@@ -742,6 +757,17 @@ __global__ void __launch_bounds__(kTHREADS) flashMma16Kernel(T const* __restrict
         softmax[mt].finish();
         storeOutput<T, kD>(o[mt], softmax[mt], block.outBase, warpRow0 + mt * 16 + lane / 4, shape, params);
     }
+}
+
+template <typename T, int32_t kD, int32_t kMT>
+__global__ void __launch_bounds__(kTHREADS) flashMma16Kernel(T const* __restrict__ q, T const* __restrict__ k,
+    T const* __restrict__ v, AttentionMaskView const mask, T* __restrict__ out, AttentionShape const shape,
+    AttentionParams const params, int32_t const qTiles)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(16) unsigned char sharedRaw[];
+    BlockSetup<T> const block(q, k, v, out, mask, shape, params, kBLOCK_ROWS<kMT>, qTiles);
+    flashMma16Block<T, kD, kMT>(block, mask, shape, params, sharedRaw);
 #endif
 }
 

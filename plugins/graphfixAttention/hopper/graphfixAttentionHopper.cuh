@@ -857,8 +857,8 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
 //! arrive on that stage's "converted" barrier, which the consumers wait on instead of the load's.
 //! They keep the largest |v| they met (bfloat16 max, NaN-ignoring) and the block writes
 //! gate.slots[blockIdx.x]: 1 where it exceeds 65504 (infinities too: the split kernel gives them
-//! what this one would), else 0; the split kernel launched after it waits for this grid and
-//! recomputes the blocks whose slot is 1 (HopperGate::perBlock).
+//! what this one would), else 0; hopperSplitFallbackKernel, launched after it, waits for this
+//! grid and recomputes the blocks whose slot is 1.
 template <typename T, typename TP, int32_t kD, int32_t kN, int32_t kSTAGES, bool kSWIZZLE, bool kCONVERT = false>
 __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restrict__ q, T const* __restrict__ k,
     T const* __restrict__ v, T* __restrict__ out, AttentionShape const shape, AttentionParams const givenParams,
@@ -922,16 +922,6 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
             // the split kernel's blocks may start on SMs this grid leaves idle: they wait for its
             // completion before reading a slot
             allowDependentGrid();
-        }
-    }
-    else if (gate.perBlock)
-    {
-        // the split kernel after a converting float16 one: its block's slot, once that grid is done
-        waitForPrimaryGrid();
-        bool const raised = __syncthreads_or(__ldcg(gate.slots + blockIdx.x) != 0) != 0;
-        if (!raised)
-        {
-            return;
         }
     }
     else
@@ -1378,6 +1368,53 @@ __global__ void __launch_bounds__(256, kSHORT_BLOCKS_PER_SM) hopperShortKernel(T
 #endif
 }
 
+//! The split bfloat16 fallback after the converting float16 P·V kernel
+//! (kHOPPER_VARIANT_CONVERT_IN_KERNEL), launched programmatically after it: a persistent grid
+//! of the flash kernel's blocks (mma.sync, 128 threads, sharedBytesFor<T, kD>() of shared memory:
+//! 27 KB at 64; P split into two bfloat16 terms, as on every GPU without this kernel). Each block
+//! waits for the converting grid, reads the slots of its share of that grid's blocks
+//! (gate.count of them, slot i block i's) and recomputes the 128 query rows of each raised one
+//! as flash blocks. Where no V exceeds float16's range its blocks only read slots: one wave of
+//! small blocks, where the warp-specialised split kernel gated per block (one block a SM at its
+//! 168 registers x 384 threads) took three waves of no-ops on BERT, 4.1 us of its 35.6 by CUDA
+//! graphs on the H200.
+template <typename T, int32_t kD, int32_t kMT>
+__global__ void __launch_bounds__(kTHREADS) hopperSplitFallbackKernel(T const* __restrict__ q,
+    T const* __restrict__ k, T const* __restrict__ v, T* __restrict__ out, AttentionShape const shape,
+    AttentionParams const params, int32_t const qTiles, int32_t const variant, HopperGate const gate)
+{
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int32_t kROWS = kBLOCK_ROWS<kMT>;
+    extern __shared__ __align__(128) unsigned char sharedRaw[];
+    static_assert(kHOPPER_ROWS % kROWS == 0, "whole flash blocks in a Hopper block");
+    AttentionMaskView const noMask{};
+    // the converting kernel's block order (hopperProducerKernel's BlockSetup)
+    bool const acrossHeads = params.causal && (variant & kHOPPER_VARIANT_CAUSAL_ORDER) != 0;
+    int64_t const flashTiles = (shape.seqQ + kROWS - 1) / kROWS;
+    uint32_t const flashBlocks = static_cast<uint32_t>(flashTiles * shape.batch * shape.headsQ);
+    waitForPrimaryGrid();
+    for (int32_t slot = static_cast<int32_t>(blockIdx.x); slot < gate.count; slot += static_cast<int32_t>(gridDim.x))
+    {
+        if (__ldcg(gate.slots + slot) == 0) // the same value for every thread: the grid is done
+        {
+            continue;
+        }
+        int64_t tile = 0;
+        int64_t bh = 0;
+        BlockSetup<T>::tileOf(static_cast<uint32_t>(slot), static_cast<uint32_t>(gate.count), qTiles, acrossHeads, tile, bh);
+        for (int64_t flashTile = tile * (kHOPPER_ROWS / kROWS);
+             flashTile < (tile + 1) * (kHOPPER_ROWS / kROWS) && flashTile < flashTiles; ++flashTile)
+        {
+            // the flash block whose (tile, (batch, head)) this is (BlockSetup::tileOf, plain order)
+            uint32_t const id = static_cast<uint32_t>(bh * flashTiles + (flashTiles - 1 - flashTile));
+            BlockSetup<T> const block(q, k, v, out, noMask, shape, params, kROWS, static_cast<int32_t>(flashTiles), false, id, flashBlocks);
+            flashMma16Block<T, kD, kMT>(block, noMask, shape, params, sharedRaw);
+            __syncthreads(); // every warp is done with shared memory before the next block's loads
+        }
+    }
+#endif
+}
+
 //! V (bfloat16, n elements, a multiple of 8, 16-byte aligned) converted to float16 into `values`
 //! for the float16 P·V of hopperProducerKernel (kHOPPER_VARIANT_HALF_VALUES), 8 elements a thread
 //! a step. Exact for every finite |v| <= 65504 down to float16's normal range (bfloat16's 8
@@ -1724,23 +1761,30 @@ cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionM
             // P·V kernel on maps of the converted V, then the split kernel on V as given, which
             // runs only where the conversion raised a slot (the float16 one only where not); each
             // launch programmatic on the one before (hopperProducerKernel's gate)
+            int32_t const processors = multiprocessorCount();
             if (convertsInKernel<T>(plan, swizzle) && halfValues.slots != nullptr
-                && grid.blocks <= halfValues.slotCount)
+                && grid.blocks <= halfValues.slotCount && processors > 0)
             {
                 // short rows: V converted inside the float16 kernel, each block's overflow in its
-                // own slot; the split kernel after it recomputes the blocks that raised theirs
+                // own slot; the flash blocks after it (one wave) recompute the blocks that raised theirs
                 HopperGate gate{};
                 gate.slots = halfValues.slots;
                 gate.count = static_cast<int32_t>(grid.blocks);
-                gate.perBlock = true;
                 cudaError_t const status = withConvertingKernel<T>(
                     plan, [&](auto kernel) { return launchProducer(kernel, maps, gate); });
                 if (status != cudaSuccess)
                 {
                     return status;
                 }
-                return withProducerKernel<T, T>(
-                    plan, swizzle, [&](auto kernel) { return launchProducerAfter(kernel, maps, gate); });
+                if constexpr (std::is_same_v<T, __nv_bfloat16>)
+                {
+                    static_assert(sharedBytesFor<T, 64>() <= 48 * 1024, "no opt-in shared memory for the fallback");
+                    return launchProgrammatic(hopperSplitFallbackKernel<T, 64, rowTilesFor(2, 64)>,
+                        dim3(static_cast<uint32_t>(std::min<int64_t>(grid.blocks, processors))), dim3(kTHREADS),
+                        static_cast<size_t>(sharedBytesFor<T, 64>()), stream, q, k, v, out, shape, params,
+                        static_cast<int32_t>(grid.qTiles), plan.variant, gate);
+                }
+                return cudaErrorInvalidConfiguration; // (convertsInKernel: bfloat16 only)
             }
             HopperMaps halfMaps = maps;
             if (halfValuesPlanned<T>(plan) && halfValues.values != nullptr && halfValues.slots != nullptr

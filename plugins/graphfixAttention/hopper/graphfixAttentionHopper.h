@@ -108,7 +108,8 @@ constexpr int32_t kHOPPER_VARIANT_SHORT_KEYS{512};
 //! With kHOPPER_VARIANT_HALF_VALUES at padded head dim 64: V converted to float16 inside the
 //! warp-specialised kernel, in shared memory after each V tile's load, by the producer
 //! warpgroup's three warps that issue no loads, instead of by a pass over V before it; each block
-//! writes its own overflow slot and the split kernel recomputes the blocks that raised theirs.
+//! writes its own overflow slot and the flash kernel's blocks launched after it
+//! (hopperSplitFallbackKernel, one wave) recompute the blocks that raised theirs with P split.
 //! hopperPlanFor sets it for bfloat16 over at most kHOPPER_CONVERT_IN_KERNEL_KEYS keys, where the
 //! pass's fixed cost is a large part of the kernel's time. Measured on the H200 against the pass:
 //! BERT (512 keys) 2% faster by CUDA graphs, 11% by events; SDXL self (4096 keys) 21% slower (the
@@ -174,15 +175,13 @@ constexpr int32_t kHOPPER_HALF_VALUE_SLOTS{1024};
 //! bfloat16's float16 P·V (kHOPPER_VARIANT_HALF_VALUES) as the warp-specialised kernel reads it:
 //! the conversion's `count` overflow slots (one int32 a block, a multiple of 4, each written, so
 //! no reset is needed: raised where nonzero). The float16 P·V kernel runs where none is raised,
-//! the split bfloat16 one launched after it where one is. Empty (slots null) for every other
-//! launch of the kernel.
+//! the split bfloat16 one launched after it where one is. With kHOPPER_VARIANT_CONVERT_IN_KERNEL
+//! slot i is the converting kernel's block i's (count: its blocks), which that block writes and
+//! hopperSplitFallbackKernel reads. Empty (slots null) for every other launch of the kernel.
 struct HopperGate
 {
     int32_t const* slots{nullptr};
     int32_t count{0};
-    //! kHOPPER_VARIANT_CONVERT_IN_KERNEL: slot i is block i's of the float16 kernel (which writes
-    //! it); the split kernel waits for that kernel and reads its own block's
-    bool perBlock{false};
 };
 
 //! bfloat16's float16 P·V scratch (kHOPPER_VARIANT_HALF_VALUES), in the caller's workspace:
