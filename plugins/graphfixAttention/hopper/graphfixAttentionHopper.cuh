@@ -856,7 +856,7 @@ __global__ void __launch_bounds__(kWG * 128, (kHOPPER_MIN_BLOCKS<T, kD, kN, kWG,
 //! exact as convertValuesToHalf), then make their writes visible to wgmma's async proxy and
 //! arrive on that stage's "converted" barrier, which the consumers wait on instead of the load's.
 //! They keep the largest |v| they met (bfloat16 max, NaN-ignoring) and the block writes
-//! gate.slots[blockIdx.x]: 1 where it exceeds 65504 (infinities too: the split kernel gives them
+//! gate.slots[blockIdx.x]: 1 where it exceeds 65504 (infinities too: the fallback gives them
 //! what this one would), else 0; hopperSplitFallbackKernel, launched after it, waits for this
 //! grid and recomputes the blocks whose slot is 1.
 template <typename T, typename TP, int32_t kD, int32_t kN, int32_t kSTAGES, bool kSWIZZLE, bool kCONVERT = false>
@@ -919,8 +919,8 @@ __global__ void __launch_bounds__(384, 1) hopperProducerKernel(T const* __restri
         __syncthreads();
         if constexpr (kCONVERT)
         {
-            // the split kernel's blocks may start on SMs this grid leaves idle: they wait for its
-            // completion before reading a slot
+            // the fallback's blocks (hopperSplitFallbackKernel) may start on SMs this grid leaves
+            // idle: they wait for its completion before reading a slot
             allowDependentGrid();
         }
     }
