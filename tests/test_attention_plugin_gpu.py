@@ -97,9 +97,11 @@ class Case:
     refused: str = ""
 
 
-def _one_huge_value(name: str, q: tuple[int, ...], heads_kv: int, seq_k: int, dv: int) -> Case:
+def _one_huge_value(
+    name: str, q: tuple[int, ...], heads_kv: int, seq_k: int, dv: int, *, causal: bool = False
+) -> Case:
     """A bfloat16 V whose one element (value_peak_once) is 1e5, above float16's 65504."""
-    return Case(name, q, heads_kv, seq_k, dv, value_peak=1.0e5, value_peak_once=True)
+    return Case(name, q, heads_kv, seq_k, dv, causal=causal, value_peak=1.0e5, value_peak_once=True)
 
 
 CASES = (
@@ -173,16 +175,7 @@ CASES = (
     # heavy-first causal order with grouped heads (only the blocks whose keys reach the huge one
     # raise), and every block raised over more blocks than an H200 has SMs (several each), with a
     # partial last query tile
-    Case(
-        "ring_one_huge_v_d64_causal",
-        (2, 4, 300, 64),
-        2,
-        300,
-        64,
-        causal=True,
-        value_peak=1.0e5,
-        value_peak_once=True,
-    ),
+    _one_huge_value("ring_one_huge_v_d64_causal", (2, 4, 300, 64), 2, 300, 64, causal=True),
     Case("ring_huge_v_d64_blocks", (4, 8, 600, 64), 8, 200, 64, value_peak=1.0e5),
     _one_huge_value("ring_one_huge_v_d256", (1, 4, 100, 256), 2, 300, 256),
     _one_huge_value("ring_one_huge_v_strided", (1, 8, 40, 128), 8, 2100, 128),
