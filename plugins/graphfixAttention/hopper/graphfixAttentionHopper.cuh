@@ -1293,8 +1293,9 @@ __global__ void __launch_bounds__(256, kSHORT_BLOCKS_PER_SM) hopperShortKernel(T
                 mbarrierArriveExpect(barrierKV, 2 * kvTiles * kTILE * sizeof(T));
                 for (int32_t j = 0; j < kvTiles; ++j)
                 {
-                    loadTile<T, kD, kSWIZZLE>(sK + j * kTILE, &maps.k, kN, j * kN, static_cast<int32_t>(item.kv), barrierKV);
-                    loadTile<T, kD, kSWIZZLE>(sV + j * kTILE, &maps.v, kN, j * kN, static_cast<int32_t>(item.kv), barrierKV);
+                    int32_t const head = static_cast<int32_t>(item.kv);
+                    loadTile<T, kD, kSWIZZLE>(sK + j * kTILE, &maps.k, kN, j * kN, head, barrierKV);
+                    loadTile<T, kD, kSWIZZLE>(sV + j * kTILE, &maps.v, kN, j * kN, head, barrierKV);
                 }
             }
             loadedKv = item.kv;
@@ -1401,13 +1402,15 @@ __global__ void __launch_bounds__(kTHREADS) hopperSplitFallbackKernel(T const* _
         }
         int64_t tile = 0;
         int64_t bh = 0;
-        BlockSetup<T>::tileOf(static_cast<uint32_t>(slot), static_cast<uint32_t>(gate.count), qTiles, acrossHeads, tile, bh);
+        BlockSetup<T>::tileOf(
+            static_cast<uint32_t>(slot), static_cast<uint32_t>(gate.count), qTiles, acrossHeads, tile, bh);
         for (int64_t flashTile = tile * (kHOPPER_ROWS / kROWS);
              flashTile < (tile + 1) * (kHOPPER_ROWS / kROWS) && flashTile < flashTiles; ++flashTile)
         {
             // the flash block whose (tile, (batch, head)) this is (BlockSetup::tileOf, plain order)
             uint32_t const id = static_cast<uint32_t>(bh * flashTiles + (flashTiles - 1 - flashTile));
-            BlockSetup<T> const block(q, k, v, out, noMask, shape, params, kROWS, static_cast<int32_t>(flashTiles), false, id, flashBlocks);
+            BlockSetup<T> const block(
+                q, k, v, out, noMask, shape, params, kROWS, static_cast<int32_t>(flashTiles), false, id, flashBlocks);
             flashMma16Block<T, kD, kMT>(block, noMask, shape, params, sharedRaw);
             __syncthreads(); // every warp is done with shared memory before the next block's loads
         }
