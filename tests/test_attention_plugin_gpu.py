@@ -621,11 +621,11 @@ def gpu_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, st
             lines.append(f"{';'.join(fields)}|{';'.join(tensors)}|{stem}.out|0")
             reference = reference_attention(*exact, mask_exact, case)
             magnitudes = np.abs(exact[2])
-            value_max = (
+            maxima = (  # Outcome's value_max and value_max_in_half
                 float(np.max(magnitudes)),
                 float(np.max(magnitudes, where=magnitudes <= 65504.0, initial=0.0)),
             )
-            pending.append((case, dtype, Path(f"{stem}.out"), out_shape, reference, value_max))
+            pending.append((case, dtype, Path(f"{stem}.out"), out_shape, reference, maxima))
     manifest = work / "manifest.txt"
     manifest.write_text("\n".join(lines) + "\n")
 
@@ -644,7 +644,7 @@ def gpu_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, st
             )
             assert done.returncode == 0, done.stdout + done.stderr
             results = json.loads(done.stdout)
-            for (case, dtype, out_path, out_shape, reference, value_max), result in zip(
+            for (case, dtype, out_path, out_shape, reference, maxima), result in zip(
                 pending, results["cases"], strict=True
             ):
                 out = (
@@ -653,7 +653,7 @@ def gpu_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, st
                     else np.full(out_shape, np.nan)
                 )
                 outcomes[(backend, mode, case.name, dtype)] = Outcome(
-                    result, out, reference, *value_max
+                    result, out, reference, *maxima
                 )
     return outcomes
 

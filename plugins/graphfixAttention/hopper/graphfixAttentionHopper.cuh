@@ -1764,9 +1764,9 @@ cudaError_t launchHopperAttention(T const* q, T const* k, T const* v, AttentionM
             // P·V kernel on maps of the converted V, then the split kernel on V as given, which
             // runs only where the conversion raised a slot (the float16 one only where not); each
             // launch programmatic on the one before (hopperProducerKernel's gate)
-            int32_t const processors = multiprocessorCount();
-            if (convertsInKernel<T>(plan, swizzle) && halfValues.slots != nullptr
-                && grid.blocks <= halfValues.slotCount && processors > 0)
+            // (the SM count, for the fallback's one wave, read only where that path is planned)
+            int32_t const processors = convertsInKernel<T>(plan, swizzle) ? multiprocessorCount() : 0;
+            if (processors > 0 && halfValues.slots != nullptr && grid.blocks <= halfValues.slotCount)
             {
                 // short rows: V converted inside the float16 kernel, each block's overflow in its
                 // own slot; the flash blocks after it (one wave) recompute the blocks that raised theirs

@@ -112,7 +112,8 @@ constexpr int32_t kHOPPER_VARIANT_SHORT_KEYS{512};
 //! (hopperSplitFallbackKernel, one wave) recompute the blocks that raised theirs with P split.
 //! hopperPlanFor sets it for bfloat16 over at most kHOPPER_CONVERT_IN_KERNEL_KEYS keys, where the
 //! pass's fixed cost is a large part of the kernel's time. Measured on the H200 against the pass:
-//! BERT (512 keys) 2% faster by CUDA graphs, 11% by events; SDXL self (4096 keys) 21% slower (the
+//! BERT (512 keys) 6% faster by CUDA graphs with the flash fallback (0.0356 -> 0.0335 ms; 2% with
+//! session 9's gated split kernel), 11% by events; SDXL self (4096 keys) 21% slower (the
 //! conversion competes with the softmax for issue slots on every tile), so the line is at the 512
 //! measured to gain.
 constexpr int32_t kHOPPER_VARIANT_CONVERT_IN_KERNEL{1024};
@@ -200,7 +201,7 @@ struct HopperHalfValues
 //! kHOPPER_VARIANT_CONVERT_IN_KERNEL, whichever is more.
 inline int64_t hopperHalfValueSlots(AttentionShape const& shape) noexcept
 {
-    int64_t const blocks = shape.batch * shape.headsQ * ((shape.seqQ + 127) / 128);
+    int64_t const blocks = shape.batch * shape.headsQ * ((shape.seqQ + kHOPPER_ROWS - 1) / kHOPPER_ROWS);
     return blocks > kHOPPER_HALF_VALUE_SLOTS ? blocks : int64_t{kHOPPER_HALF_VALUE_SLOTS};
 }
 
